@@ -1,0 +1,6 @@
+//! fencegate: distributed locks with fencing tokens, and a sidecar that
+//! enforces them in front of HTTP APIs that cannot check tokens themselves.
+//!
+//! See ARCHITECTURE.md for the codemap and the invariants.
+
+pub mod lock;

@@ -1,0 +1,260 @@
+//! The replicated lock table: a pure function from (state, log index, command)
+//! to (state', outcome, events).
+//!
+//! Every replica applies the same committed commands in the same order, so this
+//! module must be deterministic: it reads no clock, draws no random numbers and
+//! does no IO. Anything that depends on time (when a lease is due to expire,
+//! when a lock-delay ends) is decided by the leader in `lock::clock` and enters
+//! the log as an explicit `Expire` / `EndDelay` command.
+//!
+//! Tokens are the log index of the granting entry (L1): Raft never commits two
+//! entries at the same index and indexes only grow, across leader changes,
+//! crashes, restarts and snapshots.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+/// A fencing token. Strictly increasing over all grants of all keys.
+pub type Token = u64;
+
+/// How many acquire request ids are remembered for deduplicating retries.
+/// Deterministic (part of the replicated state), so every replica agrees.
+pub const REQUEST_ID_MEMORY: usize = 65_536;
+
+/// A replicated command. Entries of the Raft log carry exactly one of these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Command {
+    /// Take `key` if it is free. Never queues: waiting is the leader's job.
+    Acquire(AcquireCmd),
+    /// A holder gives the lease back.
+    Release { lease_id: String },
+    /// The leader saw the lease's deadline pass without a keepalive.
+    Expire { lease_id: String },
+    /// The leader saw the lock-delay that followed the expiry at `token` pass.
+    EndDelay { key: String, token: Token },
+}
+
+/// Everything a grant needs, decided by the leader before proposing so that
+/// every replica applies the same thing (the lease id is random, so it must be
+/// drawn once and carried in the entry).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireCmd {
+    pub key: String,
+    pub holder: String,
+    pub ttl_ms: u64,
+    pub lock_delay_ms: u64,
+    pub lease_id: String,
+    /// Client-chosen id; a retry with the same id gets the original grant back.
+    pub request_id: Option<String>,
+}
+
+/// A successful acquire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub key: String,
+    pub token: Token,
+    pub lease_id: String,
+    pub ttl_ms: u64,
+}
+
+/// What applying one command produced, returned to the proposer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Granted(Grant),
+    /// The key is taken (or in lock-delay); nothing changed.
+    Held {
+        key: String,
+        holder: Option<String>,
+        token: Token,
+        lock_delay: bool,
+    },
+    /// The lease ended by this command (release or expiry).
+    Ended { key: String, token: Token },
+    /// The lease named by the command does not exist (any more).
+    NoSuchLease,
+    /// Nothing to do (blank/membership entry, stale EndDelay).
+    Nothing,
+}
+
+/// A change to a key, in log order; what the watch stream and the lease clock
+/// are fed with. Lease ids never appear here: they stay with the holder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Log index of the entry that caused the event.
+    pub index: u64,
+    pub key: String,
+    pub token: Token,
+    /// The lease the event is about; used by the lease clock, never sent out.
+    #[serde(skip)]
+    pub lease_id: String,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EventKind {
+    Granted { holder: String, ttl_ms: u64 },
+    Released,
+    Expired {
+        #[serde(skip)]
+        lock_delay_ms: u64,
+    },
+}
+
+/// A live lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub key: String,
+    pub token: Token,
+    pub holder: String,
+    pub ttl_ms: u64,
+    pub lock_delay_ms: u64,
+}
+
+/// Per-key state. A key that was ever granted stays in the table so that its
+/// latest token can be read back (`GET /v1/locks/{key}` answers it even when free).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyState {
+    /// Token of the latest grant of this key.
+    pub token: Token,
+    /// The live lease, if any.
+    pub lease_id: Option<String>,
+    /// Set after an expiry with a lock-delay, until the matching `EndDelay`.
+    pub delay: Option<Delay>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delay {
+    /// Token of the lease whose expiry started the delay.
+    pub token: Token,
+    pub ms: u64,
+}
+
+/// The whole replicated table. Serialises as the snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockState {
+    keys: BTreeMap<String, KeyState>,
+    leases: HashMap<String, Lease>,
+    /// Grants by client request id, oldest first, bounded by `REQUEST_ID_MEMORY`.
+    requests: HashMap<String, Grant>,
+    request_order: VecDeque<String>,
+}
+
+impl LockState {
+    /// Apply the command committed at log `index`.
+    pub fn apply(&mut self, index: u64, cmd: &Command) -> (Outcome, Vec<Event>) {
+        match cmd {
+            Command::Acquire(a) => self.acquire(index, a),
+            Command::Release { lease_id } => self.end(index, lease_id, false),
+            Command::Expire { lease_id } => self.end(index, lease_id, true),
+            Command::EndDelay { key, token } => {
+                if let Some(k) = self.keys.get_mut(key) {
+                    if k.delay.as_ref().is_some_and(|d| d.token == *token) {
+                        k.delay = None;
+                    }
+                }
+                (Outcome::Nothing, vec![])
+            }
+        }
+    }
+
+    fn acquire(&mut self, index: u64, a: &AcquireCmd) -> (Outcome, Vec<Event>) {
+        if let Some(grant) = a.request_id.as_ref().and_then(|r| self.requests.get(r)) {
+            return (Outcome::Granted(grant.clone()), vec![]);
+        }
+        let k = self.keys.entry(a.key.clone()).or_default();
+        if k.lease_id.is_some() || k.delay.is_some() || self.leases.contains_key(&a.lease_id) {
+            let holder = k.lease_id.as_ref().and_then(|id| self.leases.get(id)).map(|l| l.holder.clone());
+            let held = Outcome::Held { key: a.key.clone(), holder, token: k.token, lock_delay: k.delay.is_some() };
+            return (held, vec![]);
+        }
+        k.token = index;
+        k.lease_id = Some(a.lease_id.clone());
+        let lease = Lease {
+            key: a.key.clone(),
+            token: index,
+            holder: a.holder.clone(),
+            ttl_ms: a.ttl_ms,
+            lock_delay_ms: a.lock_delay_ms,
+        };
+        self.leases.insert(a.lease_id.clone(), lease);
+        let grant = Grant { key: a.key.clone(), token: index, lease_id: a.lease_id.clone(), ttl_ms: a.ttl_ms };
+        if let Some(r) = &a.request_id {
+            self.remember_request(r.clone(), grant.clone());
+        }
+        let event = Event {
+            index,
+            key: a.key.clone(),
+            token: index,
+            lease_id: a.lease_id.clone(),
+            kind: EventKind::Granted { holder: a.holder.clone(), ttl_ms: a.ttl_ms },
+        };
+        (Outcome::Granted(grant), vec![event])
+    }
+
+    fn remember_request(&mut self, id: String, grant: Grant) {
+        if self.request_order.len() >= REQUEST_ID_MEMORY {
+            if let Some(old) = self.request_order.pop_front() {
+                self.requests.remove(&old);
+            }
+        }
+        self.request_order.push_back(id.clone());
+        self.requests.insert(id, grant);
+    }
+
+    fn end(&mut self, index: u64, lease_id: &str, expired: bool) -> (Outcome, Vec<Event>) {
+        let Some(lease) = self.leases.remove(lease_id) else {
+            return (Outcome::NoSuchLease, vec![]);
+        };
+        let k = self.keys.get_mut(&lease.key).expect("a live lease always has its key entry");
+        k.lease_id = None;
+        let kind = if expired {
+            if lease.lock_delay_ms > 0 {
+                k.delay = Some(Delay { token: lease.token, ms: lease.lock_delay_ms });
+            }
+            EventKind::Expired { lock_delay_ms: lease.lock_delay_ms }
+        } else {
+            EventKind::Released
+        };
+        let event = Event { index, key: lease.key.clone(), token: lease.token, lease_id: lease_id.to_string(), kind };
+        (Outcome::Ended { key: lease.key, token: lease.token }, vec![event])
+    }
+
+    pub fn lease(&self, lease_id: &str) -> Option<&Lease> {
+        self.leases.get(lease_id)
+    }
+
+    pub fn key(&self, key: &str) -> Option<&KeyState> {
+        self.keys.get(key)
+    }
+
+    /// Holder of the live lease on `key`, if any.
+    pub fn holder_of(&self, key: &str) -> Option<(&str, &Lease)> {
+        let id = self.keys.get(key)?.lease_id.as_deref()?;
+        self.leases.get(id).map(|l| (id, l))
+    }
+
+    pub fn leases(&self) -> impl Iterator<Item = (&String, &Lease)> {
+        self.leases.iter()
+    }
+
+    pub fn keys_with_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a String, &'a KeyState)> + 'a {
+        self.keys.range(prefix.to_string()..).take_while(move |(k, _)| k.starts_with(prefix))
+    }
+
+    /// Keys currently in lock-delay.
+    pub fn delays(&self) -> impl Iterator<Item = (&String, &Delay)> {
+        self.keys.iter().filter_map(|(k, s)| s.delay.as_ref().map(|d| (k, d)))
+    }
+
+    pub fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

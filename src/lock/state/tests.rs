@@ -1,0 +1,269 @@
+//! Unit and property tests of the lock table together with the lease clock,
+//! driven by a simulated leader on a fake clock.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio::time::Instant;
+
+use super::*;
+use crate::lock::clock::LeaseClock;
+
+fn acquire(key: &str, lease: &str, ttl_ms: u64, delay_ms: u64, req: Option<&str>) -> Command {
+    Command::Acquire(AcquireCmd {
+        key: key.into(),
+        holder: format!("holder-of-{key}"),
+        ttl_ms,
+        lock_delay_ms: delay_ms,
+        lease_id: lease.into(),
+        request_id: req.map(Into::into),
+    })
+}
+
+fn granted(o: &Outcome) -> Option<&Grant> {
+    match o {
+        Outcome::Granted(g) => Some(g),
+        _ => None,
+    }
+}
+
+#[test]
+fn grant_hold_release_regrant() {
+    let mut s = LockState::default();
+    let (o, ev) = s.apply(3, &acquire("rack/42", "L1", 1000, 0, None));
+    assert_eq!(granted(&o).unwrap().token, 3, "token is the log index");
+    assert_eq!(ev.len(), 1);
+    let (o, ev) = s.apply(4, &acquire("rack/42", "L2", 1000, 0, None));
+    assert_eq!(o, Outcome::Held { key: "rack/42".into(), holder: Some("holder-of-rack/42".into()), token: 3, lock_delay: false });
+    assert!(ev.is_empty());
+    let (o, _) = s.apply(5, &Command::Release { lease_id: "L1".into() });
+    assert_eq!(o, Outcome::Ended { key: "rack/42".into(), token: 3 });
+    let (o, _) = s.apply(6, &Command::Release { lease_id: "L1".into() });
+    assert_eq!(o, Outcome::NoSuchLease);
+    let (o, _) = s.apply(7, &acquire("rack/42", "L3", 1000, 0, None));
+    assert_eq!(granted(&o).unwrap().token, 7);
+    assert_eq!(s.key("rack/42").unwrap().token, 7);
+}
+
+#[test]
+fn retried_request_id_returns_the_original_grant() {
+    let mut s = LockState::default();
+    let (first, _) = s.apply(1, &acquire("k", "L1", 1000, 0, Some("req-1")));
+    // A retry after a lost response carries a fresh lease id but the same request id.
+    let (again, ev) = s.apply(2, &acquire("k", "L9", 1000, 0, Some("req-1")));
+    assert_eq!(first, again);
+    assert!(ev.is_empty(), "a retry must not grant twice");
+    assert_eq!(s.lease_count(), 1);
+}
+
+#[test]
+fn request_id_memory_is_bounded() {
+    let mut s = LockState::default();
+    for i in 0..(REQUEST_ID_MEMORY as u64 + 10) {
+        s.apply(i + 1, &acquire(&format!("k{i}"), &format!("L{i}"), 1000, 0, Some(&format!("r{i}"))));
+    }
+    assert_eq!(s.requests.len(), REQUEST_ID_MEMORY);
+    assert_eq!(s.request_order.len(), REQUEST_ID_MEMORY);
+    assert!(!s.requests.contains_key("r0"));
+}
+
+#[test]
+fn expiry_with_lock_delay_blocks_until_end_delay() {
+    let mut s = LockState::default();
+    s.apply(1, &acquire("k", "L1", 1000, 5000, None));
+    let (_, ev) = s.apply(2, &Command::Expire { lease_id: "L1".into() });
+    assert_eq!(ev[0].kind, EventKind::Expired { lock_delay_ms: 5000 });
+    let (o, _) = s.apply(3, &acquire("k", "L2", 1000, 0, None));
+    assert!(matches!(o, Outcome::Held { lock_delay: true, holder: None, .. }), "{o:?}");
+    // An EndDelay for another expiry does nothing.
+    s.apply(4, &Command::EndDelay { key: "k".into(), token: 99 });
+    assert!(granted(&s.apply(5, &acquire("k", "L2", 1000, 0, None)).0).is_none());
+    s.apply(6, &Command::EndDelay { key: "k".into(), token: 1 });
+    assert_eq!(granted(&s.apply(7, &acquire("k", "L2", 1000, 0, None)).0).unwrap().token, 7);
+}
+
+#[test]
+fn release_never_starts_a_lock_delay() {
+    let mut s = LockState::default();
+    s.apply(1, &acquire("k", "L1", 1000, 5000, None));
+    s.apply(2, &Command::Release { lease_id: "L1".into() });
+    assert!(granted(&s.apply(3, &acquire("k", "L2", 1000, 0, None)).0).is_some());
+}
+
+#[test]
+fn watch_events_never_carry_lease_ids() {
+    let mut s = LockState::default();
+    let (_, ev) = s.apply(1, &acquire("k", "secret-lease", 1000, 0, None));
+    let json = serde_json::to_string(&ev[0]).unwrap();
+    assert!(!json.contains("secret-lease"), "{json}");
+    assert!(json.contains(r#""event":"granted""#), "{json}");
+}
+
+#[test]
+fn clock_expires_on_time_and_keepalive_extends() {
+    let t0 = Instant::now();
+    let ms = |n| t0 + Duration::from_millis(n);
+    let mut s = LockState::default();
+    let mut c = LeaseClock::default();
+    let (_, ev) = s.apply(1, &acquire("k", "L1", 1000, 0, None));
+    c.observe(&ev[0], t0);
+    assert!(c.due(ms(999)).is_empty());
+    assert!(c.keepalive("L1", ms(900)));
+    assert!(c.due(ms(1500)).is_empty(), "keepalive at 900 moves the deadline to 1900");
+    assert_eq!(c.due(ms(1900)), vec![Command::Expire { lease_id: "L1".into() }]);
+    assert!(!c.keepalive("L1", ms(1901)), "no keepalive once the expiry is on its way");
+    // The proposal was lost: the clock proposes it again.
+    assert!(c.due(ms(2000)).is_empty());
+    assert_eq!(c.due(ms(1900) + crate::lock::clock::RETRY), vec![Command::Expire { lease_id: "L1".into() }]);
+}
+
+#[test]
+fn reset_gives_every_lease_a_full_ttl() {
+    let t0 = Instant::now();
+    let mut s = LockState::default();
+    s.apply(1, &acquire("a", "L1", 1000, 0, None));
+    s.apply(2, &acquire("b", "L2", 3000, 0, None));
+    let mut c = LeaseClock::default();
+    let later = t0 + Duration::from_secs(10);
+    c.reset(&s, later);
+    assert_eq!(c.next_deadline(), Some(later + Duration::from_millis(1000)));
+    assert!(c.due(later + Duration::from_millis(999)).is_empty());
+    assert_eq!(c.due(later + Duration::from_millis(1000)), vec![Command::Expire { lease_id: "L1".into() }]);
+    c.observe(&s.apply(3, &Command::Expire { lease_id: "L1".into() }).1[0], later);
+    assert_eq!(c.next_deadline(), Some(later + Duration::from_millis(3000)));
+}
+
+#[test]
+fn snapshot_round_trips() {
+    let mut s = LockState::default();
+    s.apply(1, &acquire("a", "L1", 1000, 100, Some("r1")));
+    s.apply(2, &acquire("b", "L2", 1000, 0, None));
+    s.apply(3, &Command::Expire { lease_id: "L1".into() });
+    let bytes = serde_json::to_vec(&s).unwrap();
+    let back: LockState = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(s, back);
+}
+
+/// One step of the simulated leader.
+#[derive(Debug, Clone)]
+enum Step {
+    Acquire { key: u8, ttl: u64, delay: u64, retry_of: Option<u8> },
+    Keepalive(u8),
+    Release(u8),
+    Advance(u64),
+    /// Leader change: the new leader resets its clock.
+    NewLeader,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0u8..4, prop_oneof![Just(100u64), Just(500), Just(2000)], prop_oneof![Just(0u64), Just(300)],
+              proptest::option::of(0u8..8))
+            .prop_map(|(key, ttl, delay, retry_of)| Step::Acquire { key, ttl, delay, retry_of }),
+        2 => (0u8..16).prop_map(Step::Keepalive),
+        1 => (0u8..16).prop_map(Step::Release),
+        3 => (1u64..700).prop_map(Step::Advance),
+        1 => Just(Step::NewLeader),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// L1, L2, L3 and L6 over random histories, checked against a model kept
+    /// by the test itself from what was acknowledged, not from the state.
+    #[test]
+    fn invariants_hold_over_random_histories(steps in proptest::collection::vec(step(), 1..120)) {
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut s = LockState::default();
+        let mut c = LeaseClock::default();
+        let mut index = 0u64;
+        let mut last_token = 0u64;
+        let mut leases: Vec<String> = vec![];
+        // lease id -> (key, ttl, latest acknowledged time)
+        let mut acked: HashMap<String, (String, u64, Instant)> = HashMap::new();
+        // key -> time before which it must not be re-granted (L6)
+        let mut blocked_until: HashMap<String, Instant> = HashMap::new();
+        let mut requests: HashMap<u8, Grant> = HashMap::new();
+
+        let mut apply = |s: &mut LockState, c: &mut LeaseClock, now: Instant, cmd: Command| {
+            index += 1;
+            let (o, events) = s.apply(index, &cmd);
+            for e in &events {
+                c.observe(e, now);
+            }
+            if let Command::EndDelay { key, token } = &cmd {
+                c.delay_ended(key, *token);
+            }
+            (o, events)
+        };
+
+        for st in steps {
+            match st {
+                Step::Acquire { key, ttl, delay, retry_of } => {
+                    let lease_id = format!("L{}", leases.len());
+                    let req = retry_of.map(|r| format!("req{r}"));
+                    let (o, events) = apply(&mut s, &mut c, now, acquire(&format!("k{key}"), &lease_id, ttl, delay, req.as_deref()));
+                    if let Outcome::Granted(g) = &o {
+                        if let Some(r) = retry_of {
+                            if let Some(orig) = requests.get(&r) {
+                                prop_assert_eq!(orig, g, "a retried request id must get its original grant");
+                                prop_assert!(events.is_empty());
+                                continue;
+                            }
+                            requests.insert(r, g.clone());
+                        }
+                        // L1: strictly above every earlier grant.
+                        prop_assert!(g.token > last_token, "token {} not above {}", g.token, last_token);
+                        last_token = g.token;
+                        // L6: not inside a lock-delay.
+                        if let Some(until) = blocked_until.get(&g.key) {
+                            prop_assert!(now >= *until, "{} re-granted during its lock-delay", g.key);
+                        }
+                        acked.insert(g.lease_id.clone(), (g.key.clone(), ttl, now));
+                        leases.push(g.lease_id.clone());
+                    }
+                }
+                Step::Keepalive(i) => {
+                    if let Some(id) = leases.get(i as usize) {
+                        if s.lease(id).is_some() && c.keepalive(id, now) {
+                            acked.get_mut(id).unwrap().2 = now;
+                        }
+                    }
+                }
+                Step::Release(i) => {
+                    if let Some(id) = leases.get(i as usize).cloned() {
+                        apply(&mut s, &mut c, now, Command::Release { lease_id: id.clone() });
+                        acked.remove(&id);
+                    }
+                }
+                Step::Advance(ms) => {
+                    now += Duration::from_millis(ms);
+                    for cmd in c.due(now) {
+                        let (o, events) = apply(&mut s, &mut c, now, cmd.clone());
+                        if let (Command::Expire { lease_id }, Outcome::Ended { key, .. }) = (&cmd, &o) {
+                            let (_, ttl, last) = acked.remove(lease_id).unwrap();
+                            // L3: never before ttl after the latest acknowledgement.
+                            prop_assert!(now >= last + Duration::from_millis(ttl), "{lease_id} expired early");
+                            if let Some(e) = events.first() {
+                                if let EventKind::Expired { lock_delay_ms } = e.kind {
+                                    blocked_until.insert(key.clone(), now + Duration::from_millis(lock_delay_ms));
+                                }
+                            }
+                        }
+                    }
+                }
+                Step::NewLeader => c.reset(&s, now),
+            }
+            // L2: at most one live lease per key, and the key table agrees.
+            let mut per_key: HashMap<&str, usize> = HashMap::new();
+            for (id, l) in s.leases() {
+                *per_key.entry(&l.key).or_default() += 1;
+                prop_assert_eq!(s.key(&l.key).unwrap().lease_id.as_deref(), Some(id.as_str()));
+            }
+            prop_assert!(per_key.values().all(|n| *n == 1));
+        }
+    }
+}
