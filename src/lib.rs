@@ -4,3 +4,5 @@
 //! See ARCHITECTURE.md for the codemap and the invariants.
 
 pub mod lock;
+pub mod metrics;
+pub mod raft;

@@ -1,0 +1,233 @@
+//! The Raft state machine: applies committed `lock::state` commands to the
+//! shared [`Applied`] state, and builds, stores and installs snapshots.
+//!
+//! The applied state lives in memory; what survives a crash is the last
+//! snapshot (stored in the same redb file as the log) plus the log entries
+//! after it, which openraft re-applies once they are known to be committed.
+
+use std::collections::VecDeque;
+use std::io::Cursor;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use openraft::storage::{RaftStateMachine, Snapshot as RaftSnapshot};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
+use redb::Database;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::log_store::{blocking, read_meta, write_meta};
+use super::types::{Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::lock::clock::LeaseClock;
+use crate::lock::state::{Command, Event, EventKind, LockState, Outcome};
+use crate::metrics::LockMetrics;
+
+const SNAPSHOT: &str = "snapshot";
+
+/// How many recent events are kept for watchers that reconnect.
+pub const EVENT_MEMORY: usize = 65_536;
+
+/// Recent events in log order, so that a watcher can resume after a reconnect.
+#[derive(Debug, Default)]
+pub struct EventLog {
+    events: VecDeque<Event>,
+    /// Events at or below this index may have been forgotten.
+    forgotten_through: u64,
+}
+
+impl EventLog {
+    fn push(&mut self, e: Event) {
+        if self.events.len() >= EVENT_MEMORY {
+            if let Some(old) = self.events.pop_front() {
+                self.forgotten_through = old.index;
+            }
+        }
+        self.events.push_back(e);
+    }
+
+    /// Events after `index`, or `None` when some of them are forgotten and the
+    /// watcher must resync from the current state.
+    pub fn after(&self, index: u64) -> Option<impl Iterator<Item = &Event>> {
+        (index >= self.forgotten_through).then(|| self.events.iter().filter(move |e| e.index > index))
+    }
+}
+
+/// Everything the node knows from the applied log. Guarded by a std Mutex:
+/// critical sections are short and never cross an `.await`.
+pub struct AppliedState {
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+    pub locks: LockState,
+    /// Lease deadlines; only meaningful on the leader (see `lock::clock`).
+    pub clock: LeaseClock,
+    pub events: EventLog,
+}
+
+impl AppliedState {
+    pub fn applied_index(&self) -> u64 {
+        self.last_applied.map(|l| l.index).unwrap_or(0)
+    }
+}
+
+/// The applied state, shared between the state machine and the API.
+pub struct Applied {
+    state: Mutex<AppliedState>,
+    /// The last applied index; wakes watch streams and waiting acquires.
+    index: watch::Sender<u64>,
+    metrics: LockMetrics,
+}
+
+impl Applied {
+    pub fn lock(&self) -> MutexGuard<'_, AppliedState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.index.subscribe()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+#[derive(Clone)]
+pub struct StateMachineStore {
+    applied: Arc<Applied>,
+    db: Arc<Database>,
+}
+
+impl StateMachineStore {
+    /// Open the state machine, restoring the last stored snapshot if any.
+    pub fn open(db: Arc<Database>, metrics: LockMetrics) -> Result<Self, StorageError> {
+        let mut state = AppliedState {
+            last_applied: None,
+            membership: StoredMembership::default(),
+            locks: LockState::default(),
+            clock: LeaseClock::default(),
+            events: EventLog::default(),
+        };
+        if let Some(snap) = read_meta::<StoredSnapshot>(&db, SNAPSHOT)? {
+            restore(&mut state, &snap)?;
+        }
+        metrics.leases.set(state.locks.lease_count() as i64);
+        let index = watch::Sender::new(state.applied_index());
+        Ok(Self { applied: Arc::new(Applied { state: Mutex::new(state), index, metrics }), db })
+    }
+
+    pub fn applied(&self) -> Arc<Applied> {
+        self.applied.clone()
+    }
+}
+
+fn restore(state: &mut AppliedState, snap: &StoredSnapshot) -> Result<(), StorageError> {
+    let locks: LockState = serde_json::from_slice(&snap.data)
+        .map_err(|e| StorageError::IO { source: StorageIOError::read_snapshot(Some(snap.meta.signature()), &e) })?;
+    state.locks = locks;
+    state.last_applied = snap.meta.last_log_id;
+    state.membership = snap.meta.last_membership.clone();
+    state.clock = LeaseClock::default();
+    state.events = EventLog { events: VecDeque::new(), forgotten_through: state.applied_index() };
+    Ok(())
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let (data, last_log_id, last_membership) = {
+            let s = self.applied.lock();
+            let data = serde_json::to_vec(&s.locks)
+                .map_err(|e| StorageError::IO { source: StorageIOError::write_snapshot(None, &e) })?;
+            (data, s.last_applied, s.membership.clone())
+        };
+        let snapshot_id = last_log_id.map(|l| format!("{}-{}", l.leader_id.term, l.index)).unwrap_or_default();
+        let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
+        let stored = StoredSnapshot { meta: meta.clone(), data: data.clone() };
+        let db = self.db.clone();
+        blocking(move || write_meta(&db, SNAPSHOT, &stored)).await?;
+        Ok(RaftSnapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let s = self.applied.lock();
+        Ok((s.last_applied, s.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcome>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let now = Instant::now();
+        let metrics = &self.applied.metrics;
+        let mut out = Vec::new();
+        let last = {
+            let mut guard = self.applied.lock();
+            let s = &mut *guard;
+            for entry in entries {
+                s.last_applied = Some(entry.log_id);
+                let outcome = match entry.payload {
+                    EntryPayload::Blank => Outcome::Nothing,
+                    EntryPayload::Membership(m) => {
+                        s.membership = StoredMembership::new(Some(entry.log_id), m);
+                        Outcome::Nothing
+                    }
+                    EntryPayload::Normal(cmd) => {
+                        let (outcome, events) = s.locks.apply(entry.log_id.index, &cmd);
+                        if let Command::EndDelay { key, token } = &cmd {
+                            s.clock.delay_ended(key, *token);
+                        }
+                        for e in events {
+                            match e.kind {
+                                EventKind::Granted { .. } => metrics.grants.inc(),
+                                EventKind::Released => metrics.releases.inc(),
+                                EventKind::Expired { .. } => metrics.expirations.inc(),
+                            }
+                            s.clock.observe(&e, now);
+                            s.events.push(e);
+                        }
+                        outcome
+                    }
+                };
+                out.push(outcome);
+            }
+            metrics.leases.set(s.locks.lease_count() as i64);
+            s.applied_index()
+        };
+        self.applied.index.send_replace(last);
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+        let stored = StoredSnapshot { meta: meta.clone(), data: snapshot.into_inner() };
+        let last = {
+            let mut s = self.applied.lock();
+            restore(&mut s, &stored)?;
+            self.applied.metrics.leases.set(s.locks.lease_count() as i64);
+            s.applied_index()
+        };
+        let db = self.db.clone();
+        blocking(move || write_meta(&db, SNAPSHOT, &stored)).await?;
+        self.applied.index.send_replace(last);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let db = self.db.clone();
+        let stored: Option<StoredSnapshot> = blocking(move || read_meta(&db, SNAPSHOT)).await?;
+        Ok(stored.map(|s| RaftSnapshot { meta: s.meta, snapshot: Box::new(Cursor::new(s.data)) }))
+    }
+}
