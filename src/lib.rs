@@ -3,6 +3,11 @@
 //!
 //! See ARCHITECTURE.md for the codemap and the invariants.
 
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod http;
 pub mod lock;
 pub mod metrics;
 pub mod raft;
+pub mod server;

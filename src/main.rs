@@ -1,1 +1,8 @@
-fn main() {}
+//! The `fencegate` binary: parses the command line and hands over to `cli`.
+
+use clap::Parser;
+
+fn main() {
+    let args = fencegate::cli::Cli::parse();
+    std::process::exit(fencegate::cli::run(args));
+}

@@ -31,7 +31,7 @@ enum Due {
 
 #[derive(Debug, Default)]
 pub struct LeaseClock {
-    /// lease id -> (deadline, ttl, expiring)
+    /// lease id -> (deadline, expiring)
     leases: HashMap<String, LeaseDeadline>,
     /// key -> (deadline, token of the expired lease)
     delays: HashMap<String, (Instant, Token)>,
@@ -42,7 +42,6 @@ pub struct LeaseClock {
 #[derive(Debug, Clone, Copy)]
 struct LeaseDeadline {
     at: Instant,
-    ttl: Duration,
     expiring: bool,
 }
 
@@ -52,7 +51,7 @@ impl LeaseClock {
     pub fn reset(&mut self, state: &LockState, now: Instant) {
         *self = Self::default();
         for (id, lease) in state.leases() {
-            self.arm_lease(id, now + Duration::from_millis(lease.ttl_ms), Duration::from_millis(lease.ttl_ms));
+            self.arm_lease(id, now + Duration::from_millis(lease.ttl_ms));
         }
         for (key, delay) in state.delays() {
             self.arm_delay(key, delay.token, now + Duration::from_millis(delay.ms));
@@ -63,8 +62,7 @@ impl LeaseClock {
     pub fn observe(&mut self, event: &Event, now: Instant) {
         match &event.kind {
             EventKind::Granted { ttl_ms, .. } => {
-                let ttl = Duration::from_millis(*ttl_ms);
-                self.arm_lease(&event.lease_id, now + ttl, ttl);
+                self.arm_lease(&event.lease_id, now + Duration::from_millis(*ttl_ms));
             }
             EventKind::Released => self.forget_lease(&event.lease_id),
             EventKind::Expired { lock_delay_ms } => {
@@ -86,16 +84,24 @@ impl LeaseClock {
         }
     }
 
-    /// Extend `lease_id` to at least `received + ttl`. Returns false when the
-    /// lease is unknown or an expiry for it is already on its way.
-    pub fn keepalive(&mut self, lease_id: &str, received: Instant) -> bool {
-        let Some(d) = self.leases.get(lease_id).copied() else { return false };
-        if d.expiring {
-            return false;
-        }
-        let at = d.at.max(received + d.ttl);
-        self.arm_lease(lease_id, at, d.ttl);
+    /// Extend `lease_id` to at least `received + ttl`, where `received` is when
+    /// the keepalive reached this node. Returns false when the lease is not
+    /// live in `state` or an expiry for it is already on its way.
+    pub fn keepalive(&mut self, state: &LockState, lease_id: &str, received: Instant) -> bool {
+        let Some(lease) = state.lease(lease_id) else { return false };
+        let ttl = Duration::from_millis(lease.ttl_ms);
+        let at = match self.leases.get(lease_id) {
+            Some(d) if d.expiring => return false,
+            Some(d) => d.at.max(received + ttl),
+            None => received + ttl,
+        };
+        self.arm_lease(lease_id, at);
         true
+    }
+
+    /// Time left on a lease by this node's clock (meaningful on the leader).
+    pub fn remaining(&self, lease_id: &str, now: Instant) -> Option<Duration> {
+        self.leases.get(lease_id).map(|d| d.at.saturating_duration_since(now))
     }
 
     /// Commands whose time has come. Each returned lease is marked expiring and
@@ -132,8 +138,8 @@ impl LeaseClock {
         self.queue.first().map(|(at, _)| *at)
     }
 
-    fn arm_lease(&mut self, id: &str, at: Instant, ttl: Duration) {
-        if let Some(old) = self.leases.insert(id.to_string(), LeaseDeadline { at, ttl, expiring: false }) {
+    fn arm_lease(&mut self, id: &str, at: Instant) {
+        if let Some(old) = self.leases.insert(id.to_string(), LeaseDeadline { at, expiring: false }) {
             self.queue.remove(&(old.at, Due::Lease(id.to_string())));
         }
         self.queue.insert((at, Due::Lease(id.to_string())));

@@ -72,7 +72,10 @@ pub enum Outcome {
         lock_delay: bool,
     },
     /// The lease ended by this command (release or expiry).
-    Ended { key: String, token: Token },
+    Ended {
+        key: String,
+        token: Token,
+    },
     /// The lease named by the command does not exist (any more).
     NoSuchLease,
     /// Nothing to do (blank/membership entry, stale EndDelay).
@@ -97,7 +100,10 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EventKind {
-    Granted { holder: String, ttl_ms: u64 },
+    Granted {
+        holder: String,
+        ttl_ms: u64,
+    },
     Released,
     Expired {
         #[serde(skip)]

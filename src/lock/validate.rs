@@ -41,7 +41,10 @@ pub fn holder(h: &str) -> Result<(), InvalidInput> {
 }
 
 pub fn request_id(r: &str) -> Result<(), InvalidInput> {
-    if r.is_empty() || r.len() > MAX_REQUEST_ID_LEN || !r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+    if r.is_empty()
+        || r.len() > MAX_REQUEST_ID_LEN
+        || !r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
         return Err(InvalidInput::RequestId);
     }
     Ok(())

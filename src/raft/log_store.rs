@@ -88,7 +88,8 @@ impl LogStore {
             Err(e) => return Err(err(e.into())),
         };
         let Some((_, v)) = table.last().map_err(|e| err(e.into()))? else { return Ok(None) };
-        let entry: Entry = serde_json::from_slice(v.value()).map_err(io(|e: &serde_json::Error| StorageIOError::read_logs(e)))?;
+        let entry: Entry =
+            serde_json::from_slice(v.value()).map_err(io(|e: &serde_json::Error| StorageIOError::read_logs(e)))?;
         Ok(Some(entry.log_id))
     }
 }
@@ -111,7 +112,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
             let mut out = Vec::new();
             for row in table.range::<u64>(range).map_err(|e| err(e.into()))? {
                 let (_, v) = row.map_err(|e| err(e.into()))?;
-                out.push(serde_json::from_slice(v.value()).map_err(io(|e: &serde_json::Error| StorageIOError::read_logs(e)))?);
+                out.push(
+                    serde_json::from_slice(v.value())
+                        .map_err(io(|e: &serde_json::Error| StorageIOError::read_logs(e)))?,
+                );
             }
             Ok(out)
         })

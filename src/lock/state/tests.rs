@@ -35,7 +35,10 @@ fn grant_hold_release_regrant() {
     assert_eq!(granted(&o).unwrap().token, 3, "token is the log index");
     assert_eq!(ev.len(), 1);
     let (o, ev) = s.apply(4, &acquire("rack/42", "L2", 1000, 0, None));
-    assert_eq!(o, Outcome::Held { key: "rack/42".into(), holder: Some("holder-of-rack/42".into()), token: 3, lock_delay: false });
+    assert_eq!(
+        o,
+        Outcome::Held { key: "rack/42".into(), holder: Some("holder-of-rack/42".into()), token: 3, lock_delay: false }
+    );
     assert!(ev.is_empty());
     let (o, _) = s.apply(5, &Command::Release { lease_id: "L1".into() });
     assert_eq!(o, Outcome::Ended { key: "rack/42".into(), token: 3 });
@@ -109,10 +112,10 @@ fn clock_expires_on_time_and_keepalive_extends() {
     let (_, ev) = s.apply(1, &acquire("k", "L1", 1000, 0, None));
     c.observe(&ev[0], t0);
     assert!(c.due(ms(999)).is_empty());
-    assert!(c.keepalive("L1", ms(900)));
+    assert!(c.keepalive(&s, "L1", ms(900)));
     assert!(c.due(ms(1500)).is_empty(), "keepalive at 900 moves the deadline to 1900");
     assert_eq!(c.due(ms(1900)), vec![Command::Expire { lease_id: "L1".into() }]);
-    assert!(!c.keepalive("L1", ms(1901)), "no keepalive once the expiry is on its way");
+    assert!(!c.keepalive(&s, "L1", ms(1901)), "no keepalive once the expiry is on its way");
     // The proposal was lost: the clock proposes it again.
     assert!(c.due(ms(2000)).is_empty());
     assert_eq!(c.due(ms(1900) + crate::lock::clock::RETRY), vec![Command::Expire { lease_id: "L1".into() }]);
@@ -148,7 +151,12 @@ fn snapshot_round_trips() {
 /// One step of the simulated leader.
 #[derive(Debug, Clone)]
 enum Step {
-    Acquire { key: u8, ttl: u64, delay: u64, retry_of: Option<u8> },
+    Acquire {
+        key: u8,
+        ttl: u64,
+        delay: u64,
+        retry_of: Option<u8>,
+    },
     Keepalive(u8),
     Release(u8),
     Advance(u64),
@@ -228,7 +236,7 @@ proptest! {
                 }
                 Step::Keepalive(i) => {
                     if let Some(id) = leases.get(i as usize) {
-                        if s.lease(id).is_some() && c.keepalive(id, now) {
+                        if c.keepalive(&s, id, now) {
                             acked.get_mut(id).unwrap().2 = now;
                         }
                     }

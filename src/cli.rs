@@ -1,0 +1,85 @@
+//! Command-line interface (DESIGN.md "CLI"). Each subcommand lives in its own
+//! file; this one parses and dispatches, and owns the exit codes.
+
+mod server;
+mod status;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{ConfigError, EXIT_BAD_CONFIG};
+
+/// Distributed locks with fencing tokens, and a sidecar that enforces them.
+#[derive(Debug, Parser)]
+#[command(name = "fencegate", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one lock service node (a 3- or 5-node Raft cluster shares one `peers` list).
+    Server {
+        /// Node configuration (YAML): id, listen, data_dir, peers, lease, raft.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Show the cluster (leader, term, members, commit index), or one key.
+    Status {
+        /// A lock key, e.g. rack/42. Without it, the cluster is shown.
+        key: Option<String>,
+        #[command(flatten)]
+        endpoints: Endpoints,
+    },
+    /// Validate a configuration file without starting anything (exit 64 if bad).
+    CheckConfig {
+        /// A node configuration file.
+        file: PathBuf,
+    },
+}
+
+/// Where the lock service is.
+#[derive(Debug, clap::Args)]
+struct Endpoints {
+    /// Comma-separated node URLs; any node will do, followers forward to the leader.
+    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', default_value = crate::client::DEFAULT_ENDPOINT)]
+    endpoints: Vec<String>,
+}
+
+/// Run a subcommand, returning the process exit status.
+pub fn run(cli: Cli) -> i32 {
+    init_tracing();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("starting the tokio runtime");
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Server { config } => server::run(&config).await,
+            Command::Status { key, endpoints } => status::run(key, endpoints.endpoints).await,
+            Command::CheckConfig { file } => check_config(&file).map(|()| 0),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fencegate: {e:#}");
+            if e.downcast_ref::<ConfigError>().is_some() {
+                EXIT_BAD_CONFIG
+            } else {
+                1
+            }
+        }
+    }
+}
+
+fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
+    crate::config::node::NodeConfig::load(file)?;
+    println!("{}: ok (lock service node)", file.display());
+    Ok(())
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FENCEGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

@@ -1,0 +1,31 @@
+//! `fencegate server --config node.yaml`
+
+use std::path::Path;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::config::node::NodeConfig;
+use crate::server::{serve, Node};
+
+pub async fn run(path: &Path) -> anyhow::Result<i32> {
+    // Validate everything before binding anything.
+    let config = NodeConfig::load(path)?;
+    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let node = Node::start(config).await?;
+    tracing::info!(id = node.id, listen = %listener.local_addr()?, "fencegate node serving");
+    serve(listener, node.clone(), shutdown_signal()).await;
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    Ok(0)
+}
+
+/// Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

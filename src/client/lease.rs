@@ -1,0 +1,218 @@
+//! A held lease: background keepalives and a conservative local view of
+//! whether it is still valid (L4).
+//!
+//! The lease is valid until `t_sent + ttl*(1-drift) - margin`, where `t_sent`
+//! is this process's monotonic time when it *sent* the latest request the
+//! leader acknowledged. The leader measures from when it *received* that
+//! request (later), so as long as clock rates differ by less than `drift`, the
+//! client always gives up before the service can expire the lease.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{Client, ClientError};
+use crate::lock::state::Token;
+
+/// Why a lease stopped being valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    /// The service said the lease no longer exists.
+    NotFound,
+    /// No keepalive was acknowledged in time: validity can't be guaranteed.
+    Expired,
+    /// This process released it.
+    Released,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::NotFound => "the lock service no longer has the lease",
+            LostReason::Expired => "no keepalive was acknowledged in time",
+            LostReason::Released => "released",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Validity {
+    until: Instant,
+    lost: Option<LostReason>,
+}
+
+struct Shared {
+    client: Client,
+    lease_id: String,
+    ttl: Duration,
+    validity: watch::Sender<Validity>,
+}
+
+impl Shared {
+    fn deadline(&self, sent: Instant) -> Instant {
+        let o = self.client.options();
+        (sent + self.ttl.mul_f64(1.0 - o.drift)).checked_sub(o.margin).unwrap_or(sent)
+    }
+
+    /// Record an acknowledgement of a request sent at `sent`.
+    fn acknowledged(&self, sent: Instant) {
+        let until = self.deadline(sent);
+        self.validity.send_if_modified(|v| {
+            let extend = v.lost.is_none() && until > v.until;
+            if extend {
+                v.until = until;
+            }
+            extend
+        });
+    }
+
+    fn lose(&self, reason: LostReason) {
+        self.validity.send_if_modified(|v| {
+            let first = v.lost.is_none();
+            if first {
+                v.lost = Some(reason);
+            }
+            first
+        });
+    }
+
+    fn validity(&self) -> Validity {
+        let v = *self.validity.borrow();
+        match v.lost {
+            None if Instant::now() >= v.until => Validity { lost: Some(LostReason::Expired), ..v },
+            _ => v,
+        }
+    }
+
+    async fn keepalive_now(&self) -> Result<(), ClientError> {
+        let sent = Instant::now();
+        let left = self.validity().until.saturating_duration_since(sent).max(self.client.options().request_timeout);
+        match self.client.keepalive(&self.lease_id, left).await {
+            Ok(_) => {
+                self.acknowledged(sent);
+                Ok(())
+            }
+            Err(ClientError::LeaseNotFound) => {
+                self.lose(LostReason::NotFound);
+                Err(ClientError::LeaseNotFound)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A granted lease. Keepalives run in the background every `ttl/3` until the
+/// lease is released, dropped or lost.
+pub struct Lease {
+    key: String,
+    token: Token,
+    shared: Arc<Shared>,
+    keeper: JoinHandle<()>,
+}
+
+impl Lease {
+    pub(super) fn start(
+        client: Client,
+        key: String,
+        token: Token,
+        lease_id: String,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Self {
+        let (validity, _) = watch::channel(Validity { until: sent, lost: None });
+        let shared = Arc::new(Shared { client, lease_id, ttl, validity });
+        shared.acknowledged(sent);
+        let keeper = tokio::spawn(keep_alive(shared.clone()));
+        Lease { key, token, shared, keeper }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing token: send it with every write to the protected resource.
+    pub fn token(&self) -> Token {
+        self.token
+    }
+
+    /// Secret; proves ownership to the lock service. Never send it to resources.
+    pub fn lease_id(&self) -> &str {
+        &self.shared.lease_id
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    /// True while the lease is guaranteed to be held (L4).
+    pub fn is_valid(&self) -> bool {
+        self.shared.validity().lost.is_none()
+    }
+
+    /// How long the lease is guaranteed for, from now.
+    pub fn remaining(&self) -> Duration {
+        let v = self.shared.validity();
+        if v.lost.is_some() {
+            return Duration::ZERO;
+        }
+        v.until.saturating_duration_since(Instant::now())
+    }
+
+    pub(super) async fn keepalive_now(&self) -> Result<(), ClientError> {
+        self.shared.keepalive_now().await
+    }
+
+    /// Resolves as soon as the lease may be lost: the service said so, or the
+    /// local validity deadline passed without an acknowledged keepalive.
+    pub async fn lost(&self) -> LostReason {
+        let mut rx = self.shared.validity.subscribe();
+        loop {
+            let v = self.shared.validity();
+            if let Some(reason) = v.lost {
+                return reason;
+            }
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep_until(v.until) => {}
+            }
+        }
+    }
+
+    /// Give the lease back. The key is free for the next holder at once.
+    pub async fn release(self) -> Result<(), ClientError> {
+        self.keeper.abort();
+        self.shared.lose(LostReason::Released);
+        self.shared.client.release(&self.shared.lease_id).await
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
+}
+
+async fn keep_alive(shared: Arc<Shared>) {
+    let interval = shared.ttl / 3;
+    let mut next = Instant::now() + interval;
+    loop {
+        tokio::time::sleep_until(next).await;
+        if let Some(reason) = shared.validity().lost {
+            shared.lose(reason);
+            return;
+        }
+        match shared.keepalive_now().await {
+            Ok(()) => next = Instant::now() + interval,
+            Err(ClientError::LeaseNotFound) => return,
+            Err(e) => {
+                tracing::warn!(lease = %shared.lease_id, "keepalive failed: {e}");
+                // Retry soon; `lost()` fires on its own when validity runs out.
+                next = Instant::now() + (interval / 4).min(Duration::from_millis(250));
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The lock service node's configuration (`fencegate server --config`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{check_base_url, parse_yaml, read, ConfigError};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub id: u64,
+    /// Client API and peer traffic.
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Identical on every node; the cluster bootstraps from it on first start.
+    pub peers: BTreeMap<u64, String>,
+    #[serde(default)]
+    pub lease: LeaseConfig,
+    #[serde(default)]
+    pub raft: RaftConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaseConfig {
+    #[serde(with = "humantime_serde")]
+    pub min_ttl: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_ttl: Duration,
+    #[serde(with = "humantime_serde")]
+    pub default_ttl: Duration,
+    /// L6: how long a key stays ungrantable after a lease on it expires.
+    #[serde(with = "humantime_serde")]
+    pub lock_delay: Duration,
+    /// Longest `wait_ms` an acquire may ask for.
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            min_ttl: Duration::from_millis(500),
+            max_ttl: Duration::from_secs(3600),
+            default_ttl: Duration::from_secs(30),
+            lock_delay: Duration::ZERO,
+            max_wait: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RaftConfig {
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    #[serde(with = "humantime_serde")]
+    pub election_timeout_min: Duration,
+    #[serde(with = "humantime_serde")]
+    pub election_timeout_max: Duration,
+    /// Build a snapshot (and purge the log before it) every this many entries.
+    pub snapshot_every: u64,
+    /// How long a write may wait for a quorum before the caller gets 503
+    /// (its outcome is then unknown, never assumed failed).
+    #[serde(with = "humantime_serde")]
+    pub propose_timeout: Duration,
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_millis(100),
+            election_timeout_min: Duration::from_millis(300),
+            election_timeout_max: Duration::from_millis(600),
+            snapshot_every: 10_000,
+            propose_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl NodeConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::from_yaml(&read(path)?)
+    }
+
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let c: Self = parse_yaml(text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.peers.is_empty() || self.peers.len() > 9 {
+            return Err(ConfigError::invalid("peers", "must list 1 to 9 nodes (3 or 5 in production)"));
+        }
+        if !self.peers.contains_key(&self.id) {
+            return Err(ConfigError::invalid("id", format!("{} is not one of the peers", self.id)));
+        }
+        if self.id == 0 {
+            return Err(ConfigError::invalid("id", "must be a positive integer"));
+        }
+        for (id, url) in &self.peers {
+            check_base_url(&format!("peers.{id}"), url)?;
+        }
+        let l = &self.lease;
+        if l.min_ttl.is_zero() || l.min_ttl > l.default_ttl || l.default_ttl > l.max_ttl {
+            return Err(ConfigError::invalid("lease", "need 0 < min_ttl <= default_ttl <= max_ttl"));
+        }
+        let r = &self.raft;
+        if r.heartbeat.is_zero() || r.election_timeout_min < r.heartbeat * 2 {
+            return Err(ConfigError::invalid("raft.election_timeout_min", "must be at least twice raft.heartbeat"));
+        }
+        if r.election_timeout_max <= r.election_timeout_min {
+            return Err(ConfigError::invalid("raft.election_timeout_max", "must be above election_timeout_min"));
+        }
+        if r.snapshot_every < 100 {
+            return Err(ConfigError::invalid("raft.snapshot_every", "must be at least 100"));
+        }
+        if r.propose_timeout < r.election_timeout_max {
+            return Err(ConfigError::invalid("raft.propose_timeout", "must be at least election_timeout_max"));
+        }
+        Ok(())
+    }
+
+    /// This node's own URL, as the peers list names it.
+    pub fn self_url(&self) -> &str {
+        &self.peers[&self.id]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "
+id: 2
+listen: 127.0.0.1:7402
+data_dir: ./data/node2
+peers:
+  1: http://127.0.0.1:7401
+  2: http://127.0.0.1:7402
+  3: http://127.0.0.1:7403
+lease: { default_ttl: 10s, lock_delay: 2s }
+";
+
+    #[test]
+    fn parses_with_defaults() {
+        let c = NodeConfig::from_yaml(GOOD).unwrap();
+        assert_eq!(c.id, 2);
+        assert_eq!(c.lease.default_ttl, Duration::from_secs(10));
+        assert_eq!(c.lease.lock_delay, Duration::from_secs(2));
+        assert_eq!(c.lease.min_ttl, Duration::from_millis(500));
+        assert_eq!(c.raft.heartbeat, Duration::from_millis(100));
+        assert_eq!(c.self_url(), "http://127.0.0.1:7402");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_with_a_line() {
+        let e = NodeConfig::from_yaml(&format!("{GOOD}colour: blue\n")).unwrap_err().to_string();
+        assert!(e.contains("colour") && e.contains("line"), "{e}");
+        let e = NodeConfig::from_yaml(&GOOD.replace("lock_delay", "lock_dealy")).unwrap_err().to_string();
+        assert!(e.contains("lock_dealy"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        for (from, to, field) in [
+            ("id: 2", "id: 4", "id"),
+            ("http://127.0.0.1:7403", "127.0.0.1:7403", "peers.3"),
+            ("http://127.0.0.1:7403", "http://127.0.0.1:7403/x", "peers.3"),
+            ("default_ttl: 10s", "default_ttl: 2h", "lease"),
+            ("default_ttl: 10s", "default_ttl: 10 parsecs", "default_ttl"),
+        ] {
+            let e = NodeConfig::from_yaml(&GOOD.replace(from, to)).unwrap_err().to_string();
+            assert!(e.contains(field), "{from} -> {to}: {e}");
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The lock service node: opens storage, starts Raft, runs the lease keeper and
+//! serves the Lock API and the peer RPCs on one listener.
+//!
+//! `Node::start` + `serve(listener, node, shutdown)` is the whole lifecycle, so
+//! tests can run a real node on `127.0.0.1:0` exactly as `fencegate server` does.
+
+mod api;
+mod error;
+mod forward;
+mod keeper;
+mod raft_rpc;
+mod waitlist;
+mod watch;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use openraft::EmptyNode;
+use prometheus::Registry;
+use redb::Database;
+use tokio::net::TcpListener;
+
+use crate::config::node::NodeConfig;
+use crate::http::HttpClient;
+use crate::metrics::{LockMetrics, RaftMetrics};
+use crate::raft::log_store::{read_meta, write_meta, LogStore};
+use crate::raft::network::Network;
+use crate::raft::state_machine::{Applied, StateMachineStore};
+use crate::raft::types::{NodeId, Raft};
+
+/// Largest body a peer or client may send (a Raft append batch is the largest).
+const MAX_PEER_BODY: usize = 64 << 20;
+
+/// A running lock service node. Cheap to share (`Arc`).
+pub struct Node {
+    pub id: NodeId,
+    pub config: NodeConfig,
+    pub raft: Raft,
+    pub applied: Arc<Applied>,
+    pub peers: Arc<BTreeMap<NodeId, String>>,
+    pub http: HttpClient,
+    pub registry: Registry,
+    pub lock_metrics: LockMetrics,
+    pub raft_metrics: RaftMetrics,
+    waitlist: waitlist::WaitList,
+}
+
+impl Node {
+    /// Open (or create) the node's data, start Raft, bootstrap the cluster from
+    /// `peers` on first start, and start the lease keeper.
+    pub async fn start(config: NodeConfig) -> anyhow::Result<Arc<Node>> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
+        let path = config.data_dir.join("raft.redb");
+        let db = Arc::new(Database::create(&path).with_context(|| format!("opening {}", path.display()))?);
+        check_node_id(&db, config.id)?;
+
+        let registry = Registry::new();
+        let lock_metrics = LockMetrics::new(&registry)?;
+        let raft_metrics = RaftMetrics::new(&registry)?;
+        let log_store = LogStore::new(db.clone(), raft_metrics.clone());
+        let sm = StateMachineStore::open(db, lock_metrics.clone())?;
+        let applied = sm.applied();
+
+        let r = &config.raft;
+        let raft_config = openraft::Config {
+            cluster_name: "fencegate".into(),
+            heartbeat_interval: r.heartbeat.as_millis() as u64,
+            election_timeout_min: r.election_timeout_min.as_millis() as u64,
+            election_timeout_max: r.election_timeout_max.as_millis() as u64,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(r.snapshot_every),
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        }
+        .validate()?;
+        let peers = Arc::new(config.peers.clone());
+        let http = HttpClient::new(MAX_PEER_BODY);
+        let network = Network::new(peers.clone(), http.clone());
+        let raft = Raft::new(config.id, Arc::new(raft_config), network, log_store, sm).await?;
+
+        if !raft.is_initialized().await? {
+            // Every node proposes the same membership; openraft makes that safe.
+            let members: BTreeMap<NodeId, EmptyNode> = peers.keys().map(|id| (*id, EmptyNode {})).collect();
+            if let Err(e) = raft.initialize(members).await {
+                tracing::info!("not bootstrapping: {e}");
+            }
+        }
+
+        let node = Arc::new(Node {
+            id: config.id,
+            config,
+            raft,
+            applied,
+            peers,
+            http,
+            registry,
+            lock_metrics,
+            raft_metrics,
+            waitlist: waitlist::WaitList::default(),
+        });
+        tokio::spawn(keeper::run(node.clone()));
+        Ok(node)
+    }
+
+    /// The current leader, if this node knows one.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    pub fn members(&self) -> BTreeSet<NodeId> {
+        self.applied.lock().membership.membership().voter_ids().collect()
+    }
+
+    /// Stop Raft; in-flight requests fail.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!("raft shutdown: {e}");
+        }
+    }
+}
+
+/// Refuse a data directory that belongs to another node id: two nodes sharing
+/// one log would break every Raft guarantee.
+fn check_node_id(db: &Database, id: NodeId) -> anyhow::Result<()> {
+    match read_meta::<NodeId>(db, "node_id")? {
+        Some(stored) if stored != id => {
+            anyhow::bail!("data_dir belongs to node {stored}, but this config says id {id}")
+        }
+        Some(_) => Ok(()),
+        None => Ok(write_meta(db, "node_id", &id)?),
+    }
+}
+
+/// Accept connections until `shutdown` resolves.
+pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let node = node.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| api::handle(node.clone(), req));
+            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!("connection: {e}");
+            }
+        });
+    }
+}

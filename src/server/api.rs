@@ -1,0 +1,288 @@
+//! The Lock API v1 (DESIGN.md): routing and handlers.
+//!
+//! Calls that must see the leader's state (acquire, keepalive, release, the
+//! linearizable read) are handled on the leader; any other node forwards them
+//! there once (`forward`). Watch, cluster, metrics and health are answered by
+//! the node itself.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use prometheus::{Encoder, TextEncoder};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::{forward, raft_rpc, watch, Node};
+use crate::http::{full, json, parse_json, read_body, Body};
+use crate::lock::state::{AcquireCmd, Command, Grant, Outcome};
+use crate::lock::validate;
+
+/// Largest Lock API request body.
+const MAX_API_BODY: usize = 64 << 10;
+
+pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    Ok(route(node, req).await.unwrap_or_else(ApiError::into_response))
+}
+
+async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    match path.as_str() {
+        "/healthz" => return only(&method, Method::GET).map(|_| text("ok\n", "text/plain")),
+        "/metrics" => return only(&method, Method::GET).map(|_| metrics(&node)),
+        "/v1/cluster" => return only(&method, Method::GET).map(|_| cluster(&node)),
+        "/v1/watch" => {
+            only(&method, Method::GET)?;
+            return watch::stream(node, req.uri().query());
+        }
+        _ => {}
+    }
+    if let Some(rpc) = path.strip_prefix("/raft/") {
+        only(&method, Method::POST)?;
+        let body = read_body(req.into_body(), super::MAX_PEER_BODY).await?;
+        return raft_rpc::handle(&node, rpc, &body).await;
+    }
+
+    // Leader calls.
+    let call = if let Some(key) = path.strip_prefix("/v1/locks/") {
+        validate::key(key)?;
+        match method {
+            Method::POST => Call::Acquire(key.to_string()),
+            Method::GET => Call::Read(key.to_string()),
+            _ => return Err(ApiError::MethodNotAllowed),
+        }
+    } else if let Some(rest) = path.strip_prefix("/v1/leases/") {
+        match (method, rest.strip_suffix("/keepalive")) {
+            (Method::POST, Some(id)) if lease_id_ok(id) => Call::Keepalive(id.to_string()),
+            (Method::DELETE, None) if lease_id_ok(rest) => Call::Release(rest.to_string()),
+            (Method::POST | Method::DELETE, _) => return Err(ApiError::LeaseNotFound),
+            _ => return Err(ApiError::MethodNotAllowed),
+        }
+    } else {
+        return Err(ApiError::NotFound);
+    };
+    let received = Instant::now();
+    let forwarded = req.headers().contains_key(forward::FORWARDED_BY);
+    let (parts, body) = req.into_parts();
+    let body = read_body(body, MAX_API_BODY).await?;
+
+    match node.leader() {
+        Some(leader) if leader == node.id => {}
+        Some(leader) if !forwarded => return forward::to_leader(&node, leader, &parts, body).await,
+        _ => return Err(ApiError::NoLeader("no leader elected yet, or this node is cut off".into())),
+    }
+    match call {
+        Call::Acquire(key) => acquire(&node, key, parse_json(&body)?, received).await,
+        Call::Read(key) => read(&node, &key).await,
+        Call::Keepalive(id) => keepalive(&node, &id, received).await,
+        Call::Release(id) => release(&node, &id).await,
+    }
+}
+
+enum Call {
+    Acquire(String),
+    Read(String),
+    Keepalive(String),
+    Release(String),
+}
+
+fn only(method: &Method, allowed: Method) -> Result<(), ApiError> {
+    if *method == allowed {
+        Ok(())
+    } else {
+        Err(ApiError::MethodNotAllowed)
+    }
+}
+
+fn lease_id_ok(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn text(body: impl Into<bytes::Bytes>, content_type: &'static str) -> Response<Body> {
+    let mut resp = Response::new(full(body));
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+fn metrics(node: &Node) -> Response<Body> {
+    let mut buf = Vec::new();
+    let encoder = TextEncoder::new();
+    encoder.encode(&node.registry.gather(), &mut buf).expect("text encoding into a Vec cannot fail");
+    text(buf, "text/plain; version=0.0.4")
+}
+
+fn cluster(node: &Node) -> Response<Body> {
+    let m = node.raft.metrics().borrow().clone();
+    let members: Vec<_> = node.members().into_iter().map(|id| json!({"id": id, "url": node.peers.get(&id)})).collect();
+    json(
+        StatusCode::OK,
+        &json!({
+            "id": node.id,
+            "leader": m.current_leader,
+            "term": m.current_term,
+            "state": format!("{:?}", m.state),
+            "members": members,
+            "commit_index": m.last_applied.map(|l| l.index).unwrap_or(0),
+            "last_log_index": m.last_log_index.unwrap_or(0),
+        }),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireBody {
+    ttl_ms: Option<u64>,
+    wait_ms: Option<u64>,
+    holder: Option<String>,
+    request_id: Option<String>,
+    lock_delay_ms: Option<u64>,
+}
+
+fn new_lease_id() -> String {
+    // 128 bits from the OS-seeded CSPRNG: unguessable, never derived from the token.
+    format!("{:032x}", rand::random::<u128>())
+}
+
+async fn acquire(node: &Node, key: String, body: AcquireBody, received: Instant) -> Result<Response<Body>, ApiError> {
+    let limits = &node.config.lease;
+    let ttl_ms = body.ttl_ms.unwrap_or(limits.default_ttl.as_millis() as u64);
+    validate::ttl(ttl_ms, limits.min_ttl.as_millis() as u64, limits.max_ttl.as_millis() as u64)?;
+    let wait_ms = body.wait_ms.unwrap_or(0);
+    validate::at_most("wait_ms", wait_ms, limits.max_wait.as_millis() as u64)?;
+    let lock_delay_ms = body.lock_delay_ms.unwrap_or(limits.lock_delay.as_millis() as u64);
+    validate::at_most("lock_delay_ms", lock_delay_ms, limits.max_ttl.as_millis() as u64)?;
+    let holder = body.holder.unwrap_or_else(|| "anonymous".into());
+    validate::holder(&holder)?;
+    if let Some(r) = &body.request_id {
+        validate::request_id(r)?;
+    }
+    let cmd = AcquireCmd { key, holder, ttl_ms, lock_delay_ms, lease_id: new_lease_id(), request_id: body.request_id };
+    let result = wait_for_grant(node, cmd, received + Duration::from_millis(wait_ms)).await;
+    node.lock_metrics.acquire_duration.observe(received.elapsed().as_secs_f64());
+    let g = result?;
+    Ok(json(StatusCode::OK, &json!({"key": g.key, "token": g.token, "lease_id": g.lease_id, "ttl_ms": g.ttl_ms})))
+}
+
+/// Queue behind earlier waiters for the key, then propose when the key looks
+/// free, until granted or `deadline`.
+async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Result<Grant, ApiError> {
+    let ticket = node.waitlist.join(&cmd.key);
+    let mut applied = node.applied.subscribe();
+    let mut metrics = node.raft.metrics();
+    loop {
+        let head_moved = node.waitlist.changed.notified();
+        tokio::pin!(head_moved);
+        head_moved.as_mut().enable();
+        if node.waitlist.is_head(&ticket) && worth_proposing(node, &cmd) {
+            match propose(node, Command::Acquire(cmd.clone())).await? {
+                Outcome::Granted(g) => return Ok(g),
+                Outcome::Held { .. } => {} // lost a race with the log; wait for the next change
+                other => return Err(ApiError::Internal(format!("acquire produced {other:?}"))),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(held(node, &cmd.key));
+        }
+        tokio::select! {
+            _ = applied.changed() => {}
+            _ = &mut head_moved => {}
+            _ = metrics.changed() => {
+                if node.leader() != Some(node.id) {
+                    return Err(ApiError::NoLeader("leadership moved while waiting; retry on the new leader".into()));
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// Skip proposals that the applied state says would be refused, so waiting
+/// and try-acquires on a busy key do not fill the log. A retried request id
+/// is always proposed: the state machine answers it with the original grant.
+fn worth_proposing(node: &Node, cmd: &AcquireCmd) -> bool {
+    let s = node.applied.lock();
+    let key_free = s.locks.key(&cmd.key).is_none_or(|k| k.lease_id.is_none() && k.delay.is_none());
+    key_free || cmd.request_id.is_some()
+}
+
+fn held(node: &Node, key: &str) -> ApiError {
+    let s = node.applied.lock();
+    let k = s.locks.key(key);
+    ApiError::Held {
+        key: key.to_string(),
+        holder: s.locks.holder_of(key).map(|(_, l)| l.holder.clone()),
+        token: k.map(|k| k.token).unwrap_or(0),
+        lock_delay: k.is_some_and(|k| k.delay.is_some()),
+    }
+}
+
+/// Append a command and wait for it to be applied.
+async fn propose(node: &Node, cmd: Command) -> Result<Outcome, ApiError> {
+    let timeout = node.config.raft.propose_timeout;
+    match tokio::time::timeout(timeout, node.raft.client_write(cmd)).await {
+        Ok(Ok(resp)) => Ok(resp.data),
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
+            Err(ApiError::NoLeader("this node stopped being leader; the outcome is unknown".into()))
+        }
+        Ok(Err(e)) => Err(ApiError::Unavailable(format!("{e}; the outcome is unknown"))),
+        Err(_) => Err(ApiError::Unavailable(format!("no quorum within {timeout:?}; the outcome is unknown"))),
+    }
+}
+
+/// Confirm with a quorum that this node is still leader, and wait until its
+/// state machine has applied everything committed before now.
+async fn linearizable(node: &Node) -> Result<(), ApiError> {
+    let timeout = node.config.raft.propose_timeout;
+    match tokio::time::timeout(timeout, node.raft.ensure_linearizable()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
+            Err(ApiError::NoLeader("this node is not the leader".into()))
+        }
+        Ok(Err(e)) => Err(ApiError::Unavailable(e.to_string())),
+        Err(_) => Err(ApiError::Unavailable(format!("no quorum within {timeout:?}"))),
+    }
+}
+
+async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {
+    linearizable(node).await?;
+    let s = node.applied.lock();
+    let token = s.locks.key(key).map(|k| k.token).unwrap_or(0);
+    let body = match s.locks.holder_of(key) {
+        Some((id, lease)) => json!({
+            "key": key, "held": true, "token": token, "holder": lease.holder,
+            "expires_in_ms": s.clock.remaining(id, Instant::now()).map(|d| d.as_millis() as u64),
+        }),
+        None => json!({"key": key, "held": false, "token": token, "holder": null, "expires_in_ms": null}),
+    };
+    Ok(json(StatusCode::OK, &body))
+}
+
+/// L3: acknowledged only after a quorum confirmed this node is still leader,
+/// and measured from when the request reached this node. No log write.
+async fn keepalive(node: &Node, lease_id: &str, received: Instant) -> Result<Response<Body>, ApiError> {
+    linearizable(node).await?;
+    let mut guard = node.applied.lock();
+    let s = &mut *guard;
+    if !s.clock.keepalive(&s.locks, lease_id, received) {
+        return Err(ApiError::LeaseNotFound);
+    }
+    let ttl_ms = s.locks.lease(lease_id).map(|l| l.ttl_ms);
+    Ok(json(StatusCode::OK, &json!({ "ttl_ms": ttl_ms })))
+}
+
+async fn release(node: &Node, lease_id: &str) -> Result<Response<Body>, ApiError> {
+    match propose(node, Command::Release { lease_id: lease_id.to_string() }).await? {
+        Outcome::Ended { key, token } => {
+            Ok(json(StatusCode::OK, &json!({"key": key, "token": token, "released": true})))
+        }
+        Outcome::NoSuchLease => Err(ApiError::LeaseNotFound),
+        other => Err(ApiError::Internal(format!("release produced {other:?}"))),
+    }
+}

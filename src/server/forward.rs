@@ -1,0 +1,48 @@
+//! Followers forward leader calls to the leader, once.
+//!
+//! The forwarded request carries `x-fencegate-forwarded-by`; a node that gets
+//! such a request and is not the leader answers 503 instead of forwarding
+//! again, so a stale view of the leader can never make a loop.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{CONTENT_TYPE, RETRY_AFTER};
+use hyper::http::request::Parts;
+use hyper::{Request, Response};
+
+use super::error::ApiError;
+use super::Node;
+use crate::http::{full, Body};
+use crate::raft::types::NodeId;
+
+pub const FORWARDED_BY: &str = "x-fencegate-forwarded-by";
+
+pub async fn to_leader(node: &Node, leader: NodeId, parts: &Parts, body: Bytes) -> Result<Response<Body>, ApiError> {
+    let Some(base) = node.peers.get(&leader) else {
+        return Err(ApiError::NoLeader(format!("leader {leader} is not in peers")));
+    };
+    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let mut req = Request::builder().method(parts.method.clone()).uri(format!("{base}{path}"));
+    if let Some(ct) = parts.headers.get(CONTENT_TYPE) {
+        req = req.header(CONTENT_TYPE, ct);
+    }
+    let req = req
+        .header(FORWARDED_BY, node.id.to_string())
+        .body(Full::new(body))
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    // An acquire may wait up to max_wait on the leader, then propose.
+    let timeout = node.config.lease.max_wait + node.config.raft.propose_timeout * 2;
+    let answer = node
+        .http
+        .send(req, timeout)
+        .await
+        .map_err(|e| ApiError::NoLeader(format!("forwarding to leader {leader}: {e}; the outcome is unknown")))?;
+    let mut resp = Response::new(full(answer.body));
+    *resp.status_mut() = answer.status;
+    for name in [CONTENT_TYPE, RETRY_AFTER] {
+        if let Some(v) = answer.headers.get(&name) {
+            resp.headers_mut().insert(name, v.clone());
+        }
+    }
+    Ok(resp)
+}

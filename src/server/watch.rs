@@ -1,0 +1,105 @@
+//! `GET /v1/watch?prefix=P[&after=N]`: an NDJSON stream of a node's applied
+//! lock events.
+//!
+//! Without `after`, the stream starts with one `{"event":"state",...}` line per
+//! matching key (the current state), then follows with `granted`, `released`
+//! and `expired` events in log order. Every line carries `index`, the applied
+//! log index it reflects; a client that reconnects with `after=<last index>`
+//! gets exactly the events it missed, or, if the node no longer remembers them
+//! (or restarted from a snapshot), a `{"event":"resync"}` line followed by the
+//! current state again. A `heartbeat` line every few seconds lets the client
+//! notice a dead stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::Response;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use super::Node;
+use crate::http::{channel_body, Body};
+use crate::raft::state_machine::AppliedState;
+
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+pub fn stream(node: Arc<Node>, query: Option<&str>) -> Result<Response<Body>, ApiError> {
+    let mut prefix = String::new();
+    let mut after = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("prefix", p)) => prefix = p.to_string(),
+            Some(("after", n)) => {
+                after = Some(n.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("after={n:?} is not a u64")))?)
+            }
+            _ => return Err(ApiError::BadRequest(format!("unknown watch parameter {pair:?}"))),
+        }
+    }
+    if !prefix.is_empty() {
+        // A prefix is a key or the start of one; the last segment may be empty (`rack/`).
+        let probe = if prefix.ends_with('/') { format!("{prefix}x") } else { prefix.clone() };
+        crate::lock::validate::key(&probe)?;
+    }
+    let (tx, rx) = mpsc::channel(256);
+    tokio::spawn(run(node, prefix, after, tx));
+    let mut resp = Response::new(channel_body(rx));
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    Ok(resp)
+}
+
+fn line(v: serde_json::Value) -> Bytes {
+    let mut b = serde_json::to_vec(&v).expect("serialising JSON cannot fail");
+    b.push(b'\n');
+    Bytes::from(b)
+}
+
+fn state_lines(s: &AppliedState, prefix: &str, out: &mut Vec<Bytes>) {
+    let index = s.applied_index();
+    for (key, k) in s.locks.keys_with_prefix(prefix) {
+        let holder = s.locks.holder_of(key).map(|(_, l)| l.holder.clone());
+        out.push(line(json!({
+            "event": "state", "key": key, "held": holder.is_some(), "token": k.token,
+            "holder": holder, "index": index,
+        })));
+    }
+}
+
+async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Sender<Bytes>) {
+    let mut applied = node.applied.subscribe();
+    let mut cursor = after;
+    loop {
+        let mut lines = Vec::new();
+        {
+            let s = node.applied.lock();
+            let resumed = cursor.and_then(|c| s.events.after(c)).map(|events| {
+                for e in events.filter(|e| e.key.starts_with(&prefix)) {
+                    lines.push(line(serde_json::to_value(e).expect("events serialise")));
+                }
+            });
+            if resumed.is_none() {
+                if cursor.is_some() {
+                    lines.push(line(json!({"event": "resync", "index": s.applied_index()})));
+                }
+                state_lines(&s, &prefix, &mut lines);
+            }
+            cursor = Some(s.applied_index());
+        }
+        for l in lines {
+            if tx.send(l).await.is_err() {
+                return; // the client went away
+            }
+        }
+        tokio::select! {
+            changed = applied.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(HEARTBEAT) => {
+                let beat = line(json!({"event": "heartbeat", "index": cursor}));
+                if tx.send(beat).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
