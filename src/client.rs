@@ -122,6 +122,8 @@ pub struct ClusterInfo {
     pub members: Vec<Member>,
     pub commit_index: u64,
     pub last_log_index: u64,
+    pub snapshot_index: Option<u64>,
+    pub purged_index: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

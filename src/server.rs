@@ -73,7 +73,9 @@ impl Node {
             election_timeout_min: r.election_timeout_min.as_millis() as u64,
             election_timeout_max: r.election_timeout_max.as_millis() as u64,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(r.snapshot_every),
-            max_in_snapshot_log_to_keep: 1000,
+            // Keep some entries behind the snapshot so a briefly lagging
+            // follower catches up from the log instead of a full snapshot.
+            max_in_snapshot_log_to_keep: (r.snapshot_every / 2).min(1000),
             ..Default::default()
         }
         .validate()?;

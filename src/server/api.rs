@@ -131,6 +131,8 @@ fn cluster(node: &Node) -> Response<Body> {
             "members": members,
             "commit_index": m.last_applied.map(|l| l.index).unwrap_or(0),
             "last_log_index": m.last_log_index.unwrap_or(0),
+            "snapshot_index": m.snapshot.map(|l| l.index),
+            "purged_index": m.purged.map(|l| l.index),
         }),
     )
 }
@@ -278,6 +280,12 @@ async fn keepalive(node: &Node, lease_id: &str, received: Instant) -> Result<Res
 }
 
 async fn release(node: &Node, lease_id: &str) -> Result<Response<Body>, ApiError> {
+    // Unknown lease ids are answered from the (linearizable) state, so that
+    // guessing or replaying them writes nothing to the log.
+    linearizable(node).await?;
+    if node.applied.lock().locks.lease(lease_id).is_none() {
+        return Err(ApiError::LeaseNotFound);
+    }
     match propose(node, Command::Release { lease_id: lease_id.to_string() }).await? {
         Outcome::Ended { key, token } => {
             Ok(json(StatusCode::OK, &json!({"key": key, "token": token, "released": true})))
