@@ -18,7 +18,7 @@
 
 mod lease;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,8 +140,11 @@ pub struct Client {
 
 struct Inner {
     endpoints: Vec<String>,
-    /// Index of the endpoint to try first: the last one that answered.
+    /// Index of the endpoint to try first: the known leader, else the last
+    /// one that answered.
     preferred: AtomicUsize,
+    /// Whether a leader lookup is due (at first use and after failures).
+    rediscover: AtomicBool,
     http: HttpClient,
     options: ClientOptions,
 }
@@ -163,7 +166,13 @@ impl Client {
             crate::config::check_base_url("endpoint", e)
                 .map_err(|err| ClientError::BadEndpoint(e.clone(), err.to_string()))?;
         }
-        let inner = Inner { endpoints, preferred: AtomicUsize::new(0), http: HttpClient::new(1 << 20), options };
+        let inner = Inner {
+            endpoints,
+            preferred: AtomicUsize::new(0),
+            rediscover: AtomicBool::new(true),
+            http: HttpClient::new(1 << 20),
+            options,
+        };
         Ok(Self { inner: Arc::new(inner) })
     }
 
@@ -186,6 +195,9 @@ impl Client {
         let mut last_error;
         let mut attempt = 0usize;
         loop {
+            if self.inner.rediscover.swap(false, Ordering::Relaxed) {
+                self.discover_leader().await;
+            }
             let i = (self.inner.preferred.load(Ordering::Relaxed) + attempt) % n;
             let url = format!("{}{path}", self.inner.endpoints[i]);
             let bytes = body.as_ref().map(|b| serde_json::to_vec(b).expect("JSON values serialise"));
@@ -199,6 +211,7 @@ impl Client {
                 Err(e) => last_error = e.to_string(),
             }
             attempt += 1;
+            self.inner.rediscover.store(true, Ordering::Relaxed);
             if Instant::now() >= deadline {
                 return Err(ClientError::Unavailable(last_error));
             }
@@ -206,6 +219,22 @@ impl Client {
                 // Every node said no: give the cluster an election's time.
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
+        }
+    }
+
+    /// Point `preferred` at the leader, if some node names one that is among
+    /// our endpoints. Followers forward anyway; this only saves a hop.
+    async fn discover_leader(&self) {
+        let endpoints = &self.inner.endpoints;
+        for e in endpoints {
+            let url = format!("{e}/v1/cluster");
+            let Ok(a) = self.inner.http.call(Method::GET, &url, None, Duration::from_millis(500)).await else { continue };
+            let Ok(info) = serde_json::from_slice::<ClusterInfo>(&a.body) else { continue };
+            let leader_url = info.leader.and_then(|l| info.members.into_iter().find(|m| m.id == l)).and_then(|m| m.url);
+            if let Some(j) = leader_url.and_then(|u| endpoints.iter().position(|x| *x == u.trim_end_matches('/'))) {
+                self.inner.preferred.store(j, Ordering::Relaxed);
+            }
+            return;
         }
     }
 

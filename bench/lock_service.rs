@@ -1,0 +1,157 @@
+//! Lock service load generator: a real 3-node cluster on loopback (fsync on),
+//! driven through the client library.
+//!
+//! Measures, in one run:
+//! - acquire+release latency, p50/p99, with 1 client;
+//! - acquire+release throughput with 64 concurrent clients on distinct keys;
+//! - grants per fsync on the leader at that load.
+//!
+//! Run: `cargo bench --bench lock_service` (env: BENCH_SECONDS, default 10).
+//! Writes the table to stdout and to bench/results/lock_service.md.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fencegate::client::{AcquireOptions, Client};
+use tokio::time::Instant;
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    urls: BTreeMap<u64, String>,
+    children: Vec<Child>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+async fn start_cluster() -> Cluster {
+    // Data on the project's disk, not tmpfs, so fsync costs what it costs.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let urls: BTreeMap<u64, String> = (1..=3).map(|i| (i, format!("http://127.0.0.1:{}", free_port()))).collect();
+    let peers: String = urls.iter().map(|(i, u)| format!("  {i}: {u}\n")).collect();
+    let mut children = vec![];
+    for (id, url) in &urls {
+        let path = dir.path().join(format!("node{id}.yaml"));
+        let listen = url.trim_start_matches("http://");
+        let yaml = format!("id: {id}\nlisten: {listen}\ndata_dir: {}/data{id}\npeers:\n{peers}", dir.path().display());
+        std::fs::write(&path, yaml).unwrap();
+        children.push(
+            Command::new(env!("CARGO_BIN_EXE_fencegate"))
+                .args(["server", "--config"])
+                .arg(&path)
+                .env("FENCEGATE_LOG", "warn")
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let c = Cluster { _dir: dir, urls, children };
+    let client = Client::new(c.urls.values().cloned().collect()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client.read("bench/ready").await.is_err() {
+        assert!(Instant::now() < deadline, "cluster did not come up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c
+}
+
+async fn leader_url(c: &Cluster, client: &Client) -> String {
+    let info = client.cluster().await.unwrap();
+    c.urls[&info.leader.unwrap()].clone()
+}
+
+async fn counter(url: &str, name: &str) -> f64 {
+    let http = fencegate::http::HttpClient::new(8 << 20);
+    let a = http.call(hyper::Method::GET, &format!("{url}/metrics"), None, Duration::from_secs(2)).await.unwrap();
+    let text = String::from_utf8_lossy(&a.body).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).map(|v| v.parse().unwrap()))
+        .unwrap_or(0.0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let seconds: u64 = std::env::var("BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let cluster = start_cluster().await;
+    let probe = Client::new(cluster.urls.values().cloned().collect()).unwrap();
+    let leader = leader_url(&cluster, &probe).await;
+    // Talk to the leader directly, as a client that found it would.
+    let client = Client::new(vec![leader.clone()]).unwrap();
+    let opts = AcquireOptions::new(Duration::from_secs(30));
+
+    // 1 client, sequential.
+    let mut lat = vec![];
+    let until = Instant::now() + Duration::from_secs(seconds / 2);
+    while Instant::now() < until {
+        let t = Instant::now();
+        client.acquire("bench/single", opts.clone()).await.unwrap().release().await.unwrap();
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    let single_ops = lat.len();
+
+    // 64 clients, closed loop, distinct keys.
+    let (g0, s0) = (counter(&leader, "fencegate_lock_grants_total").await, counter(&leader, "fencegate_raft_log_syncs_total").await);
+    let e0 = counter(&leader, "fencegate_raft_log_entries_total").await;
+    let start = Instant::now();
+    let until = start + Duration::from_secs(seconds);
+    let mut tasks = vec![];
+    for w in 0..64 {
+        let (client, opts) = (client.clone(), opts.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < until {
+                client.acquire(&format!("bench/k{w}"), opts.clone()).await.unwrap().release().await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut ops = 0;
+    for t in tasks {
+        ops += t.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let (g1, s1) = (counter(&leader, "fencegate_lock_grants_total").await, counter(&leader, "fencegate_raft_log_syncs_total").await);
+    let e1 = counter(&leader, "fencegate_raft_log_entries_total").await;
+
+    let table = format!(
+        "| measurement | value |\n|---|---|\n\
+         | 1 client: acquire+release p50 | {} |\n\
+         | 1 client: acquire+release p99 | {} |\n\
+         | 1 client: pairs measured | {single_ops} |\n\
+         | 64 clients: acquire+release pairs/s | {:.0} |\n\
+         | 64 clients: grants/s | {:.0} |\n\
+         | 64 clients: log entries per fsync (leader) | {:.1} |\n\
+         | 64 clients: grants per fsync (leader) | {:.2} |\n",
+        ms(percentile(&lat, 0.50)),
+        ms(percentile(&lat, 0.99)),
+        ops as f64 / elapsed,
+        (g1 - g0) / elapsed,
+        (e1 - e0) / (s1 - s0).max(1.0),
+        (g1 - g0) / (s1 - s0).max(1.0),
+    );
+    println!("\nfencegate lock service, 3 nodes on loopback, fsync on, {seconds} s per phase\n\n{table}");
+    let out = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results");
+    std::fs::create_dir_all(out).unwrap();
+    std::fs::write(format!("{out}/lock_service.md"), table).unwrap();
+}
