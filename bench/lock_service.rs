@@ -110,7 +110,10 @@ async fn main() {
     let single_ops = lat.len();
 
     // 64 clients, closed loop, distinct keys.
-    let (g0, s0) = (counter(&leader, "fencegate_lock_grants_total").await, counter(&leader, "fencegate_raft_log_syncs_total").await);
+    let (g0, s0) = (
+        counter(&leader, "fencegate_lock_grants_total").await,
+        counter(&leader, "fencegate_raft_log_syncs_total").await,
+    );
     let e0 = counter(&leader, "fencegate_raft_log_entries_total").await;
     let start = Instant::now();
     let until = start + Duration::from_secs(seconds);
@@ -131,7 +134,10 @@ async fn main() {
         ops += t.await.unwrap();
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let (g1, s1) = (counter(&leader, "fencegate_lock_grants_total").await, counter(&leader, "fencegate_raft_log_syncs_total").await);
+    let (g1, s1) = (
+        counter(&leader, "fencegate_lock_grants_total").await,
+        counter(&leader, "fencegate_raft_log_syncs_total").await,
+    );
     let e1 = counter(&leader, "fencegate_raft_log_entries_total").await;
 
     let table = format!(

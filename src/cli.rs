@@ -1,6 +1,7 @@
 //! Command-line interface (DESIGN.md "CLI"). Each subcommand lives in its own
 //! file; this one parses and dispatches, and owns the exit codes.
 
+mod dev;
 mod server;
 mod status;
 
@@ -33,6 +34,15 @@ enum Command {
         #[command(flatten)]
         endpoints: Endpoints,
     },
+    /// Everything on one machine: a 3-node lock cluster on 127.0.0.1:7401–7403.
+    Dev {
+        /// Where the nodes keep their data (kept between runs).
+        #[arg(long, default_value = "./data/dev")]
+        data: PathBuf,
+        /// Wipe the data directory first.
+        #[arg(long)]
+        fresh: bool,
+    },
     /// Validate a configuration file without starting anything (exit 64 if bad).
     CheckConfig {
         /// A node configuration file.
@@ -56,6 +66,7 @@ pub fn run(cli: Cli) -> i32 {
         match cli.command {
             Command::Server { config } => server::run(&config).await,
             Command::Status { key, endpoints } => status::run(key, endpoints.endpoints).await,
+            Command::Dev { data, fresh } => dev::run(&data, fresh).await,
             Command::CheckConfig { file } => check_config(&file).map(|()| 0),
         }
     });

@@ -228,7 +228,9 @@ impl Client {
         let endpoints = &self.inner.endpoints;
         for e in endpoints {
             let url = format!("{e}/v1/cluster");
-            let Ok(a) = self.inner.http.call(Method::GET, &url, None, Duration::from_millis(500)).await else { continue };
+            let Ok(a) = self.inner.http.call(Method::GET, &url, None, Duration::from_millis(500)).await else {
+                continue;
+            };
             let Ok(info) = serde_json::from_slice::<ClusterInfo>(&a.body) else { continue };
             let leader_url = info.leader.and_then(|l| info.members.into_iter().find(|m| m.id == l)).and_then(|m| m.url);
             if let Some(j) = leader_url.and_then(|u| endpoints.iter().position(|x| *x == u.trim_end_matches('/'))) {

@@ -8,6 +8,7 @@ mod api;
 mod error;
 mod forward;
 mod keeper;
+mod proposer;
 mod raft_rpc;
 mod waitlist;
 mod watch;
@@ -46,6 +47,7 @@ pub struct Node {
     pub registry: Registry,
     pub lock_metrics: LockMetrics,
     pub raft_metrics: RaftMetrics,
+    proposer: proposer::Proposer,
     waitlist: waitlist::WaitList,
 }
 
@@ -95,6 +97,7 @@ impl Node {
         let node = Arc::new(Node {
             id: config.id,
             config,
+            proposer: proposer::Proposer::start(raft.clone()),
             raft,
             applied,
             peers,

@@ -266,7 +266,7 @@ async fn watch_sees_every_event_in_order_across_a_reconnect() {
     let mut watch = common::Watch::open(&format!("{}/v1/watch?prefix=w/", c.url(3))).await;
     let first = watch.next().await;
     assert_eq!((first["event"].as_str(), first["key"].as_str()), (Some("state"), Some("w/pre")));
-    let mut cursor = first["index"].as_u64().unwrap();
+    let mut cursor = first["rev"].as_u64().unwrap();
 
     let mut expected = vec![];
     let a = client.acquire("w/a", ttl(60_000)).await.unwrap();
@@ -277,7 +277,7 @@ async fn watch_sees_every_event_in_order_across_a_reconnect() {
     client.acquire("x/ignored", ttl(60_000)).await.unwrap().release().await.unwrap();
     for _ in 0..2 {
         let e = watch.next().await;
-        cursor = e["index"].as_u64().unwrap();
+        cursor = e["rev"].as_u64().unwrap();
         let got = (e["event"].as_str().unwrap(), e["key"].as_str().unwrap(), e["token"].as_u64().unwrap());
         assert_eq!(got, expected.remove(0));
     }
@@ -300,8 +300,8 @@ async fn watch_sees_every_event_in_order_across_a_reconnect() {
         }
         let got = (e["event"].as_str().unwrap(), e["key"].as_str().unwrap(), e["token"].as_u64().unwrap());
         assert_eq!(got, expected.remove(0), "resumed stream out of order or with gaps");
-        assert!(e["index"].as_u64().unwrap() > cursor);
-        cursor = e["index"].as_u64().unwrap();
+        assert!(e["rev"].as_u64().unwrap() > cursor);
+        cursor = e["rev"].as_u64().unwrap();
     }
 }
 

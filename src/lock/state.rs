@@ -1,5 +1,5 @@
-//! The replicated lock table: a pure function from (state, log index, command)
-//! to (state', outcome, events).
+//! The replicated lock table: a pure function from (state, command) to
+//! (state', outcome, event).
 //!
 //! Every replica applies the same committed commands in the same order, so this
 //! module must be deterministic: it reads no clock, draws no random numbers and
@@ -7,9 +7,13 @@
 //! when a lock-delay ends) is decided by the leader in `lock::clock` and enters
 //! the log as an explicit `Expire` / `EndDelay` command.
 //!
-//! Tokens are the log index of the granting entry (L1): Raft never commits two
-//! entries at the same index and indexes only grow, across leader changes,
-//! crashes, restarts and snapshots.
+//! Every event (grant, release, expiry) takes the next *revision*, a counter
+//! that is part of the replicated state, and a grant's fencing token is the
+//! revision of its grant event (L1). Every replica applies the same commands
+//! in the same order, so they agree on it; it is in the snapshot, so it only
+//! ever grows across leader changes, crashes, restarts and snapshots. (Not the
+//! Raft log index, as DESIGN.md recommends: one log entry carries a batch of
+//! commands — see `server::proposer` — so several grants share an index.)
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -86,8 +90,8 @@ pub enum Outcome {
 /// are fed with. Lease ids never appear here: they stay with the holder.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
-    /// Log index of the entry that caused the event.
-    pub index: u64,
+    /// This event's revision: unique and increasing; watchers resume from it.
+    pub rev: u64,
     pub key: String,
     pub token: Token,
     /// The lease the event is about; used by the lease clock, never sent out.
@@ -143,6 +147,8 @@ pub struct Delay {
 /// The whole replicated table. Serialises as the snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockState {
+    /// Revision of the latest event; the next grant's token is above it.
+    revision: u64,
     keys: BTreeMap<String, KeyState>,
     leases: HashMap<String, Lease>,
     /// Grants by client request id, oldest first, bounded by `REQUEST_ID_MEMORY`.
@@ -151,55 +157,62 @@ pub struct LockState {
 }
 
 impl LockState {
-    /// Apply the command committed at log `index`.
-    pub fn apply(&mut self, index: u64, cmd: &Command) -> (Outcome, Vec<Event>) {
+    /// Apply one committed command.
+    pub fn apply(&mut self, cmd: &Command) -> (Outcome, Option<Event>) {
         match cmd {
-            Command::Acquire(a) => self.acquire(index, a),
-            Command::Release { lease_id } => self.end(index, lease_id, false),
-            Command::Expire { lease_id } => self.end(index, lease_id, true),
+            Command::Acquire(a) => self.acquire(a),
+            Command::Release { lease_id } => self.end(lease_id, false),
+            Command::Expire { lease_id } => self.end(lease_id, true),
             Command::EndDelay { key, token } => {
                 if let Some(k) = self.keys.get_mut(key) {
                     if k.delay.as_ref().is_some_and(|d| d.token == *token) {
                         k.delay = None;
                     }
                 }
-                (Outcome::Nothing, vec![])
+                (Outcome::Nothing, None)
             }
         }
     }
 
-    fn acquire(&mut self, index: u64, a: &AcquireCmd) -> (Outcome, Vec<Event>) {
+    /// The latest revision (0 before the first event).
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    fn acquire(&mut self, a: &AcquireCmd) -> (Outcome, Option<Event>) {
         if let Some(grant) = a.request_id.as_ref().and_then(|r| self.requests.get(r)) {
-            return (Outcome::Granted(grant.clone()), vec![]);
+            return (Outcome::Granted(grant.clone()), None);
         }
         let k = self.keys.entry(a.key.clone()).or_default();
         if k.lease_id.is_some() || k.delay.is_some() || self.leases.contains_key(&a.lease_id) {
             let holder = k.lease_id.as_ref().and_then(|id| self.leases.get(id)).map(|l| l.holder.clone());
             let held = Outcome::Held { key: a.key.clone(), holder, token: k.token, lock_delay: k.delay.is_some() };
-            return (held, vec![]);
+            return (held, None);
         }
-        k.token = index;
+        self.revision += 1;
+        let token = self.revision;
+        k.token = token;
         k.lease_id = Some(a.lease_id.clone());
         let lease = Lease {
             key: a.key.clone(),
-            token: index,
+            token,
             holder: a.holder.clone(),
             ttl_ms: a.ttl_ms,
             lock_delay_ms: a.lock_delay_ms,
         };
         self.leases.insert(a.lease_id.clone(), lease);
-        let grant = Grant { key: a.key.clone(), token: index, lease_id: a.lease_id.clone(), ttl_ms: a.ttl_ms };
+        let grant = Grant { key: a.key.clone(), token, lease_id: a.lease_id.clone(), ttl_ms: a.ttl_ms };
         if let Some(r) = &a.request_id {
             self.remember_request(r.clone(), grant.clone());
         }
         let event = Event {
-            index,
+            rev: token,
             key: a.key.clone(),
-            token: index,
+            token,
             lease_id: a.lease_id.clone(),
             kind: EventKind::Granted { holder: a.holder.clone(), ttl_ms: a.ttl_ms },
         };
-        (Outcome::Granted(grant), vec![event])
+        (Outcome::Granted(grant), Some(event))
     }
 
     fn remember_request(&mut self, id: String, grant: Grant) {
@@ -212,9 +225,9 @@ impl LockState {
         self.requests.insert(id, grant);
     }
 
-    fn end(&mut self, index: u64, lease_id: &str, expired: bool) -> (Outcome, Vec<Event>) {
+    fn end(&mut self, lease_id: &str, expired: bool) -> (Outcome, Option<Event>) {
         let Some(lease) = self.leases.remove(lease_id) else {
-            return (Outcome::NoSuchLease, vec![]);
+            return (Outcome::NoSuchLease, None);
         };
         let k = self.keys.get_mut(&lease.key).expect("a live lease always has its key entry");
         k.lease_id = None;
@@ -226,8 +239,15 @@ impl LockState {
         } else {
             EventKind::Released
         };
-        let event = Event { index, key: lease.key.clone(), token: lease.token, lease_id: lease_id.to_string(), kind };
-        (Outcome::Ended { key: lease.key, token: lease.token }, vec![event])
+        self.revision += 1;
+        let event = Event {
+            rev: self.revision,
+            key: lease.key.clone(),
+            token: lease.token,
+            lease_id: lease_id.to_string(),
+            kind,
+        };
+        (Outcome::Ended { key: lease.key, token: lease.token }, Some(event))
     }
 
     pub fn lease(&self, lease_id: &str) -> Option<&Lease> {

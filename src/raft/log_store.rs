@@ -148,7 +148,8 @@ impl LogStore {
             Err(e) => return Err(read_err(e)),
         };
         let Some((_, v)) = table.last().map_err(read_err)? else { return Ok(None) };
-        let entry: Entry = serde_json::from_slice(v.value()).map_err(io(|e: &serde_json::Error| StorageIOError::read_logs(e)))?;
+        let entry: Entry =
+            serde_json::from_slice(v.value()).map_err(io(|e: &serde_json::Error| StorageIOError::read_logs(e)))?;
         Ok(Some(entry.log_id))
     }
 }

@@ -31,7 +31,7 @@ pub const EVENT_MEMORY: usize = 65_536;
 #[derive(Debug, Default)]
 pub struct EventLog {
     events: VecDeque<Event>,
-    /// Events at or below this index may have been forgotten.
+    /// Events at or below this revision may have been forgotten.
     forgotten_through: u64,
 }
 
@@ -39,16 +39,16 @@ impl EventLog {
     fn push(&mut self, e: Event) {
         if self.events.len() >= EVENT_MEMORY {
             if let Some(old) = self.events.pop_front() {
-                self.forgotten_through = old.index;
+                self.forgotten_through = old.rev;
             }
         }
         self.events.push_back(e);
     }
 
-    /// Events after `index`, or `None` when some of them are forgotten and the
-    /// watcher must resync from the current state.
-    pub fn after(&self, index: u64) -> Option<impl Iterator<Item = &Event>> {
-        (index >= self.forgotten_through).then(|| self.events.iter().filter(move |e| e.index > index))
+    /// Events after revision `rev`, or `None` when some of them are forgotten
+    /// and the watcher must resync from the current state.
+    pub fn after(&self, rev: u64) -> Option<impl Iterator<Item = &Event>> {
+        (rev >= self.forgotten_through).then(|| self.events.iter().filter(move |e| e.rev > rev))
     }
 }
 
@@ -129,7 +129,7 @@ fn restore(state: &mut AppliedState, snap: &StoredSnapshot) -> Result<(), Storag
     state.last_applied = snap.meta.last_log_id;
     state.membership = snap.meta.last_membership.clone();
     state.clock = LeaseClock::default();
-    state.events = EventLog { events: VecDeque::new(), forgotten_through: state.applied_index() };
+    state.events = EventLog { events: VecDeque::new(), forgotten_through: state.locks.revision() };
     Ok(())
 }
 
@@ -150,6 +150,24 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     }
 }
 
+/// Apply one command and feed its event to the clock, the event log and the metrics.
+fn apply_one(s: &mut AppliedState, cmd: &Command, now: Instant, metrics: &LockMetrics) -> Outcome {
+    let (outcome, event) = s.locks.apply(cmd);
+    if let Command::EndDelay { key, token } = cmd {
+        s.clock.delay_ended(key, *token);
+    }
+    if let Some(e) = event {
+        match e.kind {
+            EventKind::Granted { .. } => metrics.grants.inc(),
+            EventKind::Released => metrics.releases.inc(),
+            EventKind::Expired { .. } => metrics.expirations.inc(),
+        }
+        s.clock.observe(&e, now);
+        s.events.push(e);
+    }
+    outcome
+}
+
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = Self;
 
@@ -158,7 +176,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok((s.last_applied, s.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcome>, StorageError>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Outcome>>, StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -171,30 +189,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let s = &mut *guard;
             for entry in entries {
                 s.last_applied = Some(entry.log_id);
-                let outcome = match entry.payload {
-                    EntryPayload::Blank => Outcome::Nothing,
+                let outcomes = match entry.payload {
+                    EntryPayload::Blank => vec![],
                     EntryPayload::Membership(m) => {
                         s.membership = StoredMembership::new(Some(entry.log_id), m);
-                        Outcome::Nothing
+                        vec![]
                     }
-                    EntryPayload::Normal(cmd) => {
-                        let (outcome, events) = s.locks.apply(entry.log_id.index, &cmd);
-                        if let Command::EndDelay { key, token } = &cmd {
-                            s.clock.delay_ended(key, *token);
-                        }
-                        for e in events {
-                            match e.kind {
-                                EventKind::Granted { .. } => metrics.grants.inc(),
-                                EventKind::Released => metrics.releases.inc(),
-                                EventKind::Expired { .. } => metrics.expirations.inc(),
-                            }
-                            s.clock.observe(&e, now);
-                            s.events.push(e);
-                        }
-                        outcome
-                    }
+                    EntryPayload::Normal(batch) => batch.iter().map(|cmd| apply_one(s, cmd, now, metrics)).collect(),
                 };
-                out.push(outcome);
+                out.push(outcomes);
             }
             metrics.leases.set(s.locks.lease_count() as i64);
             s.applied_index()

@@ -3,12 +3,14 @@
 use crate::lock::state::{Command, Outcome};
 
 openraft::declare_raft_types!(
-    /// Raft entries carry lock commands; applying one yields an outcome.
+    /// A Raft entry carries a batch of lock commands (`server::proposer` packs
+    /// concurrent proposals into one entry, so one fsync serves them all);
+    /// applying it yields one outcome per command.
     /// Nodes carry no address: peers are resolved from each node's own config
     /// (`peers`), so membership stays identical on every node.
     pub TypeConfig:
-        D = Command,
-        R = Outcome,
+        D = Vec<Command>,
+        R = Vec<Outcome>,
         NodeId = u64,
         Node = openraft::EmptyNode,
         SnapshotData = std::io::Cursor<Vec<u8>>,

@@ -12,13 +12,14 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, RaftError};
 use prometheus::{Encoder, TextEncoder};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::time::Instant;
 
 use super::error::ApiError;
+use super::proposer::ProposeError;
 use super::{forward, raft_rpc, watch, Node};
 use crate::http::{full, json, parse_json, read_body, Body};
 use crate::lock::state::{AcquireCmd, Command, Grant, Outcome};
@@ -228,9 +229,9 @@ fn held(node: &Node, key: &str) -> ApiError {
 /// Append a command and wait for it to be applied.
 async fn propose(node: &Node, cmd: Command) -> Result<Outcome, ApiError> {
     let timeout = node.config.raft.propose_timeout;
-    match tokio::time::timeout(timeout, node.raft.client_write(cmd)).await {
-        Ok(Ok(resp)) => Ok(resp.data),
-        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
+    match tokio::time::timeout(timeout, node.proposer.propose(cmd)).await {
+        Ok(Ok(outcome)) => Ok(outcome),
+        Ok(Err(ProposeError::NotLeader)) => {
             Err(ApiError::NoLeader("this node stopped being leader; the outcome is unknown".into()))
         }
         Ok(Err(e)) => Err(ApiError::Unavailable(format!("{e}; the outcome is unknown"))),

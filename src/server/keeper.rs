@@ -58,9 +58,9 @@ pub async fn run(node: Arc<Node>) {
             };
             for cmd in due {
                 // Fire and forget: if the proposal is lost the clock re-arms it.
-                let (raft, timeout) = (node.raft.clone(), node.config.raft.propose_timeout);
+                let (node, timeout) = (node.clone(), node.config.raft.propose_timeout);
                 tokio::spawn(async move {
-                    if let Ok(Err(e)) = tokio::time::timeout(timeout, raft.client_write(cmd)).await {
+                    if let Ok(Err(e)) = tokio::time::timeout(timeout, node.proposer.propose(cmd)).await {
                         tracing::debug!("expiry proposal failed: {e}");
                     }
                 });

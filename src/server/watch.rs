@@ -1,11 +1,12 @@
-//! `GET /v1/watch?prefix=P[&after=N]`: an NDJSON stream of a node's applied
+//! `GET /v1/watch?prefix=P[&after=REV]`: an NDJSON stream of a node's applied
 //! lock events.
 //!
 //! Without `after`, the stream starts with one `{"event":"state",...}` line per
 //! matching key (the current state), then follows with `granted`, `released`
-//! and `expired` events in log order. Every line carries `index`, the applied
-//! log index it reflects; a client that reconnects with `after=<last index>`
-//! gets exactly the events it missed, or, if the node no longer remembers them
+//! and `expired` events in log order. Every line carries `rev`, the revision
+//! it reflects (each event has its own; a grant's token is its revision); a
+//! client that reconnects with `after=<last rev>` gets exactly the events it
+//! missed, or, if the node no longer remembers them
 //! (or restarted from a snapshot), a `{"event":"resync"}` line followed by the
 //! current state again. A `heartbeat` line every few seconds lets the client
 //! notice a dead stream.
@@ -57,12 +58,12 @@ fn line(v: serde_json::Value) -> Bytes {
 }
 
 fn state_lines(s: &AppliedState, prefix: &str, out: &mut Vec<Bytes>) {
-    let index = s.applied_index();
+    let rev = s.locks.revision();
     for (key, k) in s.locks.keys_with_prefix(prefix) {
         let holder = s.locks.holder_of(key).map(|(_, l)| l.holder.clone());
         out.push(line(json!({
             "event": "state", "key": key, "held": holder.is_some(), "token": k.token,
-            "holder": holder, "index": index,
+            "holder": holder, "rev": rev,
         })));
     }
 }
@@ -81,11 +82,11 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
             });
             if resumed.is_none() {
                 if cursor.is_some() {
-                    lines.push(line(json!({"event": "resync", "index": s.applied_index()})));
+                    lines.push(line(json!({"event": "resync", "rev": s.locks.revision()})));
                 }
                 state_lines(&s, &prefix, &mut lines);
             }
-            cursor = Some(s.applied_index());
+            cursor = Some(s.locks.revision());
         }
         for l in lines {
             if tx.send(l).await.is_err() {
@@ -95,7 +96,7 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
         tokio::select! {
             changed = applied.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(HEARTBEAT) => {
-                let beat = line(json!({"event": "heartbeat", "index": cursor}));
+                let beat = line(json!({"event": "heartbeat", "rev": cursor}));
                 if tx.send(beat).await.is_err() {
                     return;
                 }

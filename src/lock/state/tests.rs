@@ -31,32 +31,32 @@ fn granted(o: &Outcome) -> Option<&Grant> {
 #[test]
 fn grant_hold_release_regrant() {
     let mut s = LockState::default();
-    let (o, ev) = s.apply(3, &acquire("rack/42", "L1", 1000, 0, None));
-    assert_eq!(granted(&o).unwrap().token, 3, "token is the log index");
-    assert_eq!(ev.len(), 1);
-    let (o, ev) = s.apply(4, &acquire("rack/42", "L2", 1000, 0, None));
-    assert_eq!(
-        o,
-        Outcome::Held { key: "rack/42".into(), holder: Some("holder-of-rack/42".into()), token: 3, lock_delay: false }
-    );
-    assert!(ev.is_empty());
-    let (o, _) = s.apply(5, &Command::Release { lease_id: "L1".into() });
-    assert_eq!(o, Outcome::Ended { key: "rack/42".into(), token: 3 });
-    let (o, _) = s.apply(6, &Command::Release { lease_id: "L1".into() });
+    let (o, ev) = s.apply(&acquire("rack/42", "L1", 1000, 0, None));
+    assert_eq!(granted(&o).unwrap().token, 1, "the first grant's token is revision 1");
+    assert_eq!(ev.unwrap().rev, 1);
+    let (o, ev) = s.apply(&acquire("rack/42", "L2", 1000, 0, None));
+    let holder = Some("holder-of-rack/42".into());
+    assert_eq!(o, Outcome::Held { key: "rack/42".into(), holder, token: 1, lock_delay: false });
+    assert!(ev.is_none());
+    let (o, ev) = s.apply(&Command::Release { lease_id: "L1".into() });
+    assert_eq!(o, Outcome::Ended { key: "rack/42".into(), token: 1 });
+    assert_eq!(ev.unwrap().rev, 2, "a release takes a revision too");
+    let (o, _) = s.apply(&Command::Release { lease_id: "L1".into() });
     assert_eq!(o, Outcome::NoSuchLease);
-    let (o, _) = s.apply(7, &acquire("rack/42", "L3", 1000, 0, None));
-    assert_eq!(granted(&o).unwrap().token, 7);
-    assert_eq!(s.key("rack/42").unwrap().token, 7);
+    let (o, _) = s.apply(&acquire("rack/42", "L3", 1000, 0, None));
+    assert_eq!(granted(&o).unwrap().token, 3);
+    assert_eq!(s.key("rack/42").unwrap().token, 3);
+    assert_eq!(s.revision(), 3);
 }
 
 #[test]
 fn retried_request_id_returns_the_original_grant() {
     let mut s = LockState::default();
-    let (first, _) = s.apply(1, &acquire("k", "L1", 1000, 0, Some("req-1")));
+    let (first, _) = s.apply(&acquire("k", "L1", 1000, 0, Some("req-1")));
     // A retry after a lost response carries a fresh lease id but the same request id.
-    let (again, ev) = s.apply(2, &acquire("k", "L9", 1000, 0, Some("req-1")));
+    let (again, ev) = s.apply(&acquire("k", "L9", 1000, 0, Some("req-1")));
     assert_eq!(first, again);
-    assert!(ev.is_empty(), "a retry must not grant twice");
+    assert!(ev.is_none(), "a retry must not grant twice");
     assert_eq!(s.lease_count(), 1);
 }
 
@@ -64,7 +64,7 @@ fn retried_request_id_returns_the_original_grant() {
 fn request_id_memory_is_bounded() {
     let mut s = LockState::default();
     for i in 0..(REQUEST_ID_MEMORY as u64 + 10) {
-        s.apply(i + 1, &acquire(&format!("k{i}"), &format!("L{i}"), 1000, 0, Some(&format!("r{i}"))));
+        s.apply(&acquire(&format!("k{i}"), &format!("L{i}"), 1000, 0, Some(&format!("r{i}"))));
     }
     assert_eq!(s.requests.len(), REQUEST_ID_MEMORY);
     assert_eq!(s.request_order.len(), REQUEST_ID_MEMORY);
@@ -74,31 +74,31 @@ fn request_id_memory_is_bounded() {
 #[test]
 fn expiry_with_lock_delay_blocks_until_end_delay() {
     let mut s = LockState::default();
-    s.apply(1, &acquire("k", "L1", 1000, 5000, None));
-    let (_, ev) = s.apply(2, &Command::Expire { lease_id: "L1".into() });
-    assert_eq!(ev[0].kind, EventKind::Expired { lock_delay_ms: 5000 });
-    let (o, _) = s.apply(3, &acquire("k", "L2", 1000, 0, None));
+    s.apply(&acquire("k", "L1", 1000, 5000, None));
+    let (_, ev) = s.apply(&Command::Expire { lease_id: "L1".into() });
+    assert_eq!(ev.unwrap().kind, EventKind::Expired { lock_delay_ms: 5000 });
+    let (o, _) = s.apply(&acquire("k", "L2", 1000, 0, None));
     assert!(matches!(o, Outcome::Held { lock_delay: true, holder: None, .. }), "{o:?}");
     // An EndDelay for another expiry does nothing.
-    s.apply(4, &Command::EndDelay { key: "k".into(), token: 99 });
-    assert!(granted(&s.apply(5, &acquire("k", "L2", 1000, 0, None)).0).is_none());
-    s.apply(6, &Command::EndDelay { key: "k".into(), token: 1 });
-    assert_eq!(granted(&s.apply(7, &acquire("k", "L2", 1000, 0, None)).0).unwrap().token, 7);
+    s.apply(&Command::EndDelay { key: "k".into(), token: 99 });
+    assert!(granted(&s.apply(&acquire("k", "L2", 1000, 0, None)).0).is_none());
+    s.apply(&Command::EndDelay { key: "k".into(), token: 1 });
+    assert_eq!(granted(&s.apply(&acquire("k", "L2", 1000, 0, None)).0).unwrap().token, 3);
 }
 
 #[test]
 fn release_never_starts_a_lock_delay() {
     let mut s = LockState::default();
-    s.apply(1, &acquire("k", "L1", 1000, 5000, None));
-    s.apply(2, &Command::Release { lease_id: "L1".into() });
-    assert!(granted(&s.apply(3, &acquire("k", "L2", 1000, 0, None)).0).is_some());
+    s.apply(&acquire("k", "L1", 1000, 5000, None));
+    s.apply(&Command::Release { lease_id: "L1".into() });
+    assert!(granted(&s.apply(&acquire("k", "L2", 1000, 0, None)).0).is_some());
 }
 
 #[test]
 fn watch_events_never_carry_lease_ids() {
     let mut s = LockState::default();
-    let (_, ev) = s.apply(1, &acquire("k", "secret-lease", 1000, 0, None));
-    let json = serde_json::to_string(&ev[0]).unwrap();
+    let (_, ev) = s.apply(&acquire("k", "secret-lease", 1000, 0, None));
+    let json = serde_json::to_string(&ev.unwrap()).unwrap();
     assert!(!json.contains("secret-lease"), "{json}");
     assert!(json.contains(r#""event":"granted""#), "{json}");
 }
@@ -109,8 +109,8 @@ fn clock_expires_on_time_and_keepalive_extends() {
     let ms = |n| t0 + Duration::from_millis(n);
     let mut s = LockState::default();
     let mut c = LeaseClock::default();
-    let (_, ev) = s.apply(1, &acquire("k", "L1", 1000, 0, None));
-    c.observe(&ev[0], t0);
+    let (_, ev) = s.apply(&acquire("k", "L1", 1000, 0, None));
+    c.observe(&ev.unwrap(), t0);
     assert!(c.due(ms(999)).is_empty());
     assert!(c.keepalive(&s, "L1", ms(900)));
     assert!(c.due(ms(1500)).is_empty(), "keepalive at 900 moves the deadline to 1900");
@@ -125,24 +125,24 @@ fn clock_expires_on_time_and_keepalive_extends() {
 fn reset_gives_every_lease_a_full_ttl() {
     let t0 = Instant::now();
     let mut s = LockState::default();
-    s.apply(1, &acquire("a", "L1", 1000, 0, None));
-    s.apply(2, &acquire("b", "L2", 3000, 0, None));
+    s.apply(&acquire("a", "L1", 1000, 0, None));
+    s.apply(&acquire("b", "L2", 3000, 0, None));
     let mut c = LeaseClock::default();
     let later = t0 + Duration::from_secs(10);
     c.reset(&s, later);
     assert_eq!(c.next_deadline(), Some(later + Duration::from_millis(1000)));
     assert!(c.due(later + Duration::from_millis(999)).is_empty());
     assert_eq!(c.due(later + Duration::from_millis(1000)), vec![Command::Expire { lease_id: "L1".into() }]);
-    c.observe(&s.apply(3, &Command::Expire { lease_id: "L1".into() }).1[0], later);
+    c.observe(&s.apply(&Command::Expire { lease_id: "L1".into() }).1.unwrap(), later);
     assert_eq!(c.next_deadline(), Some(later + Duration::from_millis(3000)));
 }
 
 #[test]
 fn snapshot_round_trips() {
     let mut s = LockState::default();
-    s.apply(1, &acquire("a", "L1", 1000, 100, Some("r1")));
-    s.apply(2, &acquire("b", "L2", 1000, 0, None));
-    s.apply(3, &Command::Expire { lease_id: "L1".into() });
+    s.apply(&acquire("a", "L1", 1000, 100, Some("r1")));
+    s.apply(&acquire("b", "L2", 1000, 0, None));
+    s.apply(&Command::Expire { lease_id: "L1".into() });
     let bytes = serde_json::to_vec(&s).unwrap();
     let back: LockState = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(s, back);
@@ -187,7 +187,6 @@ proptest! {
         let mut now = t0;
         let mut s = LockState::default();
         let mut c = LeaseClock::default();
-        let mut index = 0u64;
         let mut last_token = 0u64;
         let mut leases: Vec<String> = vec![];
         // lease id -> (key, ttl, latest acknowledged time)
@@ -196,10 +195,9 @@ proptest! {
         let mut blocked_until: HashMap<String, Instant> = HashMap::new();
         let mut requests: HashMap<u8, Grant> = HashMap::new();
 
-        let mut apply = |s: &mut LockState, c: &mut LeaseClock, now: Instant, cmd: Command| {
-            index += 1;
-            let (o, events) = s.apply(index, &cmd);
-            for e in &events {
+        let apply = |s: &mut LockState, c: &mut LeaseClock, now: Instant, cmd: Command| {
+            let (o, events) = s.apply(&cmd);
+            if let Some(e) = &events {
                 c.observe(e, now);
             }
             if let Command::EndDelay { key, token } = &cmd {
@@ -218,7 +216,7 @@ proptest! {
                         if let Some(r) = retry_of {
                             if let Some(orig) = requests.get(&r) {
                                 prop_assert_eq!(orig, g, "a retried request id must get its original grant");
-                                prop_assert!(events.is_empty());
+                                prop_assert!(events.is_none());
                                 continue;
                             }
                             requests.insert(r, g.clone());
@@ -255,7 +253,7 @@ proptest! {
                             let (_, ttl, last) = acked.remove(lease_id).unwrap();
                             // L3: never before ttl after the latest acknowledgement.
                             prop_assert!(now >= last + Duration::from_millis(ttl), "{lease_id} expired early");
-                            if let Some(e) = events.first() {
+                            if let Some(e) = &events {
                                 if let EventKind::Expired { lock_delay_ms } = e.kind {
                                     blocked_until.insert(key.clone(), now + Duration::from_millis(lock_delay_ms));
                                 }
