@@ -107,7 +107,7 @@ pub struct LogStore {
 }
 
 fn writer_gone() -> StorageError {
-    StorageError::IO { source: StorageIOError::write_logs(&openraft::AnyError::error("the log writer thread stopped")) }
+    StorageError::IO { source: StorageIOError::write_logs(openraft::AnyError::error("the log writer thread stopped")) }
 }
 
 impl LogStore {

@@ -12,14 +12,13 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use openraft::error::{CheckIsLeaderError, RaftError};
 use prometheus::{Encoder, TextEncoder};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::proposer::ProposeError;
+use super::proposer::RaftCallError;
 use super::{forward, raft_rpc, watch, Node};
 use crate::http::{full, json, parse_json, read_body, Body};
 use crate::lock::state::{AcquireCmd, Command, Grant, Outcome};
@@ -231,7 +230,7 @@ async fn propose(node: &Node, cmd: Command) -> Result<Outcome, ApiError> {
     let timeout = node.config.raft.propose_timeout;
     match tokio::time::timeout(timeout, node.proposer.propose(cmd)).await {
         Ok(Ok(outcome)) => Ok(outcome),
-        Ok(Err(ProposeError::NotLeader)) => {
+        Ok(Err(RaftCallError::NotLeader)) => {
             Err(ApiError::NoLeader("this node stopped being leader; the outcome is unknown".into()))
         }
         Ok(Err(e)) => Err(ApiError::Unavailable(format!("{e}; the outcome is unknown"))),
@@ -243,11 +242,9 @@ async fn propose(node: &Node, cmd: Command) -> Result<Outcome, ApiError> {
 /// state machine has applied everything committed before now.
 async fn linearizable(node: &Node) -> Result<(), ApiError> {
     let timeout = node.config.raft.propose_timeout;
-    match tokio::time::timeout(timeout, node.raft.ensure_linearizable()).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
-            Err(ApiError::NoLeader("this node is not the leader".into()))
-        }
+    match tokio::time::timeout(timeout, node.proposer.confirm_leadership()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(RaftCallError::NotLeader)) => Err(ApiError::NoLeader("this node is not the leader".into())),
         Ok(Err(e)) => Err(ApiError::Unavailable(e.to_string())),
         Err(_) => Err(ApiError::Unavailable(format!("no quorum within {timeout:?}"))),
     }

@@ -1,16 +1,19 @@
-//! Group commit for proposals: packs the commands that arrive while one Raft
-//! entry is being committed into the next entry.
+//! The leader's two batched Raft calls (see `batch`):
 //!
-//! openraft 0.9 writes (and fsyncs) one log entry per `client_write` and waits
-//! for each flush before taking the next, so batching has to happen above it:
-//! one task proposes one entry at a time, carrying every command that queued
-//! up meanwhile. Under load, many proposals share one fsync on every node (L5);
-//! idle, a lone proposal goes out at once.
+//! - **proposals**: openraft 0.9 writes and fsyncs one log entry per
+//!   `client_write` and waits for each flush before taking the next, so
+//!   batching has to happen above it: one entry carries every command that
+//!   queued while the previous entry was being committed. Under load, many
+//!   proposals share one fsync on every node (L5); idle, a lone proposal goes
+//!   out at once.
+//! - **leadership checks**: keepalives and linearizable reads that arrive
+//!   while one `ensure_linearizable` round runs share the next round, which
+//!   starts after all of them were received (L3 needs exactly that).
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use thiserror::Error;
-use tokio::sync::{mpsc, oneshot};
 
+use super::batch::Batcher;
 use crate::lock::state::{Command, Outcome};
 use crate::raft::types::Raft;
 
@@ -18,68 +21,59 @@ use crate::raft::types::Raft;
 const MAX_BATCH: usize = 1024;
 
 #[derive(Debug, Clone, Error)]
-pub enum ProposeError {
+pub enum RaftCallError {
     #[error("this node is not the leader")]
     NotLeader,
     #[error("{0}")]
     Failed(String),
 }
 
-struct Pending {
-    cmd: Command,
-    reply: oneshot::Sender<Result<Outcome, ProposeError>>,
-}
+const STOPPED: &str = "shutting down";
 
 pub struct Proposer {
-    tx: mpsc::UnboundedSender<Pending>,
+    writes: Batcher<Command, Result<Outcome, RaftCallError>>,
+    checks: Batcher<(), Result<(), RaftCallError>>,
 }
 
 impl Proposer {
     pub fn start(raft: Raft) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(raft, rx));
-        Self { tx }
+        let r = raft.clone();
+        let writes = Batcher::start(MAX_BATCH, move |cmds: Vec<Command>| {
+            let (raft, n) = (r.clone(), cmds.len());
+            async move {
+                match raft.client_write(cmds).await {
+                    Ok(resp) => resp.data.into_iter().map(Ok).collect(),
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                        vec![Err(RaftCallError::NotLeader); n]
+                    }
+                    Err(e) => vec![Err(RaftCallError::Failed(e.to_string())); n],
+                }
+            }
+        });
+        let checks = Batcher::start(usize::MAX, move |waiters: Vec<()>| {
+            let raft = raft.clone();
+            async move {
+                let result = match raft.ensure_linearizable().await {
+                    Ok(_) => Ok(()),
+                    Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => Err(RaftCallError::NotLeader),
+                    Err(e) => Err(RaftCallError::Failed(e.to_string())),
+                };
+                vec![result; waiters.len()]
+            }
+        });
+        Self { writes, checks }
     }
 
     /// Propose `cmd` and wait until it is committed and applied. Callers bound
     /// the wait themselves; a command whose caller gave up before its batch
     /// went out is dropped, one already proposed may still be applied.
-    pub async fn propose(&self, cmd: Command) -> Result<Outcome, ProposeError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Pending { cmd, reply }).map_err(|_| ProposeError::Failed("shutting down".into()))?;
-        rx.await.map_err(|_| ProposeError::Failed("shutting down".into()))?
+    pub async fn propose(&self, cmd: Command) -> Result<Outcome, RaftCallError> {
+        self.writes.call(cmd).await.unwrap_or(Err(RaftCallError::Failed(STOPPED.into())))
     }
-}
 
-async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Pending>) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
-        }
-        batch.retain(|p| !p.reply.is_closed());
-        if batch.is_empty() {
-            continue;
-        }
-        let cmds = batch.iter().map(|p| p.cmd.clone()).collect();
-        match raft.client_write(cmds).await {
-            Ok(resp) => {
-                for (p, outcome) in batch.into_iter().zip(resp.data) {
-                    let _ = p.reply.send(Ok(outcome));
-                }
-            }
-            Err(e) => {
-                let err = match e {
-                    RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => ProposeError::NotLeader,
-                    other => ProposeError::Failed(other.to_string()),
-                };
-                for p in batch {
-                    let _ = p.reply.send(Err(err.clone()));
-                }
-            }
-        }
+    /// Confirm with a quorum, in a round started after this call, that this
+    /// node is leader, and wait until everything committed before is applied.
+    pub async fn confirm_leadership(&self) -> Result<(), RaftCallError> {
+        self.checks.call(()).await.unwrap_or(Err(RaftCallError::Failed(STOPPED.into())))
     }
 }
