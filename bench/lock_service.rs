@@ -4,7 +4,9 @@
 //! Measures, in one run:
 //! - acquire+release latency, p50/p99, with 1 client;
 //! - acquire+release throughput with 64 concurrent clients on distinct keys;
-//! - grants per fsync on the leader at that load.
+//! - grants per fsync on the leader at that load;
+//! - keepalives/s with 64 concurrent holders (no log writes), as a ratio to
+//!   acquires/s.
 //!
 //! Run: `cargo bench --bench lock_service` (env: BENCH_SECONDS, default 10).
 //! Writes the table to stdout and to bench/results/lock_service.md.
@@ -140,6 +142,32 @@ async fn main() {
     );
     let e1 = counter(&leader, "fencegate_raft_log_entries_total").await;
 
+    // 64 holders, each sending keepalives back to back.
+    let http = fencegate::http::HttpClient::new(1 << 20);
+    let start = Instant::now();
+    let until = start + Duration::from_secs(seconds / 2);
+    let mut tasks = vec![];
+    for w in 0..64 {
+        let (client, opts, http, leader) = (client.clone(), opts.clone(), http.clone(), leader.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = client.acquire(&format!("bench/ka{w}"), opts).await.unwrap();
+            let url = format!("{leader}/v1/leases/{}/keepalive", lease.lease_id());
+            let mut n = 0u64;
+            while Instant::now() < until {
+                let a = http.call(hyper::Method::POST, &url, None, Duration::from_secs(5)).await.unwrap();
+                assert_eq!(a.status, 200);
+                n += 1;
+            }
+            lease.release().await.unwrap();
+            n
+        }));
+    }
+    let mut keepalives = 0;
+    for t in tasks {
+        keepalives += t.await.unwrap();
+    }
+    let keepalive_rate = keepalives as f64 / start.elapsed().as_secs_f64();
+
     let table = format!(
         "| measurement | value |\n|---|---|\n\
          | 1 client: acquire+release p50 | {} |\n\
@@ -148,13 +176,16 @@ async fn main() {
          | 64 clients: acquire+release pairs/s | {:.0} |\n\
          | 64 clients: grants/s | {:.0} |\n\
          | 64 clients: log entries per fsync (leader) | {:.1} |\n\
-         | 64 clients: grants per fsync (leader) | {:.2} |\n",
+         | 64 clients: grants per fsync (leader) | {:.2} |\n\
+         | 64 holders: keepalives/s | {keepalive_rate:.0} |\n\
+         | keepalives/s ÷ grants/s | {:.1} |\n",
         ms(percentile(&lat, 0.50)),
         ms(percentile(&lat, 0.99)),
         ops as f64 / elapsed,
         (g1 - g0) / elapsed,
         (e1 - e0) / (s1 - s0).max(1.0),
         (g1 - g0) / (s1 - s0).max(1.0),
+        keepalive_rate / ((g1 - g0) / elapsed),
     );
     println!("\nfencegate lock service, 3 nodes on loopback, fsync on, {seconds} s per phase\n\n{table}");
     let out = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results");
