@@ -149,7 +149,7 @@ async fn follower_crash_does_not_stop_the_cluster() {
 /// can hand the key to someone else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolated_leader_cannot_grant_and_its_holders_lose_in_time() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(3, "raft: { propose_timeout: 1s }\n").await;
     let old = c.wait_for_leader(Duration::from_secs(5)).await;
     let via_old = c.client_of(old);
     let lease = via_old.acquire("iso", ttl(2000)).await.unwrap();
@@ -161,8 +161,11 @@ async fn isolated_leader_cannot_grant_and_its_holders_lose_in_time() {
     assert_eq!(reason, LostReason::Expired);
     assert!(lost_at - cut_at < Duration::from_millis(2000), "lost() fired {:?} after the cut", lost_at - cut_at);
 
-    // The old leader grants nothing while cut off.
-    match via_old.acquire("iso-2", ttl(1000)).await {
+    // The old leader grants nothing while cut off: 503 with Retry-After.
+    let a = common::raw_answer("POST", &format!("{}/v1/locks/iso-2", c.url(old)), Some(r#"{"ttl_ms":1000}"#)).await;
+    assert_eq!(a.status, 503, "{:?}", a.body);
+    assert!(a.headers.contains_key("retry-after"));
+    match via_old.acquire("iso-3", ttl(1000)).await {
         Err(ClientError::Unavailable(_)) => {}
         other => panic!("isolated leader answered {:?}", other.map(|l| l.token())),
     }

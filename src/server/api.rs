@@ -195,8 +195,8 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
         tokio::select! {
             _ = applied.changed() => {}
             _ = &mut head_moved => {}
-            _ = metrics.changed() => {
-                if node.leader() != Some(node.id) {
+            changed = metrics.changed() => {
+                if changed.is_err() || node.leader() != Some(node.id) {
                     return Err(ApiError::NoLeader("leadership moved while waiting; retry on the new leader".into()));
                 }
             }

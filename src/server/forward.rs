@@ -21,6 +21,13 @@ pub async fn to_leader(node: &Node, leader: NodeId, parts: &Parts, body: Bytes) 
     let Some(base) = node.peers.get(&leader) else {
         return Err(ApiError::NoLeader(format!("leader {leader} is not in peers")));
     };
+    // An acquire may wait up to its wait_ms on the leader before proposing.
+    let wait = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("wait_ms")?.as_u64())
+        .map_or(std::time::Duration::ZERO, std::time::Duration::from_millis)
+        .min(node.config.lease.max_wait);
+    let timeout = wait + node.config.raft.propose_timeout * 2;
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let mut req = Request::builder().method(parts.method.clone()).uri(format!("{base}{path}"));
     if let Some(ct) = parts.headers.get(CONTENT_TYPE) {
@@ -30,8 +37,7 @@ pub async fn to_leader(node: &Node, leader: NodeId, parts: &Parts, body: Bytes) 
         .header(FORWARDED_BY, node.id.to_string())
         .body(Full::new(body))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-    // An acquire may wait up to max_wait on the leader, then propose.
-    let timeout = node.config.lease.max_wait + node.config.raft.propose_timeout * 2;
+
     let answer = node
         .http
         .send(req, timeout)

@@ -182,14 +182,18 @@ pub async fn get_json(url: &str) -> Option<Value> {
     serde_json::from_slice(&a.body).ok()
 }
 
-/// Send a raw request; returns (status, JSON body or Null).
-pub async fn raw(method: &str, url: &str, body: Option<&str>) -> (u16, Value) {
+/// Send a raw request and return the whole answer.
+pub async fn raw_answer(method: &str, url: &str, body: Option<&str>) -> fencegate::http::Answer {
     let http = fencegate::http::HttpClient::new(1 << 20);
     let m = hyper::Method::from_bytes(method.as_bytes()).unwrap();
-    let a = http
-        .call(m, url, body.map(|b| b.as_bytes().to_vec()), Duration::from_secs(10))
+    http.call(m, url, body.map(|b| b.as_bytes().to_vec()), Duration::from_secs(10))
         .await
-        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+/// Send a raw request; returns (status, JSON body or Null).
+pub async fn raw(method: &str, url: &str, body: Option<&str>) -> (u16, Value) {
+    let a = raw_answer(method, url, body).await;
     (a.status.as_u16(), serde_json::from_slice(&a.body).unwrap_or(Value::Null))
 }
 
