@@ -216,3 +216,40 @@ async fn keep_alive(shared: Arc<Shared>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// L4 with the defaults: valid until t_sent + 10 s × 0.99 − 100 ms = 9.8 s,
+    /// when no keepalive gets through (nothing listens on the endpoint).
+    #[tokio::test(start_paused = true)]
+    async fn validity_runs_from_the_send_time_minus_drift_and_margin() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let client = Client::new(vec![format!("http://127.0.0.1:{port}")]).unwrap();
+        let sent = Instant::now();
+        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), sent);
+        tokio::time::sleep_until(sent + Duration::from_millis(9_799)).await;
+        assert!(lease.is_valid());
+        let reason = lease.lost().await;
+        assert_eq!(reason, LostReason::Expired);
+        assert_eq!(Instant::now(), sent + Duration::from_millis(9_800), "lost() fires exactly at the bound");
+        assert!(!lease.is_valid());
+        assert_eq!(lease.remaining(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acknowledgement_extends_from_its_own_send_time_and_loss_is_final() {
+        let client = Client::new(vec!["http://127.0.0.1:1".into()]).unwrap();
+        let t0 = Instant::now();
+        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), t0);
+        lease.shared.acknowledged(t0 + Duration::from_secs(5));
+        assert_eq!(lease.shared.validity().until, t0 + Duration::from_millis(14_800));
+        // An older acknowledgement never shortens it.
+        lease.shared.acknowledged(t0 + Duration::from_secs(1));
+        assert_eq!(lease.shared.validity().until, t0 + Duration::from_millis(14_800));
+        lease.shared.lose(LostReason::NotFound);
+        lease.shared.acknowledged(t0 + Duration::from_secs(6));
+        assert_eq!(lease.lost().await, LostReason::NotFound, "a lost lease stays lost");
+    }
+}
