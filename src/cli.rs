@@ -3,6 +3,7 @@
 
 mod dev;
 mod server;
+mod sidecar;
 mod status;
 
 use std::path::PathBuf;
@@ -27,6 +28,12 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Run the fencing reverse proxy in front of an HTTP API.
+    Sidecar {
+        /// Sidecar configuration (YAML): listen, upstream, lock_service, state_dir, routes.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Show the cluster (leader, term, members, commit index), or one key.
     Status {
         /// A lock key, e.g. rack/42. Without it, the cluster is shown.
@@ -45,7 +52,7 @@ enum Command {
     },
     /// Validate a configuration file without starting anything (exit 64 if bad).
     CheckConfig {
-        /// A node configuration file.
+        /// A node or sidecar configuration file (a file with `routes` is a sidecar's).
         file: PathBuf,
     },
 }
@@ -65,6 +72,7 @@ pub fn run(cli: Cli) -> i32 {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Server { config } => server::run(&config).await,
+            Command::Sidecar { config } => sidecar::run(&config).await,
             Command::Status { key, endpoints } => status::run(key, endpoints.endpoints).await,
             Command::Dev { data, fresh } => dev::run(&data, fresh).await,
             Command::CheckConfig { file } => check_config(&file).map(|()| 0),
@@ -84,8 +92,15 @@ pub fn run(cli: Cli) -> i32 {
 }
 
 fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
-    crate::config::node::NodeConfig::load(file)?;
-    println!("{}: ok (lock service node)", file.display());
+    let text = crate::config::read(file)?;
+    let doc: serde_yaml_ng::Value = crate::config::parse_yaml(&text)?;
+    if doc.get("routes").is_some() {
+        let c = crate::config::sidecar::SidecarConfig::from_yaml(&text)?;
+        println!("{}: ok (sidecar, {} routes)", file.display(), c.routes.len());
+    } else {
+        crate::config::node::NodeConfig::from_yaml(&text)?;
+        println!("{}: ok (lock service node)", file.display());
+    }
     Ok(())
 }
 

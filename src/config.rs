@@ -3,6 +3,7 @@
 //! the field and line and the process exits with `EX_CONFIG` (64 per DESIGN.md).
 
 pub mod node;
+pub mod sidecar;
 
 use std::path::Path;
 
@@ -46,6 +47,30 @@ pub fn check_base_url(field: &str, url: &str) -> Result<(), ConfigError> {
     }
     if uri.authority().is_none() || uri.port_u16().is_none() {
         return Err(ConfigError::invalid(field, format!("{url:?} must name a host and a port")));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(ConfigError::invalid(field, format!("{url:?} must not have a path or query")));
+    }
+    Ok(())
+}
+
+/// Check that `url` is an absolute `http://` or `https://` URL naming a host,
+/// with or without a port (the scheme's default), and without a path, query or
+/// credentials: the sidecar appends each request's own path and query to it.
+pub fn check_upstream_url(field: &str, url: &str) -> Result<(), ConfigError> {
+    let uri: hyper::Uri = url.parse().map_err(|e| ConfigError::invalid(field, format!("{url:?} is not a URL: {e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(ConfigError::invalid(field, format!("{url:?} must start with http:// or https://")));
+    }
+    let Some(authority) = uri.authority().filter(|a| !a.host().is_empty()) else {
+        return Err(ConfigError::invalid(field, format!("{url:?} must name a host")));
+    };
+    if authority.as_str().contains('@') {
+        return Err(ConfigError::invalid(field, format!("{url:?} must not carry credentials")));
+    }
+    // `Authority::port` is `None` for a port that is not a u16, so look at the text.
+    if authority.as_str().strip_prefix(authority.host()) != Some("") && authority.port_u16().is_none() {
+        return Err(ConfigError::invalid(field, format!("{url:?} has an invalid port")));
     }
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
         return Err(ConfigError::invalid(field, format!("{url:?} must not have a path or query")));

@@ -145,3 +145,51 @@ impl hyper::body::Body for ChannelBody {
         self.rx.poll_recv(cx).map(|line| line.map(|b| Ok(hyper::body::Frame::data(b))))
     }
 }
+
+impl HttpClient {
+    /// GET `url` and return the answer with its body still streaming (for
+    /// NDJSON streams). `timeout` bounds only the wait for the head.
+    pub async fn open(&self, url: &str, timeout: Duration) -> Result<Response<Incoming>, ClientError> {
+        let req = Request::get(url).body(Full::new(Bytes::new())).map_err(|_| ClientError::Url(url.into()))?;
+        let transport = |source: BoxError| ClientError::Transport { url: url.to_string(), source };
+        tokio::time::timeout(timeout, self.inner.request(req))
+            .await
+            .map_err(|_| ClientError::Timeout { url: url.to_string(), timeout })?
+            .map_err(|e| transport(e.into()))
+    }
+}
+
+/// Reads newline-delimited lines from a streaming body.
+pub struct LineReader {
+    body: Incoming,
+    buf: Vec<u8>,
+}
+
+impl LineReader {
+    pub fn new(body: Incoming) -> Self {
+        Self { body, buf: Vec::new() }
+    }
+
+    /// The next complete line (without the newline); `Ok(None)` at the end of
+    /// the stream. Lines longer than `max` are an error.
+    pub async fn next_line(&mut self, max: usize) -> Result<Option<Vec<u8>>, BoxError> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let mut line: Vec<u8> = self.buf.drain(..=pos).collect();
+                line.pop();
+                return Ok(Some(line));
+            }
+            if self.buf.len() > max {
+                return Err(format!("line longer than {max} bytes").into());
+            }
+            match self.body.frame().await {
+                None => return Ok(None),
+                Some(frame) => {
+                    if let Ok(data) = frame?.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -3,6 +3,7 @@
 //!
 //! See ARCHITECTURE.md for the codemap and the invariants.
 
+pub mod batch;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -11,3 +12,4 @@ pub mod lock;
 pub mod metrics;
 pub mod raft;
 pub mod server;
+pub mod sidecar;

@@ -1,7 +1,33 @@
 //! Prometheus metric families, one struct per subsystem. Each registers its
 //! families on a registry passed down from `main`; there are no global statics.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// The Prometheus text exposition of everything in `r`.
+pub fn encode(r: &Registry) -> Vec<u8> {
+    let mut buf = Vec::new();
+    TextEncoder::new().encode(&r.gather(), &mut buf).expect("text encoding into a Vec cannot fail");
+    buf
+}
+
+/// A response with the text exposition, as `/metrics` serves it.
+pub fn exposition(r: &Registry) -> hyper::Response<crate::http::Body> {
+    let mut resp = hyper::Response::new(crate::http::full(encode(r)));
+    resp.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
+    resp
+}
+
+/// The metrics listener of the sidecar: `/metrics`, `/healthz`, else 404.
+pub fn respond(r: &Registry, path: &str) -> hyper::Response<crate::http::Body> {
+    match path {
+        "/metrics" => exposition(r),
+        "/healthz" => hyper::Response::new(crate::http::full("ok\n")),
+        _ => crate::http::json(hyper::StatusCode::NOT_FOUND, &serde_json::json!({"error": "not_found"})),
+    }
+}
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> prometheus::Result<T> {
     r.register(Box::new(c.clone()))?;
@@ -63,6 +89,68 @@ impl RaftMetrics {
             log_entries: register(
                 r,
                 IntCounter::new("fencegate_raft_log_entries_total", "Log entries made durable by those appends")?,
+            )?,
+        })
+    }
+}
+
+/// Sidecar families (DESIGN.md).
+#[derive(Clone)]
+pub struct SidecarMetrics {
+    /// outcome: forwarded | rejected | upstream_error
+    pub requests: IntCounterVec,
+    /// reason: the `error` of the rejection answer
+    pub rejections: IntCounterVec,
+    pub upstream_duration: HistogramVec,
+    pub fence_wait: HistogramVec,
+    pub lock_service_up: IntGauge,
+}
+
+impl SidecarMetrics {
+    pub fn new(r: &Registry) -> prometheus::Result<Self> {
+        let latency = vec![
+            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ];
+        Ok(Self {
+            requests: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new("fencegate_sidecar_requests_total", "Requests by route and outcome"),
+                    &["route", "outcome"],
+                )?,
+            )?,
+            rejections: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new("fencegate_sidecar_rejections_total", "Rejected requests by route and reason"),
+                    &["route", "reason"],
+                )?,
+            )?,
+            upstream_duration: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new("fencegate_sidecar_upstream_duration_seconds", "Upstream time to response head")
+                        .buckets(latency.clone()),
+                    &["route"],
+                )?,
+            )?,
+            fence_wait: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "fencegate_sidecar_fence_wait_seconds",
+                        "Time spent in the fence check: reads, floor fsync and the ordering barrier",
+                    )
+                    .buckets(latency),
+                    &["route"],
+                )?,
+            )?,
+            lock_service_up: register(
+                r,
+                IntGauge::new(
+                    "fencegate_sidecar_lock_service_up",
+                    "1 while the watch stream to the lock service is live",
+                )?,
             )?,
         })
     }

@@ -12,7 +12,6 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use prometheus::{Encoder, TextEncoder};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::time::Instant;
@@ -36,7 +35,7 @@ async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>
     let method = req.method().clone();
     match path.as_str() {
         "/healthz" => return only(&method, Method::GET).map(|_| text("ok\n", "text/plain")),
-        "/metrics" => return only(&method, Method::GET).map(|_| metrics(&node)),
+        "/metrics" => return only(&method, Method::GET).map(|_| crate::metrics::exposition(&node.registry)),
         "/v1/cluster" => return only(&method, Method::GET).map(|_| cluster(&node)),
         "/v1/watch" => {
             only(&method, Method::GET)?;
@@ -109,13 +108,6 @@ fn text(body: impl Into<bytes::Bytes>, content_type: &'static str) -> Response<B
     let mut resp = Response::new(full(body));
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
-}
-
-fn metrics(node: &Node) -> Response<Body> {
-    let mut buf = Vec::new();
-    let encoder = TextEncoder::new();
-    encoder.encode(&node.registry.gather(), &mut buf).expect("text encoding into a Vec cannot fail");
-    text(buf, "text/plain; version=0.0.4")
 }
 
 fn cluster(node: &Node) -> Response<Body> {

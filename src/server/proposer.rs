@@ -1,4 +1,4 @@
-//! The leader's two batched Raft calls (see `batch`):
+//! The leader's two batched Raft calls (see `crate::batch`):
 //!
 //! - **proposals**: openraft 0.9 writes and fsyncs one log entry per
 //!   `client_write` and waits for each flush before taking the next, so
@@ -13,7 +13,7 @@
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use thiserror::Error;
 
-use super::batch::Batcher;
+use crate::batch::Batcher;
 use crate::lock::state::{Command, Outcome};
 use crate::raft::types::Raft;
 

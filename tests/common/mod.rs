@@ -4,6 +4,8 @@
 #![allow(dead_code)] // each test file uses a different part of the harness
 
 pub mod relay;
+pub mod sidecar;
+pub mod upstream;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

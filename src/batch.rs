@@ -1,10 +1,11 @@
 //! One task that serves requests in batches: everything that queued while the
 //! previous batch ran goes into the next one.
 //!
-//! Used twice on the leader: to pack proposals into one Raft entry (one fsync
-//! for all of them), and to confirm leadership once for many concurrent
-//! keepalives and reads. In both, a request is served by a round that
-//! *started after it arrived*, which is what makes the sharing safe.
+//! Used on the leader to pack proposals into one Raft entry (one fsync for all
+//! of them) and to confirm leadership once for many concurrent keepalives and
+//! reads, and in the sidecar to persist many floors with one fsync. In each, a
+//! request is served by a round that *started after it arrived*, which is what
+//! makes the sharing safe.
 
 use std::future::Future;
 

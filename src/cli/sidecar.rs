@@ -1,0 +1,36 @@
+//! `fencegate sidecar --config sidecar.yaml`
+
+use std::path::Path;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::sidecar::SidecarConfig;
+use crate::sidecar::{serve, serve_metrics, Sidecar};
+
+pub async fn run(path: &Path) -> anyhow::Result<i32> {
+    // Validate everything before binding anything.
+    let config = SidecarConfig::load(path)?;
+    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| format!("binding metrics_listen {addr}"))?),
+        None => None,
+    };
+    let sidecar = Sidecar::new(config)?;
+    let (stop, stopped) = watch::channel(false);
+    let wait = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    if let Some(l) = metrics_listener {
+        tracing::info!(listen = %l.local_addr()?, "sidecar metrics");
+        tokio::spawn(serve_metrics(l, sidecar.registry.clone(), wait(stopped.clone())));
+    }
+    tracing::info!(listen = %listener.local_addr()?, upstream = %sidecar.config.upstream, "fencegate sidecar serving");
+    let proxy = tokio::spawn(serve(listener, sidecar, wait(stopped)));
+    super::server::shutdown_signal().await;
+    tracing::info!("shutting down");
+    stop.send_replace(true);
+    let _ = proxy.await;
+    Ok(0)
+}

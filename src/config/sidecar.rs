@@ -1,0 +1,673 @@
+//! The sidecar's configuration (`fencegate sidecar --config`): where it listens,
+//! the upstream it protects, the lock service it asks, and the route table.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, MapAccess, Unexpected, Visitor};
+use serde::{Deserialize, Deserializer};
+
+use super::{check_base_url, check_upstream_url, parse_yaml, read, ConfigError};
+use crate::sidecar::routes::Routes;
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * KIB;
+pub const GIB: u64 = 1024 * MIB;
+
+/// Route names become metric labels, so they are short and need no escaping.
+pub const MAX_ROUTE_NAME_LEN: usize = 64;
+/// Same bound as the lock service's `peers`.
+pub const MAX_LOCK_ENDPOINTS: usize = 9;
+pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(30);
+const MAX_ROUTE_TIMEOUT: Duration = Duration::from_secs(3600);
+const MAX_HEADER_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SidecarConfig {
+    pub listen: SocketAddr,
+    /// Where requests go unless their route names its own upstream.
+    pub upstream: String,
+    /// Needed only by routes that check tokens against the lock service
+    /// (`strict`, `monotonic`); `observed` routes work without it.
+    pub lock_service: Option<LockServiceConfig>,
+    /// Per-key floors, which must survive restarts (S2).
+    pub state_dir: PathBuf,
+    pub metrics_listen: Option<SocketAddr>,
+    #[serde(default)]
+    pub limits: Limits,
+    pub tls: Option<TlsConfig>,
+    pub upstream_tls: Option<UpstreamTls>,
+    /// In order: the first route that matches a request wins.
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockServiceConfig {
+    pub endpoints: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Request bodies above this are refused before anything is forwarded.
+    #[serde(deserialize_with = "byte_size")]
+    pub max_body: u64,
+    #[serde(deserialize_with = "byte_size")]
+    pub max_header_bytes: u64,
+    /// How long a client may take to send the request head (slowloris).
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_body: 10 * MIB, max_header_bytes: 64 * KIB, header_timeout: Duration::from_secs(10) }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by this CA (mTLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// An extra root for `https://` upstreams, on top of the system's.
+    pub ca: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub name: String,
+    /// Absent: every method.
+    pub methods: Option<Vec<String>>,
+    pub path: String,
+    /// Template of the key whose tokens fence this route, e.g. `rack/{rack}`.
+    pub lock_key: Option<String>,
+    /// Absent means `strict`: forgetting the line must not leave writes unfenced.
+    #[serde(default)]
+    pub fence: FenceConfig,
+    #[serde(default)]
+    pub missing_token: MissingToken,
+    pub upstream: Option<String>,
+    /// Upstream timeout; also bounds how long a request can hold up later
+    /// tokens for its key (the S1 residual window).
+    #[serde(with = "humantime_serde", default = "default_route_timeout")]
+    pub timeout: Duration,
+}
+
+fn default_route_timeout() -> Duration {
+    DEFAULT_ROUTE_TIMEOUT
+}
+
+/// `fence: off`, or `fence: { mode, consistency }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceConfig {
+    Off,
+    On { mode: FenceMode, consistency: Consistency },
+}
+
+impl Default for FenceConfig {
+    fn default() -> Self {
+        Self::On { mode: FenceMode::default(), consistency: Consistency::default() }
+    }
+}
+
+impl FenceConfig {
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::On { .. })
+    }
+
+    /// `observed` keeps its own high-water marks; the other modes verify
+    /// tokens with the lock service (S3, S4).
+    pub fn needs_lock_service(&self) -> bool {
+        matches!(self, Self::On { mode: FenceMode::Strict | FenceMode::Monotonic, .. })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FenceMode {
+    /// S2 + S3 + S4: also refuse a token whose lease is known to have ended.
+    #[default]
+    Strict,
+    /// S2 + S3: refuse only tokens below the latest grant.
+    Monotonic,
+    /// Durable high-water mark of accepted tokens, no lock service.
+    Observed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Consistency {
+    /// Check against what the watch stream has delivered so far.
+    #[default]
+    Cached,
+    /// S5: one (coalesced) quorum read per check.
+    Linearizable,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingToken {
+    /// 428 `missing_token`.
+    #[default]
+    Reject,
+    /// Forward requests without a token unchecked (tokened ones are still checked).
+    Allow,
+}
+
+/// The mapping form of `fence`; kept apart so that it gets serde's
+/// `deny_unknown_fields` and defaults.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FenceOn {
+    #[serde(default)]
+    mode: FenceMode,
+    #[serde(default)]
+    consistency: Consistency,
+}
+
+// Hand-written rather than `#[serde(untagged)]`: an untagged enum's error is
+// "data did not match any variant", which hides both the typo and the field.
+impl<'de> Deserialize<'de> for FenceConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct FenceVisitor;
+        impl<'de> Visitor<'de> for FenceVisitor {
+            type Value = FenceConfig;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("`off` or a mapping like `{ mode: strict, consistency: cached }`")
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<FenceConfig, E> {
+                match s {
+                    "off" => Ok(FenceConfig::Off),
+                    _ => Err(E::invalid_value(Unexpected::Str(s), &self)),
+                }
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<FenceConfig, A::Error> {
+                let on = FenceOn::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(FenceConfig::On { mode: on.mode, consistency: on.consistency })
+            }
+        }
+        d.deserialize_any(FenceVisitor)
+    }
+}
+
+/// A byte count: a plain integer, or a string like `64KiB` (units B, KiB, MiB, GiB).
+fn byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    struct ByteSizeVisitor;
+    impl Visitor<'_> for ByteSizeVisitor {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a byte size such as 65536 or 64KiB (units B, KiB, MiB, GiB)")
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+        }
+
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<u64, E> {
+            parse_byte_size(s).ok_or_else(|| E::invalid_value(Unexpected::Str(s), &self))
+        }
+    }
+    d.deserialize_any(ByteSizeVisitor)
+}
+
+/// Binary units only: `10MB` is refused rather than guessed at (10^7 or 10 MiB?).
+fn parse_byte_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let multiplier = match unit.trim_start() {
+        "" | "B" => 1,
+        "KiB" => KIB,
+        "MiB" => MIB,
+        "GiB" => GIB,
+        _ => return None,
+    };
+    number.parse::<u64>().ok()?.checked_mul(multiplier)
+}
+
+impl SidecarConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::from_yaml(&read(path)?)
+    }
+
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let c: Self = parse_yaml(text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Everything the sidecar will need at startup, route templates included,
+    /// so that a typo is reported by `check-config` and not on the first request.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_limits()?;
+        if let Some(metrics) = self.metrics_listen {
+            // Port 0 twice is two different OS-assigned ports.
+            if metrics == self.listen && metrics.port() != 0 {
+                return Err(ConfigError::invalid("metrics_listen", "must differ from listen"));
+            }
+        }
+        if self.state_dir.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("state_dir", "must not be empty"));
+        }
+        check_upstream_url("upstream", &self.upstream)?;
+        if self.routes.is_empty() {
+            return Err(ConfigError::invalid("routes", "must list at least one route"));
+        }
+        let mut names = HashSet::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            check_route_name(&format!("routes[{i}].name"), &r.name)?;
+            if !names.insert(r.name.as_str()) {
+                return Err(ConfigError::invalid(format!("routes[{i}].name"), format!("{:?} is used twice", r.name)));
+            }
+            if let Some(url) = &r.upstream {
+                check_upstream_url(&format!("routes[{i}].upstream"), url)?;
+            }
+            if r.timeout.is_zero() || r.timeout > MAX_ROUTE_TIMEOUT {
+                return Err(ConfigError::invalid(format!("routes[{i}].timeout"), "must be above 0 and at most 1h"));
+            }
+            if let FenceConfig::On { mode: FenceMode::Observed, consistency: Consistency::Linearizable } = r.fence {
+                return Err(ConfigError::invalid(
+                    format!("routes[{i}].fence.consistency"),
+                    "linearizable reads the lock service, which observed mode does not use",
+                ));
+            }
+        }
+        Routes::build(&self.routes)?;
+        self.validate_lock_service()
+    }
+
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        if !(1..=GIB).contains(&l.max_body) {
+            return Err(ConfigError::invalid("limits.max_body", "must be between 1 byte and 1GiB"));
+        }
+        // 8 KiB is the smallest read buffer hyper accepts.
+        if !((8 * KIB)..=MIB).contains(&l.max_header_bytes) {
+            return Err(ConfigError::invalid("limits.max_header_bytes", "must be between 8KiB and 1MiB"));
+        }
+        if l.header_timeout.is_zero() || l.header_timeout > MAX_HEADER_TIMEOUT {
+            return Err(ConfigError::invalid("limits.header_timeout", "must be above 0 and at most 5m"));
+        }
+        Ok(())
+    }
+
+    fn validate_lock_service(&self) -> Result<(), ConfigError> {
+        let Some(service) = &self.lock_service else {
+            return match self.routes.iter().position(|r| r.fence.needs_lock_service()) {
+                Some(i) => Err(ConfigError::invalid(
+                    "lock_service",
+                    format!(
+                        "is required: route {:?} (routes[{i}]) checks tokens with the lock service \
+                         (only `mode: observed` works without it)",
+                        self.routes[i].name
+                    ),
+                )),
+                None => Ok(()),
+            };
+        };
+        let endpoints = &service.endpoints;
+        if endpoints.is_empty() || endpoints.len() > MAX_LOCK_ENDPOINTS {
+            return Err(ConfigError::invalid("lock_service.endpoints", "must list 1 to 9 lock service nodes"));
+        }
+        for (i, url) in endpoints.iter().enumerate() {
+            let field = format!("lock_service.endpoints[{i}]");
+            check_base_url(&field, url)?;
+            if endpoints[..i].contains(url) {
+                return Err(ConfigError::invalid(field, format!("{url:?} is listed twice")));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_route_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty()
+        || name.len() > MAX_ROUTE_NAME_LEN
+        || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(ConfigError::invalid(
+            field,
+            format!("{name:?} must be 1 to {MAX_ROUTE_NAME_LEN} characters of [A-Za-z0-9_-] (it is a metric label)"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DESIGN.md's example with every optional section filled in.
+    const FULL: &str = "
+listen: 127.0.0.1:8080
+upstream: http://127.0.0.1:9000
+lock_service:
+  endpoints: [http://127.0.0.1:7401, http://127.0.0.1:7402, http://127.0.0.1:7403]
+state_dir: ./data/sidecar
+metrics_listen: 127.0.0.1:9464
+limits:
+  max_body: 10MiB
+  max_header_bytes: 64KiB
+  header_timeout: 10s
+tls:
+  cert: ./tls/cert.pem
+  key: ./tls/key.pem
+  client_ca: ./tls/ca.pem
+upstream_tls:
+  ca: ./tls/upstream-ca.pem
+routes:
+  - name: rack-writes
+    methods: [PUT, POST, PATCH, DELETE]
+    path: /racks/{rack}
+    lock_key: rack/{rack}
+    fence: { mode: strict, consistency: cached }
+    missing_token: reject
+    upstream: http://127.0.0.1:9001
+    timeout: 30s
+  - name: everything-else
+    path: /{*rest}
+    fence: off
+";
+
+    /// Only the required keys.
+    const MINIMAL: &str = "
+listen: 127.0.0.1:8080
+upstream: https://inventory.internal
+state_dir: ./data/sidecar
+lock_service: { endpoints: [http://127.0.0.1:7401] }
+routes:
+  - name: racks
+    path: /racks/{rack}
+    lock_key: rack/{rack}
+";
+
+    fn err(yaml: &str) -> String {
+        SidecarConfig::from_yaml(yaml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_the_full_example() {
+        let c = SidecarConfig::from_yaml(FULL).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(c.upstream, "http://127.0.0.1:9000");
+        assert_eq!(c.lock_service.as_ref().unwrap().endpoints.len(), 3);
+        assert_eq!(c.state_dir, PathBuf::from("./data/sidecar"));
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(c.limits.max_body, 10 * MIB);
+        assert_eq!(c.limits.max_header_bytes, 64 * KIB);
+        assert_eq!(c.limits.header_timeout, Duration::from_secs(10));
+        let tls = c.tls.as_ref().unwrap();
+        assert_eq!(tls.cert, PathBuf::from("./tls/cert.pem"));
+        assert_eq!(tls.key, PathBuf::from("./tls/key.pem"));
+        assert_eq!(tls.client_ca, Some(PathBuf::from("./tls/ca.pem")));
+        assert_eq!(c.upstream_tls.as_ref().unwrap().ca, PathBuf::from("./tls/upstream-ca.pem"));
+
+        let [writes, rest] = &c.routes[..] else { panic!("two routes expected") };
+        assert_eq!(writes.name, "rack-writes");
+        assert_eq!(writes.methods.as_deref(), Some(&["PUT", "POST", "PATCH", "DELETE"].map(String::from)[..]));
+        assert_eq!(writes.path, "/racks/{rack}");
+        assert_eq!(writes.lock_key.as_deref(), Some("rack/{rack}"));
+        assert_eq!(writes.fence, FenceConfig::On { mode: FenceMode::Strict, consistency: Consistency::Cached });
+        assert_eq!(writes.missing_token, MissingToken::Reject);
+        assert_eq!(writes.upstream.as_deref(), Some("http://127.0.0.1:9001"));
+        assert_eq!(writes.timeout, Duration::from_secs(30));
+
+        assert_eq!(rest.name, "everything-else");
+        assert_eq!(rest.methods, None);
+        assert_eq!(rest.path, "/{*rest}");
+        assert_eq!(rest.lock_key, None);
+        assert_eq!(rest.fence, FenceConfig::Off);
+        assert!(!rest.fence.is_fenced() && !rest.fence.needs_lock_service());
+    }
+
+    #[test]
+    fn defaults() {
+        let c = SidecarConfig::from_yaml(MINIMAL).unwrap();
+        assert_eq!(c.metrics_listen, None);
+        assert!(c.tls.is_none() && c.upstream_tls.is_none());
+        assert_eq!(c.limits.max_body, 10 * MIB);
+        assert_eq!(c.limits.max_header_bytes, 64 * KIB);
+        assert_eq!(c.limits.header_timeout, Duration::from_secs(10));
+        let r = &c.routes[0];
+        assert_eq!(r.methods, None);
+        assert_eq!(r.upstream, None);
+        assert_eq!(r.missing_token, MissingToken::Reject);
+        assert_eq!(r.timeout, DEFAULT_ROUTE_TIMEOUT);
+        // No `fence` line is the safe choice, not "off".
+        assert_eq!(r.fence, FenceConfig::On { mode: FenceMode::Strict, consistency: Consistency::Cached });
+        assert!(r.fence.needs_lock_service());
+
+        let c = SidecarConfig::from_yaml(&MINIMAL.replace("lock_key", "fence: {}\n    lock_key")).unwrap();
+        assert_eq!(c.routes[0].fence, FenceConfig::default());
+        let c = SidecarConfig::from_yaml(&format!("{MINIMAL}limits: {{ max_body: 1KiB }}\n")).unwrap();
+        assert_eq!((c.limits.max_body, c.limits.max_header_bytes), (KIB, 64 * KIB));
+    }
+
+    #[test]
+    fn fence_is_off_or_a_mapping() {
+        let with = |fence: &str| MINIMAL.replace("lock_key", &format!("fence: {fence}\n    lock_key"));
+        for (fence, mode, consistency) in [
+            ("{ mode: monotonic }", FenceMode::Monotonic, Consistency::Cached),
+            ("{ consistency: linearizable }", FenceMode::Strict, Consistency::Linearizable),
+            ("{ mode: observed, consistency: cached }", FenceMode::Observed, Consistency::Cached),
+        ] {
+            let c = SidecarConfig::from_yaml(&with(fence)).unwrap();
+            assert_eq!(c.routes[0].fence, FenceConfig::On { mode, consistency }, "{fence}");
+        }
+        let off = MINIMAL.replace("lock_key: rack/{rack}", "fence: off");
+        assert_eq!(SidecarConfig::from_yaml(&off).unwrap().routes[0].fence, FenceConfig::Off);
+        let off = MINIMAL.replace("lock_key: rack/{rack}", "fence: \"off\"");
+        assert_eq!(SidecarConfig::from_yaml(&off).unwrap().routes[0].fence, FenceConfig::Off);
+
+        for (fence, says) in [
+            ("on", "`off` or a mapping"),
+            ("Off", "`off` or a mapping"),
+            ("false", "`off` or a mapping"),
+            ("0", "`off` or a mapping"),
+            ("[strict]", "`off` or a mapping"),
+            ("{ mode: strikt }", "strikt"),
+            ("{ mode: strict, consistency: eventual }", "eventual"),
+            ("{ mode: strict, colour: blue }", "colour"),
+        ] {
+            let e = err(&with(fence));
+            assert!(e.contains("routes[0].fence") && e.contains(says) && e.contains("line"), "{fence}: {e}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_with_a_line() {
+        for (from, to, key) in [
+            ("state_dir:", "colour: blue\nstate_dir:", "colour"),
+            ("lock_service: { endpoints:", "lock_service: { endpionts:", "endpionts"),
+            ("max_body: 10MiB", "max_bodyy: 10MiB", "max_bodyy"),
+            ("client_ca:", "client_cert:", "client_cert"),
+            ("ca: ./tls/upstream", "cert: ./tls/upstream", "cert"),
+            ("    timeout: 30s", "    timout: 30s", "timout"),
+        ] {
+            let base = if from.starts_with("lock_service") { MINIMAL } else { FULL };
+            assert!(base.contains(from), "{from}");
+            let e = err(&base.replace(from, to));
+            assert!(e.contains(key) && e.contains("line"), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn byte_sizes() {
+        for (text, bytes) in [
+            ("0", Some(0)),
+            ("512", Some(512)),
+            ("512B", Some(512)),
+            ("64KiB", Some(64 * KIB)),
+            ("10 MiB", Some(10 * MIB)),
+            (" 1GiB ", Some(GIB)),
+            ("10MB", None),
+            ("10mib", None),
+            ("1.5MiB", None),
+            ("-1", None),
+            ("MiB", None),
+            ("", None),
+            ("99999999999999999999GiB", None),
+            ("17179869184GiB", None),
+        ] {
+            assert_eq!(parse_byte_size(text), bytes, "{text:?}");
+        }
+        let c = SidecarConfig::from_yaml(&FULL.replace("max_body: 10MiB", "max_body: 4096")).unwrap();
+        assert_eq!(c.limits.max_body, 4096);
+        for bad in ["max_body: -5", "max_body: 10MB", "max_body: 1.5", "max_body: [1]"] {
+            let e = err(&FULL.replace("max_body: 10MiB", bad));
+            assert!(e.contains("max_body") && e.contains("byte size"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        for (from, to, field) in [
+            // limits
+            ("max_body: 10MiB", "max_body: 0", "limits.max_body"),
+            ("max_body: 10MiB", "max_body: 2GiB", "limits.max_body"),
+            ("max_header_bytes: 64KiB", "max_header_bytes: 4KiB", "limits.max_header_bytes"),
+            ("max_header_bytes: 64KiB", "max_header_bytes: 2MiB", "limits.max_header_bytes"),
+            ("header_timeout: 10s", "header_timeout: 0s", "limits.header_timeout"),
+            ("header_timeout: 10s", "header_timeout: 6m", "limits.header_timeout"),
+            ("header_timeout: 10s", "header_timeout: soon", "header_timeout"),
+            // addresses
+            ("metrics_listen: 127.0.0.1:9464", "metrics_listen: 127.0.0.1:8080", "metrics_listen"),
+            ("listen: 127.0.0.1:8080", "listen: localhost", "listen"),
+            ("state_dir: ./data/sidecar", "state_dir: ''", "state_dir"),
+            // upstreams
+            ("upstream: http://127.0.0.1:9000", "upstream: 127.0.0.1:9000", "upstream"),
+            ("upstream: http://127.0.0.1:9000", "upstream: ftp://127.0.0.1:9000", "upstream"),
+            ("upstream: http://127.0.0.1:9000", "upstream: http://127.0.0.1:9000/api", "upstream"),
+            ("upstream: http://127.0.0.1:9001", "upstream: http://127.0.0.1:9001?x=1", "routes[0].upstream"),
+            ("upstream: http://127.0.0.1:9001", "upstream: http://u:p@127.0.0.1:9001", "routes[0].upstream"),
+            // lock service
+            ("http://127.0.0.1:7403]", "https://127.0.0.1:7403]", "lock_service.endpoints[2]"),
+            ("http://127.0.0.1:7403]", "http://127.0.0.1:7401]", "lock_service.endpoints[2]"),
+            ("[http://127.0.0.1:7401, http://127.0.0.1:7402, http://127.0.0.1:7403]", "[]", "lock_service.endpoints"),
+            // routes
+            ("  - name: rack-writes", "  - name: ''", "routes[0].name"),
+            ("  - name: rack-writes", "  - name: rack writes", "routes[0].name"),
+            ("  - name: rack-writes", "  - name: rack/writes", "routes[0].name"),
+            ("  - name: everything-else", "  - name: rack-writes", "routes[1].name"),
+            ("methods: [PUT, POST, PATCH, DELETE]", "methods: [PUT, put]", "routes[0].methods"),
+            ("methods: [PUT, POST, PATCH, DELETE]", "methods: [PUT, POST, PUT]", "routes[0].methods"),
+            ("methods: [PUT, POST, PATCH, DELETE]", "methods: ['GET /']", "routes[0].methods"),
+            ("methods: [PUT, POST, PATCH, DELETE]", "methods: []", "routes[0].methods"),
+            ("    lock_key: rack/{rack}\n", "", "routes[0].lock_key"),
+            ("    fence: off", "    fence: off\n    lock_key: all", "routes[1].lock_key"),
+            ("lock_key: rack/{rack}", "lock_key: rack/{id}", "routes[0].lock_key"),
+            ("lock_key: rack/{rack}", "lock_key: rack//{rack}", "routes[0].lock_key"),
+            ("lock_key: rack/{rack}", "lock_key: rack/{rack", "routes[0].lock_key"),
+            ("path: /racks/{rack}", "path: racks/{rack}", "routes[0].path"),
+            ("path: /racks/{rack}", "path: /racks/{rack}/", "routes[0].path"),
+            ("path: /racks/{rack}", "path: /racks/{rack}.json", "routes[0].path"),
+            ("path: /racks/{rack}", "path: /racks/{*rack}/x", "routes[0].path"),
+            ("path: /racks/{rack}", "path: /racks/{rack}/{rack}", "routes[0].path"),
+            ("path: /racks/{rack}", "path: /racks/../{rack}", "routes[0].path"),
+            ("path: /{*rest}", "path: /{1st}", "routes[1].path"),
+            ("timeout: 30s", "timeout: 0s", "routes[0].timeout"),
+            ("timeout: 30s", "timeout: 2h", "routes[0].timeout"),
+            (
+                "mode: strict, consistency: cached",
+                "mode: observed, consistency: linearizable",
+                "routes[0].fence.consistency",
+            ),
+        ] {
+            assert!(FULL.contains(from), "{from}");
+            let e = err(&FULL.replacen(from, to, 1));
+            assert!(e.contains(field), "{from} -> {to}: {e}");
+        }
+        let before_routes = FULL.split("routes:").next().unwrap();
+        let e = err(before_routes);
+        assert!(e.contains("missing field `routes`"), "{e}");
+        let e = err(&format!("{before_routes}routes: []\n"));
+        assert!(e.contains("`routes`"), "{e}");
+        let ten = (1..=10).map(|i| format!("http://127.0.0.1:{}", 7400 + i)).collect::<Vec<_>>().join(", ");
+        let e = err(&MINIMAL.replace("[http://127.0.0.1:7401]", &format!("[{ten}]")));
+        assert!(e.contains("lock_service.endpoints"), "{e}");
+    }
+
+    #[test]
+    fn lock_service_is_needed_only_by_strict_and_monotonic_routes() {
+        let without = MINIMAL.replace("lock_service: { endpoints: [http://127.0.0.1:7401] }\n", "");
+        let e = err(&without);
+        assert!(e.contains("`lock_service`") && e.contains("\"racks\""), "{e}");
+        let e = err(&without.replace("lock_key", "fence: { mode: monotonic }\n    lock_key"));
+        assert!(e.contains("`lock_service`"), "{e}");
+        let observed = without.replace("lock_key", "fence: { mode: observed }\n    lock_key");
+        assert!(SidecarConfig::from_yaml(&observed).unwrap().lock_service.is_none());
+        let off = without.replace("lock_key: rack/{rack}", "fence: off");
+        assert!(SidecarConfig::from_yaml(&off).is_ok());
+        // Present but unused is still checked.
+        let e = err(&MINIMAL.replace("lock_key: rack/{rack}", "fence: off").replace("[http://127.0.0.1:7401]", "[x]"));
+        assert!(e.contains("lock_service.endpoints[0]"), "{e}");
+    }
+
+    #[test]
+    fn listen_ports_may_both_be_os_assigned() {
+        let yaml = FULL.replace("127.0.0.1:8080", "127.0.0.1:0").replace("127.0.0.1:9464", "127.0.0.1:0");
+        assert!(SidecarConfig::from_yaml(&yaml).is_ok());
+    }
+
+    #[test]
+    fn upstream_urls() {
+        for ok in [
+            "http://127.0.0.1:9000",
+            "https://inventory.internal",
+            "https://inventory.internal:8443/",
+            "http://[::1]:9000",
+            "http://inventory",
+        ] {
+            assert!(check_upstream_url("u", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "inventory:9000",
+            "/api",
+            "ftp://inventory",
+            "http://",
+            "http://inventory/api",
+            "http://inventory?x=1",
+            "http://user:secret@inventory",
+            "http://inventory:99999",
+            "http://inventory:",
+            "http://[::1]:x",
+        ] {
+            let Err(e) = check_upstream_url("routes[3].upstream", bad) else { panic!("{bad:?} accepted") };
+            let e = e.to_string();
+            assert!(e.contains("routes[3].upstream"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn load_reads_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sidecar.yaml");
+        std::fs::write(&path, FULL).unwrap();
+        assert_eq!(SidecarConfig::load(&path).unwrap().routes.len(), 2);
+        let e = SidecarConfig::load(&dir.path().join("missing.yaml")).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }), "{e}");
+    }
+}

@@ -1,0 +1,223 @@
+//! The fence decision: a pure function of the presented token, the route's
+//! mode and what the sidecar knows about the key. No clock, no IO; the caller
+//! (`sidecar::check`) fetches knowledge and asks again when told to.
+
+use hyper::header::HeaderMap;
+use serde::Serialize;
+
+use crate::config::sidecar::FenceMode;
+use crate::lock::state::Token;
+
+/// The header that carries the fencing token.
+pub const TOKEN_HEADER: &str = "x-fence-token";
+
+/// Why a request was refused; the `error` of the JSON answer and the
+/// `reason` label of `fencegate_sidecar_rejections_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    StaleToken,
+    LeaseExpired,
+    UnknownToken,
+    MissingToken,
+    MalformedToken,
+    LockServiceUnavailable,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::StaleToken => "stale_token",
+            Reason::LeaseExpired => "lease_expired",
+            Reason::UnknownToken => "unknown_token",
+            Reason::MissingToken => "missing_token",
+            Reason::MalformedToken => "malformed_token",
+            Reason::LockServiceUnavailable => "lock_service_unavailable",
+        }
+    }
+}
+
+/// S6: exactly one `X-Fence-Token` header whose value is a plain decimal u64
+/// (ASCII digits only: no sign, no spaces, no comma lists, no overflow).
+/// `Ok(None)` when there is none.
+pub fn parse_token(headers: &HeaderMap) -> Result<Option<Token>, Reason> {
+    let mut values = headers.get_all(TOKEN_HEADER).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err(Reason::MalformedToken);
+    }
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > 20 || !bytes.iter().all(u8::is_ascii_digit) {
+        return Err(Reason::MalformedToken);
+    }
+    std::str::from_utf8(bytes).ok().and_then(|s| s.parse().ok()).map(Some).ok_or(Reason::MalformedToken)
+}
+
+/// What the sidecar knows about one key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Knowledge {
+    /// The latest grant of this key the sidecar has learnt of (0: none), from
+    /// the watch stream or a linearizable read.
+    pub latest: Token,
+    /// Whether the lease of `latest` is known to be live. `false` once a
+    /// release or expiry of it was seen.
+    pub live: bool,
+    /// Whether `latest`/`live` came from the lock service at all since start
+    /// (after a restart with the service down, only the floor is known).
+    pub known: bool,
+    /// The highest token this sidecar has forwarded for the key (persisted).
+    pub floor: Token,
+}
+
+/// The verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Forward,
+    Reject {
+        reason: Reason,
+        current: Token,
+    },
+    /// The knowledge cannot decide: read the key from the lock service
+    /// (linearizably) and decide again with `fresh = true`.
+    AskService,
+}
+
+/// Decide for `token` presented on a fenced route in `mode`.
+///
+/// `fresh` says `k` was just read from the lock service after the request
+/// arrived (a linearizable read), so a token above `k.latest` was never
+/// granted for this key (S3).
+pub fn decide(mode: FenceMode, token: Token, k: &Knowledge, fresh: bool) -> Verdict {
+    let reject = |reason, current| Verdict::Reject { reason, current };
+    // S2: never below what this sidecar already let through.
+    if token < k.floor {
+        return reject(Reason::StaleToken, k.floor.max(k.latest));
+    }
+    if mode == FenceMode::Observed {
+        // Kleppmann's storage check: the token only has to keep up with the
+        // highest one accepted so far (the floor).
+        return Verdict::Forward;
+    }
+    if token == 0 {
+        // The lock service's first token is 1.
+        return reject(Reason::UnknownToken, k.latest);
+    }
+    if token < k.latest {
+        return reject(Reason::StaleToken, k.latest);
+    }
+    if token == k.latest && k.known {
+        if k.live || mode == FenceMode::Monotonic {
+            return Verdict::Forward;
+        }
+        // S4: strict refuses a lease known to have ended.
+        return reject(Reason::LeaseExpired, k.latest);
+    }
+    if token == k.floor && token > 0 && mode == FenceMode::Monotonic {
+        // Verified before (it is the floor) and nothing newer is known.
+        return Verdict::Forward;
+    }
+    if fresh {
+        // The service says the latest grant is below `token`: never granted.
+        return reject(Reason::UnknownToken, k.latest);
+    }
+    Verdict::AskService
+}
+
+#[cfg(test)]
+mod tests {
+    use hyper::header::HeaderValue;
+
+    use super::*;
+    use FenceMode::*;
+
+    fn headers(values: &[&[u8]]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(TOKEN_HEADER, HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn token_header_parsing_is_strict() {
+        assert_eq!(parse_token(&headers(&[])), Ok(None));
+        assert_eq!(parse_token(&headers(&[b"34"])), Ok(Some(34)));
+        assert_eq!(parse_token(&headers(&[b"18446744073709551615"])), Ok(Some(u64::MAX)));
+        for bad in [
+            &b""[..],
+            b"abc",
+            b"-1",
+            b"+1",
+            b" 34",
+            b"34 ",
+            b"3 4",
+            b"34,35",
+            b"0x22",
+            b"3.4",
+            b"18446744073709551616",
+            b"99999999999999999999",
+            b"000000000000000000001",
+        ] {
+            assert_eq!(
+                parse_token(&headers(&[bad])),
+                Err(Reason::MalformedToken),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(parse_token(&headers(&[b"34", b"34"])), Err(Reason::MalformedToken), "duplicated header");
+    }
+
+    fn k(latest: Token, live: bool, floor: Token) -> Knowledge {
+        Knowledge { latest, live, known: true, floor }
+    }
+
+    #[test]
+    fn the_walkthrough() {
+        // B holds 34, A (33) wakes up: refused in both lock-service modes.
+        for mode in [Strict, Monotonic] {
+            assert_eq!(decide(mode, 34, &k(34, true, 0), false), Verdict::Forward);
+            let v = decide(mode, 33, &k(34, true, 34), false);
+            assert_eq!(v, Verdict::Reject { reason: Reason::StaleToken, current: 34 });
+        }
+    }
+
+    #[test]
+    fn strict_refuses_an_ended_lease_before_anyone_else_acquires() {
+        assert_eq!(
+            decide(Strict, 33, &k(33, false, 33), false),
+            Verdict::Reject { reason: Reason::LeaseExpired, current: 33 }
+        );
+        assert_eq!(decide(Monotonic, 33, &k(33, false, 33), false), Verdict::Forward);
+    }
+
+    #[test]
+    fn unknown_high_tokens_are_checked_with_the_service() {
+        assert_eq!(decide(Strict, 99, &k(34, true, 34), false), Verdict::AskService);
+        assert_eq!(
+            decide(Strict, 99, &k(34, true, 34), true),
+            Verdict::Reject { reason: Reason::UnknownToken, current: 34 }
+        );
+        // Nothing known yet (sidecar just started): ask.
+        assert_eq!(decide(Strict, 5, &Knowledge::default(), false), Verdict::AskService);
+        let never = Knowledge { known: true, ..Default::default() };
+        assert_eq!(decide(Strict, 0, &never, true), Verdict::Reject { reason: Reason::UnknownToken, current: 0 });
+    }
+
+    #[test]
+    fn the_persisted_floor_holds_without_the_service() {
+        let restarted = Knowledge { latest: 0, live: false, known: false, floor: 40 };
+        assert_eq!(decide(Strict, 39, &restarted, false), Verdict::Reject { reason: Reason::StaleToken, current: 40 });
+        assert_eq!(decide(Strict, 40, &restarted, false), Verdict::AskService, "strict must know the lease is live");
+        assert_eq!(decide(Monotonic, 40, &restarted, false), Verdict::Forward);
+        assert_eq!(decide(Monotonic, 41, &restarted, false), Verdict::AskService);
+    }
+
+    #[test]
+    fn observed_mode_keeps_a_high_water_mark() {
+        let k = Knowledge { floor: 7, ..Default::default() };
+        assert_eq!(decide(Observed, 6, &k, false), Verdict::Reject { reason: Reason::StaleToken, current: 7 });
+        assert_eq!(decide(Observed, 7, &k, false), Verdict::Forward);
+        assert_eq!(decide(Observed, 1000, &k, false), Verdict::Forward);
+    }
+}

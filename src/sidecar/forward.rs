@@ -1,0 +1,157 @@
+//! Forwarding to the upstream: a reverse proxy a proxy engineer would sign off.
+//!
+//! - request and response bodies stream both ways (never buffered);
+//! - one pooled keep-alive client per sidecar (HTTP/1.1 upstream);
+//! - hop-by-hop headers (RFC 9110 §7.6.1, plus any named in `Connection`) are
+//!   dropped both ways; `X-Forwarded-For` and `Forwarded` are appended; `Host`
+//!   is passed on as the client sent it; `X-Fence-Token` is passed on;
+//! - the route's timeout bounds the wait for the upstream's response head
+//!   (504), a failed connection or exchange is a 502.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::{HeaderName, HeaderValue, CONNECTION, HOST};
+use hyper::{HeaderMap, Request, Response, Uri};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+
+use super::answer::Answer;
+use crate::http::{Body, BoxError};
+
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+];
+
+pub struct Upstream {
+    client: Client<HttpConnector, Body>,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(connector);
+        Self { client }
+    }
+}
+
+/// Drop hop-by-hop headers, including those the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+impl Upstream {
+    /// Send `req` (its body streaming, bounded by the caller) to `base`.
+    pub async fn forward(
+        &self,
+        base: &Uri,
+        req: Request<Body>,
+        client: SocketAddr,
+        tls: bool,
+        timeout: Duration,
+    ) -> Result<Response<Body>, Answer> {
+        let (mut parts, body) = req.into_parts();
+        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
+        let host = parts
+            .headers
+            .get(HOST)
+            .cloned()
+            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(h) = &host {
+            parts.headers.insert(HOST, h.clone());
+        }
+        let ip = client.ip();
+        let xff = match parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(prev) => format!("{prev}, {ip}"),
+            None => ip.to_string(),
+        };
+        let for_ = if ip.is_ipv6() { format!("\"[{ip}]\"") } else { ip.to_string() };
+        let mut fwd = format!("for={for_};proto={}", if tls { "https" } else { "http" });
+        if let Some(h) = host.as_ref().and_then(|h| h.to_str().ok()) {
+            fwd.push_str(&format!(";host=\"{h}\""));
+        }
+        let fwd = match parts.headers.get("forwarded").and_then(|v| v.to_str().ok()) {
+            Some(prev) => format!("{prev}, {fwd}"),
+            None => fwd,
+        };
+        for (name, value) in [("x-forwarded-for", xff), ("forwarded", fwd)] {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                parts.headers.insert(name, v);
+            }
+        }
+        let mut uri = base.clone().into_parts();
+        uri.path_and_query = Some(path.parse().map_err(|_| Answer::Internal("unparsable path".into()))?);
+        parts.uri = Uri::from_parts(uri).map_err(|e| Answer::Internal(e.to_string()))?;
+        parts.version = hyper::Version::HTTP_11;
+
+        let resp: Response<Incoming> =
+            match tokio::time::timeout(timeout, self.client.request(Request::from_parts(parts, body))).await {
+                Err(_) => return Err(Answer::UpstreamTimeout),
+                Ok(Err(e)) => return Err(Answer::UpstreamFailed(upstream_error(&e))),
+                Ok(Ok(r)) => r,
+            };
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(parts, body.map_err(|e| -> BoxError { e.into() }).boxed()))
+    }
+}
+
+fn upstream_error(e: &hyper_util::client::legacy::Error) -> String {
+    use std::error::Error;
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_including_those_named_in_connection() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret-hop", "1"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("upgrade", "h2c"),
+            ("x-fence-token", "34"),
+            ("content-type", "application/json"),
+        ] {
+            h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["x-fence-token", "content-type"]);
+    }
+}

@@ -1,0 +1,207 @@
+//! What the sidecar knows about keys from the lock service: the latest grant
+//! of each key and whether its lease is live.
+//!
+//! Kept fresh by one watch stream over all keys (resumed by revision after a
+//! reconnect, resynced from the state lines when it cannot resume), and by
+//! linearizable reads when a check needs one (a token above anything known,
+//! or a `linearizable` route). Concurrent reads of one key are coalesced; a
+//! request only joins a read that started after it arrived, so the answer
+//! reflects every grant that completed before the request (S3, S5).
+//!
+//! Knowledge only moves forward: the latest token never decreases, and once
+//! the lease of the latest token is known to have ended, it stays ended.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::fence::Knowledge;
+use crate::client::{Client, ClientError};
+use crate::http::{HttpClient, LineReader};
+use crate::lock::state::Token;
+use crate::metrics::SidecarMetrics;
+
+/// A watch stream silent for this long is considered dead (the lock service
+/// sends a heartbeat every 5 s).
+const STREAM_SILENCE: Duration = Duration::from_secs(12);
+const MAX_LINE: usize = 64 << 10;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct KeyState {
+    latest: Token,
+    live: bool,
+}
+
+impl KeyState {
+    fn merge(&mut self, token: Token, held: bool) {
+        if token > self.latest {
+            self.latest = token;
+            self.live = held;
+        } else if token == self.latest {
+            self.live &= held;
+        }
+    }
+}
+
+type ReadResult = Result<(), String>;
+
+/// A read in flight: when it started, and its result once done.
+struct InflightRead {
+    started: Instant,
+    done: watch::Receiver<Option<ReadResult>>,
+}
+
+pub struct LockView {
+    keys: DashMap<String, KeyState>,
+    client: Client,
+    up: AtomicBool,
+    metrics: SidecarMetrics,
+    reads: Mutex<HashMap<String, InflightRead>>,
+}
+
+#[derive(Deserialize)]
+struct Line {
+    event: String,
+    key: Option<String>,
+    token: Option<Token>,
+    held: Option<bool>,
+    rev: Option<u64>,
+}
+
+impl LockView {
+    /// Start watching the lock service behind `client`, whose endpoints are
+    /// also used for the stream.
+    pub fn start(client: Client, endpoints: Vec<String>, metrics: SidecarMetrics) -> Arc<Self> {
+        let view = Arc::new(Self {
+            keys: DashMap::new(),
+            client,
+            up: AtomicBool::new(false),
+            metrics,
+            reads: Mutex::new(HashMap::new()),
+        });
+        tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints));
+        view
+    }
+
+    /// What is known of `key`, with `floor` filled in by the caller.
+    pub fn get(&self, key: &str) -> Knowledge {
+        match self.keys.get(key) {
+            Some(k) => Knowledge { latest: k.latest, live: k.live, known: true, floor: 0 },
+            None => Knowledge::default(),
+        }
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+        self.metrics.lock_service_up.set(up as i64);
+    }
+
+    fn learn(&self, key: &str, token: Token, held: bool) {
+        self.keys.entry(key.to_string()).or_default().merge(token, held);
+    }
+
+    /// Read `key` linearizably with a read that started no earlier than
+    /// `arrived`, sharing one with concurrent callers when possible.
+    pub async fn read(self: &Arc<Self>, key: &str, arrived: Instant) -> Result<(), String> {
+        let mut rx = {
+            let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+            match reads.get(key) {
+                Some(r) if r.started >= arrived => r.done.clone(),
+                _ => {
+                    let (tx, rx) = watch::channel(None);
+                    reads.insert(key.to_string(), InflightRead { started: Instant::now(), done: rx.clone() });
+                    let (client, key) = (self.client.clone(), key.to_string());
+                    let result = async move {
+                        match client.read(&key).await {
+                            Ok(info) => Ok((key, info)),
+                            Err(e) => Err((key, e)),
+                        }
+                    };
+                    // Finish the read even if this caller goes away, so the
+                    // callers that joined it get their answer.
+                    let view = Arc::downgrade(self);
+                    tokio::spawn(async move {
+                        let (key, outcome) = match result.await {
+                            Ok((key, info)) => {
+                                if let Some(v) = view.upgrade() {
+                                    v.learn(&key, info.token, info.held);
+                                }
+                                (key, Ok(()))
+                            }
+                            Err((key, e)) => (key, Err(describe(&e))),
+                        };
+                        if let Some(v) = view.upgrade() {
+                            v.reads.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                        }
+                        tx.send_replace(Some(outcome));
+                    });
+                    rx
+                }
+            }
+        };
+        let done = rx.wait_for(Option::is_some).await.map_err(|_| "read abandoned".to_string())?;
+        done.clone().expect("waited for Some")
+    }
+}
+
+fn describe(e: &ClientError) -> String {
+    e.to_string()
+}
+
+/// Keep one watch stream open, rotating through the endpoints, until the view
+/// is dropped.
+async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>) {
+    let http = HttpClient::new(MAX_LINE);
+    let mut after: Option<u64> = None;
+    for endpoint in endpoints.iter().cycle() {
+        let Some(v) = view.upgrade() else { return };
+        match follow(&v, &http, endpoint, &mut after).await {
+            Ok(()) => tracing::info!(%endpoint, "watch stream ended; reconnecting"),
+            Err(e) => tracing::warn!(%endpoint, "watch stream: {e}"),
+        }
+        v.set_up(false);
+        drop(v);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Follow one stream from `endpoint`, resuming after revision `after`.
+async fn follow(view: &LockView, http: &HttpClient, endpoint: &str, after: &mut Option<u64>) -> Result<(), String> {
+    let url = match after {
+        Some(rev) => format!("{endpoint}/v1/watch?prefix=&after={rev}"),
+        None => format!("{endpoint}/v1/watch?prefix="),
+    };
+    let resp = http.open(&url, Duration::from_secs(3)).await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("{url} answered {}", resp.status()));
+    }
+    let mut lines = LineReader::new(resp.into_body());
+    loop {
+        let line = tokio::time::timeout(STREAM_SILENCE, lines.next_line(MAX_LINE))
+            .await
+            .map_err(|_| format!("no line for {STREAM_SILENCE:?}"))?
+            .map_err(|e| e.to_string())?;
+        let Some(line) = line else { return Ok(()) };
+        let l: Line = serde_json::from_slice(&line).map_err(|e| format!("bad watch line: {e}"))?;
+        match (l.event.as_str(), l.key, l.token) {
+            ("state", Some(key), Some(token)) => view.learn(&key, token, l.held.unwrap_or(false)),
+            ("granted", Some(key), Some(token)) => view.learn(&key, token, true),
+            ("released" | "expired", Some(key), Some(token)) => view.learn(&key, token, false),
+            _ => {} // heartbeat, resync, and lines from newer servers
+        }
+        if l.rev.is_some() {
+            *after = l.rev;
+        }
+        view.set_up(true);
+    }
+}

@@ -1,0 +1,112 @@
+//! S1, the per-key ordering barrier: the upstream receives fenced requests for
+//! a key in non-decreasing token order. A request with token T is dispatched
+//! only once no request with a lower token is in flight for that key; those
+//! end when the upstream answers or the route's upstream timeout fires (the
+//! one residual window, see ARCHITECTURE.md).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::lock::state::Token;
+
+#[derive(Default)]
+pub struct Order {
+    keys: Mutex<HashMap<String, Gate>>,
+}
+
+#[derive(Default)]
+struct Gate {
+    /// In-flight requests per token.
+    inflight: BTreeMap<Token, usize>,
+    changed: Arc<Notify>,
+}
+
+/// A request in flight; dropping it lets higher tokens go.
+pub struct Permit<'a> {
+    order: &'a Order,
+    key: String,
+    token: Token,
+}
+
+impl Order {
+    /// Wait until no lower token is in flight for `key`, then register
+    /// `token`. `Err(higher)` if a higher token is already in flight: this
+    /// request is stale and must not be dispatched after it.
+    pub async fn enter(&self, key: &str, token: Token) -> Result<Permit<'_>, Token> {
+        loop {
+            let notified = {
+                let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+                let gate = keys.entry(key.to_string()).or_default();
+                if let Some((&highest, _)) = gate.inflight.last_key_value() {
+                    if highest > token {
+                        return Err(highest);
+                    }
+                }
+                if gate.inflight.range(..token).next().is_none() {
+                    *gate.inflight.entry(token).or_default() += 1;
+                    return Ok(Permit { order: self, key: key.to_string(), token });
+                }
+                let mut notified = Box::pin(gate.changed.clone().notified_owned());
+                notified.as_mut().enable();
+                notified
+            };
+            notified.await;
+        }
+    }
+
+    /// Keys with requests in flight (for tests and metrics).
+    pub fn busy_keys(&self) -> usize {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        let mut keys = self.order.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(gate) = keys.get_mut(&self.key) else { return };
+        if let Some(n) = gate.inflight.get_mut(&self.token) {
+            *n -= 1;
+            if *n == 0 {
+                gate.inflight.remove(&self.token);
+            }
+        }
+        gate.changed.notify_waiters();
+        if gate.inflight.is_empty() {
+            keys.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_higher_token_waits_for_lower_ones_in_flight() {
+        let order = Arc::new(Order::default());
+        let low = order.enter("k", 33).await.unwrap();
+        let same = order.enter("k", 33).await.unwrap(); // same token: concurrent is fine
+        let o = order.clone();
+        let high = tokio::spawn(async move { o.enter("k", 34).await.map(|_| ()) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!high.is_finished(), "34 must wait for 33");
+        drop(low);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!high.is_finished(), "one 33 is still in flight");
+        drop(same);
+        high.await.unwrap().unwrap();
+        assert_eq!(order.busy_keys(), 0, "gates are removed when idle");
+    }
+
+    #[tokio::test]
+    async fn a_lower_token_after_a_higher_one_is_refused() {
+        let order = Order::default();
+        let _high = order.enter("k", 34).await.unwrap();
+        assert_eq!(order.enter("k", 33).await.err(), Some(34));
+        assert!(order.enter("other", 1).await.is_ok(), "keys are independent");
+    }
+}

@@ -1,0 +1,780 @@
+//! The sidecar's route table: which route a request takes, and which lock key
+//! (if any) fences it. Pure: built from the config, queried per request.
+//!
+//! Only canonical request paths are matched; `canonical` says why.
+
+use std::time::Duration;
+
+use hyper::Method;
+use thiserror::Error;
+
+use crate::config::sidecar::{FenceConfig, MissingToken, RouteConfig};
+use crate::config::ConfigError;
+use crate::lock::validate;
+
+/// Routes in config order; the first one that matches a request wins.
+#[derive(Debug, Clone)]
+pub struct Routes {
+    routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    /// `None`: every method.
+    pub methods: Option<Vec<Method>>,
+    pub fence: FenceConfig,
+    pub missing_token: MissingToken,
+    /// `None`: the sidecar's default upstream.
+    pub upstream: Option<String>,
+    pub timeout: Duration,
+    path: PathTemplate,
+    /// `Some` exactly when the route is fenced.
+    lock_key: Option<KeyTemplate>,
+}
+
+/// A request's route, and the lock key fencing it (`None` on unfenced routes).
+#[derive(Debug, Clone)]
+pub struct Matched<'a> {
+    pub route: &'a Route,
+    pub key: Option<String>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum MatchError {
+    /// The path is not canonical; the message says where (escaped, shortened).
+    #[error("malformed request path {0}")]
+    MalformedPath(String),
+    #[error("route {route:?} maps this path to lock key {key:?}, which is not a valid key")]
+    InvalidKey { route: String, key: String },
+    #[error("no route matches this request")]
+    NoRoute,
+}
+
+impl Routes {
+    /// Parse every route's path and lock key templates and methods. Errors name
+    /// the field (`routes[2].lock_key`), so this runs as part of config validation.
+    pub fn build(routes: &[RouteConfig]) -> Result<Routes, ConfigError> {
+        let routes = routes.iter().enumerate().map(|(i, r)| Route::build(i, r)).collect::<Result<_, _>>()?;
+        Ok(Routes { routes })
+    }
+
+    /// The first route matching `method` and `path` (the URI's path as
+    /// received, still percent-encoded, without the query), with its lock key.
+    pub fn find(&self, method: &Method, path: &str) -> Result<Matched<'_>, MatchError> {
+        let body = canonical(path)?;
+        let segments = split(body);
+        for route in &self.routes {
+            if route.methods.as_ref().is_some_and(|m| !m.contains(method)) {
+                continue;
+            }
+            let Some(values) = route.path.matches(&segments, body) else { continue };
+            let Some(template) = &route.lock_key else { return Ok(Matched { route, key: None }) };
+            let key = template.render(&values);
+            // The request is this route's, whatever its key looks like: trying
+            // the next route instead could forward a fenced write through an
+            // unfenced catch-all. So an unusable key is an error, not a miss.
+            if validate::key(&key).is_err() {
+                let key = key.chars().take(validate::MAX_KEY_LEN).collect();
+                return Err(MatchError::InvalidKey { route: route.name.clone(), key });
+            }
+            return Ok(Matched { route, key: Some(key) });
+        }
+        Err(MatchError::NoRoute)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Route> {
+        self.routes.iter()
+    }
+}
+
+impl Route {
+    fn build(i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
+        let path = PathTemplate::parse(&r.path)
+            .map_err(|m| ConfigError::invalid(format!("routes[{i}].path"), format!("{:?} {m}", r.path)))?;
+        let methods = parse_methods(&format!("routes[{i}].methods"), r.methods.as_deref())?;
+        let key_field = format!("routes[{i}].lock_key");
+        let lock_key = match (&r.lock_key, r.fence.is_fenced()) {
+            (Some(k), true) => {
+                Some(KeyTemplate::parse(k, &path).map_err(|m| ConfigError::invalid(&key_field, format!("{k:?} {m}")))?)
+            }
+            (None, false) => None,
+            (None, true) => {
+                return Err(ConfigError::invalid(
+                    key_field,
+                    "is required on a fenced route (fencing is on unless the route says `fence: off`)",
+                ))
+            }
+            (Some(_), false) => {
+                return Err(ConfigError::invalid(key_field, "must not be set on a route with `fence: off`"))
+            }
+        };
+        Ok(Route {
+            name: r.name.clone(),
+            methods,
+            fence: r.fence,
+            missing_token: r.missing_token,
+            upstream: r.upstream.clone(),
+            timeout: r.timeout,
+            path,
+            lock_key,
+        })
+    }
+
+    /// The path template as configured, e.g. `/racks/{rack}`.
+    pub fn path(&self) -> &str {
+        &self.path.source
+    }
+
+    /// The lock key template as configured, e.g. `rack/{rack}`.
+    pub fn lock_key(&self) -> Option<&str> {
+        self.lock_key.as_ref().map(|k| k.source.as_str())
+    }
+}
+
+/// Methods are case-sensitive (RFC 9110): `put` would be a different, custom
+/// method, and in a config it is surely a typo that leaves PUT unfenced.
+fn parse_methods(field: &str, names: Option<&[String]>) -> Result<Option<Vec<Method>>, ConfigError> {
+    let Some(names) = names else { return Ok(None) };
+    if names.is_empty() {
+        return Err(ConfigError::invalid(field, "must not be empty (leave it out to match every method)"));
+    }
+    let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    let mut methods: Vec<Method> = Vec::with_capacity(names.len());
+    for name in names {
+        let method = Some(name)
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| is_tchar(b) && !b.is_ascii_lowercase()))
+            .and_then(|n| Method::from_bytes(n.as_bytes()).ok())
+            .ok_or_else(|| ConfigError::invalid(field, format!("{name:?} is not an upper-case HTTP method")))?;
+        if methods.contains(&method) {
+            return Err(ConfigError::invalid(field, format!("{name} is listed twice")));
+        }
+        methods.push(method);
+    }
+    Ok(Some(methods))
+}
+
+/// `/`-separated segments: literals, `{name}` (one segment) and a final
+/// `{*name}` (the rest of the path, zero or more segments).
+#[derive(Debug, Clone)]
+struct PathTemplate {
+    source: String,
+    segments: Vec<Segment>,
+    /// The parameters' names in order; a match yields one value for each.
+    params: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+enum Segment {
+    /// Percent-decoded, and compared with the request's decoded segment.
+    Literal(Vec<u8>),
+    Param,
+    Rest,
+}
+
+impl PathTemplate {
+    fn parse(source: &str) -> Result<Self, String> {
+        let Some(body) = source.strip_prefix('/') else { return Err("must start with /".into()) };
+        let mut template = PathTemplate { source: source.to_string(), segments: Vec::new(), params: Vec::new() };
+        if body.is_empty() {
+            return Ok(template);
+        }
+        let parts: Vec<&str> = body.split('/').collect();
+        for (i, &part) in parts.iter().enumerate() {
+            let last = i + 1 == parts.len();
+            if let Some(inner) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+                let (name, segment) = match inner.strip_prefix('*') {
+                    Some(name) if last => (name, Segment::Rest),
+                    Some(_) => {
+                        return Err(format!("{part} takes the rest of the path, so it must be the last segment"))
+                    }
+                    None => (inner, Segment::Param),
+                };
+                if !is_param_name(name) {
+                    return Err(format!("{part}: a parameter name is [A-Za-z_][A-Za-z0-9_]*"));
+                }
+                if template.params.iter().any(|p| p == name) {
+                    return Err(format!("names the parameter {{{name}}} twice"));
+                }
+                template.params.push(name.to_string());
+                template.segments.push(segment);
+            } else if part.contains(['{', '}']) {
+                return Err(format!("segment {part:?}: a parameter must be a whole segment, like /{{name}}"));
+            } else if part.is_empty() {
+                return Err(if last {
+                    "must not end with / (a request's trailing slash is ignored anyway)".into()
+                } else {
+                    "must not have an empty segment (//)".into()
+                });
+            } else {
+                // A literal no canonical request could spell would never match.
+                check_segment(part).map_err(|why| format!("segment {part:?} {why}"))?;
+                template.segments.push(Segment::Literal(decode(part)));
+            }
+        }
+        Ok(template)
+    }
+
+    /// The parameters' values if `segments` (of the canonical path `body`) match.
+    fn matches<'p>(&self, segments: &[(usize, &'p str)], body: &'p str) -> Option<Vec<&'p str>> {
+        let mut values = Vec::with_capacity(self.params.len());
+        let mut next = segments.iter();
+        for segment in &self.segments {
+            match segment {
+                Segment::Literal(literal) => {
+                    let (_, s) = next.next()?;
+                    if !literal_eq(s, literal) {
+                        return None;
+                    }
+                }
+                Segment::Param => values.push(next.next()?.1),
+                Segment::Rest => {
+                    // Slicing `body` keeps the separators: the remainder is
+                    // exactly what follows, trailing slash aside.
+                    values.push(next.next().map_or("", |&(at, _)| &body[at..]));
+                    return Some(values);
+                }
+            }
+        }
+        next.next().is_none().then_some(values)
+    }
+}
+
+fn is_param_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A lock key with `{param}` placeholders naming the path's parameters
+/// (`{rest}` for a path's `{*rest}`).
+#[derive(Debug, Clone)]
+struct KeyTemplate {
+    source: String,
+    parts: Vec<KeyPart>,
+}
+
+#[derive(Debug, Clone)]
+enum KeyPart {
+    Literal(String),
+    /// Index into the path template's parameters.
+    Param(usize),
+}
+
+impl KeyTemplate {
+    fn parse(source: &str, path: &PathTemplate) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut rest = source;
+        while let Some(open) = rest.find(['{', '}']) {
+            if rest.as_bytes()[open] == b'}' {
+                return Err("has a '}' without a '{'".into());
+            }
+            if open > 0 {
+                parts.push(KeyPart::Literal(rest[..open].to_string()));
+            }
+            let Some(len) = rest[open + 1..].find('}') else { return Err("has a '{' without a '}'".into()) };
+            let name = &rest[open + 1..open + 1 + len];
+            if let Some(bare) = name.strip_prefix('*') {
+                return Err(format!("must write {{{bare}}}, not {{{name}}}: only the path marks the rest with *"));
+            }
+            let Some(index) = path.params.iter().position(|p| p == name) else {
+                return Err(format!("uses {{{name}}}, which is not a parameter of the path {:?}", path.source));
+            };
+            parts.push(KeyPart::Param(index));
+            rest = &rest[open + 1 + len + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push(KeyPart::Literal(rest.to_string()));
+        }
+        let template = KeyTemplate { source: source.to_string(), parts };
+        // Catch literal mistakes (`rack//{rack}`, `rack {rack}`) now rather than
+        // as an InvalidKey on every request.
+        let sample = template.render(&vec!["x"; path.params.len()]);
+        validate::key(&sample).map_err(|e| format!("can never be a valid lock key: {e}"))?;
+        Ok(template)
+    }
+
+    fn render(&self, values: &[&str]) -> String {
+        self.parts
+            .iter()
+            .map(|part| match part {
+                KeyPart::Literal(s) => s.as_str(),
+                KeyPart::Param(i) => values[*i],
+            })
+            .collect()
+    }
+}
+
+/// Check that `path` is canonical and return it without its leading `/` and
+/// its one optional trailing `/`.
+///
+/// Why so strict: fenced and unfenced routes overlap (`/racks/{rack}` fenced,
+/// `/{*rest}` not). If `/racks/./42`, `//racks/42` or `/racks/%34%32` were let
+/// through, they would miss the fenced route, match the catch-all, and most
+/// upstreams would normalise or decode them back into `/racks/42`: a write to a
+/// fenced resource without a token check. Rather than normalise ourselves and
+/// hope to agree with every upstream's normaliser, we refuse every spelling that
+/// some upstream rewrites into another path (see `check_segment`). What is
+/// left decodes the same way everywhere, and literal segments are compared
+/// decoded, so `items%3Abatch` cannot dodge a route written `items:batch`.
+///
+/// Not covered: an upstream that ignores case (`/RACKS/42`) must be given
+/// routes that cover every case itself.
+fn canonical(path: &str) -> Result<&str, MatchError> {
+    let malformed = |why: &str| {
+        let shown: String = path.chars().take(128).collect();
+        MatchError::MalformedPath(format!("{shown:?}: {why}"))
+    };
+    let Some(body) = path.strip_prefix('/') else { return Err(malformed("must start with /")) };
+    // `//` would otherwise become `/` here.
+    if body.starts_with('/') {
+        return Err(malformed("empty segment"));
+    }
+    let body = body.strip_suffix('/').unwrap_or(body);
+    if body.is_empty() {
+        return Ok(body);
+    }
+    for segment in body.split('/') {
+        if segment.is_empty() {
+            return Err(malformed("empty segment"));
+        }
+        check_segment(segment).map_err(|why| malformed(&format!("segment {segment:?} {why}")))?;
+    }
+    // Overlong UTF-8 such as %C0%AE reads as '.' to lenient decoders.
+    if body.contains('%') && std::str::from_utf8(&decode(body)).is_err() {
+        return Err(malformed("percent-encodes bytes that are not UTF-8"));
+    }
+    Ok(body)
+}
+
+/// One path segment (request or template literal), or why it is refused.
+fn check_segment(segment: &str) -> Result<(), String> {
+    if segment == "." || segment == ".." {
+        return Err("is a dot segment".into());
+    }
+    let bytes = segment.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let Some(v) = hex_byte(bytes.get(i + 1..i + 3)) else {
+                    return Err("has an invalid percent escape".into());
+                };
+                let escape = &segment[i..i + 3];
+                // Unreserved characters mean the same encoded or not (RFC 3986),
+                // so upstreams decode them: %2E%2E is `..`, %34%32 is `42`.
+                if v.is_ascii_alphanumeric() || matches!(v, b'-' | b'.' | b'_' | b'~') {
+                    return Err(format!("percent-encodes an unreserved character ({escape})"));
+                }
+                // Some upstreams decode before splitting (%2F is `/`, %5C is `\`),
+                // or decode twice (%25 is `%`), or stop at NUL.
+                if matches!(v, b'/' | b'\\' | b'%') || v.is_ascii_control() {
+                    return Err(format!("percent-encodes a separator, '%' or a control character ({escape})"));
+                }
+                i += 3;
+            }
+            // Windows servers read `\` as `/`.
+            b'\\' => return Err("contains a backslash".into()),
+            // Servlet containers drop `;params` from segments: /racks;x/42 is /racks/42.
+            b';' => return Err("contains ';' (path parameters are not supported)".into()),
+            b if b <= b' ' || b >= 0x7f => return Err("contains a space, a control or a non-ASCII character".into()),
+            _ => i += 1,
+        }
+    }
+    Ok(())
+}
+
+/// The canonical path without its leading and trailing `/`, cut into segments
+/// with their offsets (so that `{*rest}` can slice the remainder).
+fn split(body: &str) -> Vec<(usize, &str)> {
+    if body.is_empty() {
+        return Vec::new();
+    }
+    let mut at = 0;
+    body.split('/')
+        .map(|s| {
+            let segment = (at, s);
+            at += s.len() + 1;
+            segment
+        })
+        .collect()
+}
+
+fn literal_eq(segment: &str, literal: &[u8]) -> bool {
+    if segment.contains('%') {
+        decode(segment) == literal
+    } else {
+        segment.as_bytes() == literal
+    }
+}
+
+/// Percent-decode; invalid escapes (already refused by `check_segment`) are kept as they are.
+fn decode(s: &str) -> Vec<u8> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match (bytes[i], hex_byte(bytes.get(i + 1..i + 3))) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn hex_byte(pair: Option<&[u8]>) -> Option<u8> {
+    let &[hi, lo] = pair? else { return None };
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    Some(digit(hi)? << 4 | digit(lo)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::sidecar::{Consistency, FenceMode};
+
+    fn routes(yaml: &str) -> Routes {
+        Routes::build(&serde_yaml_ng::from_str::<Vec<RouteConfig>>(yaml).unwrap()).unwrap()
+    }
+
+    fn build_err(yaml: &str) -> String {
+        Routes::build(&serde_yaml_ng::from_str::<Vec<RouteConfig>>(yaml).unwrap()).unwrap_err().to_string()
+    }
+
+    const TABLE: &str = "
+- name: rack-writes
+  methods: [PUT, POST, PATCH, DELETE]
+  path: /racks/{rack}
+  lock_key: rack/{rack}
+  fence: { mode: strict, consistency: linearizable }
+- name: slots
+  path: /racks/{rack}/slots/{slot}
+  lock_key: rack/{rack}/slot/{slot}
+  missing_token: allow
+  upstream: http://127.0.0.1:9001
+  timeout: 5s
+- name: files
+  methods: [PUT]
+  path: /files/{*file}
+  lock_key: files/{file}
+  fence: { mode: observed }
+- name: batch
+  methods: [POST]
+  path: /v1/items:batch
+  lock_key: items
+- name: root
+  path: /
+  fence: off
+- name: reads
+  methods: [GET, HEAD]
+  path: /{*rest}
+  fence: off
+";
+
+    /// The route name and key a request gets.
+    fn find(routes: &Routes, method: &str, path: &str) -> Result<(String, Option<String>), MatchError> {
+        let m = routes.find(&Method::from_bytes(method.as_bytes()).unwrap(), path)?;
+        Ok((m.route.name.clone(), m.key))
+    }
+
+    fn found(name: &str, key: Option<&str>) -> Result<(String, Option<String>), MatchError> {
+        Ok((name.to_string(), key.map(String::from)))
+    }
+
+    #[test]
+    fn builds_routes_from_the_config() {
+        let t = routes(TABLE);
+        let all: Vec<&Route> = t.iter().collect();
+        assert_eq!(all.len(), 6);
+        assert_eq!(all[0].name, "rack-writes");
+        assert_eq!(all[0].methods, Some(vec![Method::PUT, Method::POST, Method::PATCH, Method::DELETE]));
+        assert_eq!(all[0].fence, FenceConfig::On { mode: FenceMode::Strict, consistency: Consistency::Linearizable });
+        assert_eq!((all[0].path(), all[0].lock_key()), ("/racks/{rack}", Some("rack/{rack}")));
+        assert_eq!(all[1].methods, None);
+        assert_eq!(all[1].missing_token, MissingToken::Allow);
+        assert_eq!(all[1].upstream.as_deref(), Some("http://127.0.0.1:9001"));
+        assert_eq!(all[1].timeout, Duration::from_secs(5));
+        assert_eq!((all[5].path(), all[5].lock_key()), ("/{*rest}", None));
+        assert_eq!(all[5].fence, FenceConfig::Off);
+    }
+
+    #[test]
+    fn first_match_wins_and_methods_filter() {
+        let t = routes(TABLE);
+        assert_eq!(find(&t, "PUT", "/racks/42"), found("rack-writes", Some("rack/42")));
+        assert_eq!(find(&t, "DELETE", "/racks/42"), found("rack-writes", Some("rack/42")));
+        // GET is not one of rack-writes' methods; it falls to the catch-all.
+        assert_eq!(find(&t, "GET", "/racks/42"), found("reads", None));
+        // Methods are exact: no HEAD for GET, no custom lower-case "put" for PUT.
+        assert_eq!(find(&t, "HEAD", "/racks/42"), found("reads", None));
+        assert_eq!(find(&t, "put", "/racks/42"), Err(MatchError::NoRoute));
+        // `slots` has no methods: all of them.
+        for method in ["GET", "PUT", "PURGE"] {
+            assert_eq!(find(&t, method, "/racks/7/slots/3"), found("slots", Some("rack/7/slot/3")), "{method}");
+        }
+        // An earlier route shadows a later one that would also match.
+        let t = routes("[{ name: a, path: '/x/{id}', fence: off }, { name: b, path: /x/y, fence: off }]");
+        assert_eq!(find(&t, "GET", "/x/y"), found("a", None));
+    }
+
+    #[test]
+    fn params_catch_all_and_trailing_slash() {
+        let t = routes(TABLE);
+        assert_eq!(find(&t, "PUT", "/racks/rack-42"), found("rack-writes", Some("rack/rack-42")));
+        assert_eq!(find(&t, "PUT", "/racks/42/"), found("rack-writes", Some("rack/42")));
+        assert_eq!(find(&t, "PUT", "/racks/a.b_c:d~"), Err(invalid_key("rack-writes", "rack/a.b_c:d~")));
+        assert_eq!(find(&t, "PUT", "/racks/42/slots/7/"), found("slots", Some("rack/42/slot/7")));
+        // A parameter is exactly one segment.
+        assert_eq!(find(&t, "PUT", "/racks/42/x"), Err(MatchError::NoRoute));
+        assert_eq!(find(&t, "PUT", "/racks"), Err(MatchError::NoRoute));
+        assert_eq!(find(&t, "GET", "/racks"), found("reads", None));
+        // The catch-all takes the remainder with its slashes, but not a trailing one.
+        assert_eq!(find(&t, "PUT", "/files/a"), found("files", Some("files/a")));
+        assert_eq!(find(&t, "PUT", "/files/a/b.txt"), found("files", Some("files/a/b.txt")));
+        assert_eq!(find(&t, "PUT", "/files/a/b/"), found("files", Some("files/a/b")));
+        // ... and it may be empty, which here makes an invalid key (`files/`).
+        assert_eq!(find(&t, "PUT", "/files"), Err(invalid_key("files", "files/")));
+        assert_eq!(find(&t, "PUT", "/files/"), Err(invalid_key("files", "files/")));
+        // `/` is its own route; the catch-all also matches it with an empty rest.
+        assert_eq!(find(&t, "DELETE", "/"), found("root", None));
+        let t = routes("[{ name: all, path: '/{*rest}', lock_key: 'all/{rest}', fence: { mode: observed } }]");
+        assert_eq!(find(&t, "PUT", "/"), Err(invalid_key("all", "all/")));
+        assert_eq!(find(&t, "PUT", "/a/b"), found("all", Some("all/a/b")));
+    }
+
+    #[test]
+    fn lock_keys_are_substituted() {
+        let t = routes(
+            "
+- name: mixed
+  path: /dc/{dc}/racks/{rack}/{*rest}
+  lock_key: '{rack}-in-{dc}:{rest}/x'
+",
+        );
+        assert_eq!(find(&t, "PUT", "/dc/ams1/racks/42/a/b"), found("mixed", Some("42-in-ams1:a/b/x")));
+        // A parameter that is not in the key does not matter to the key.
+        let t = routes("[{ name: r, path: '/racks/{rack}/items/{item}', lock_key: 'rack/{rack}' }]");
+        assert_eq!(find(&t, "PUT", "/racks/1/items/9"), found("r", Some("rack/1")));
+    }
+
+    fn invalid_key(route: &str, key: &str) -> MatchError {
+        MatchError::InvalidKey { route: route.into(), key: key.into() }
+    }
+
+    #[test]
+    fn an_invalid_key_does_not_fall_through() {
+        let t = routes(TABLE);
+        // `reads` would match a GET, and an unfenced catch-all would match a
+        // PUT; an encoded space is canonical but not a key character.
+        let unfenced = routes(&format!("{TABLE}\n- {{ name: writes, path: '/{{*rest}}', fence: off }}\n"));
+        assert_eq!(find(&unfenced, "PUT", "/elsewhere/a%20b"), found("writes", None));
+        assert_eq!(find(&unfenced, "PUT", "/racks/a%20b"), Err(invalid_key("rack-writes", "rack/a%20b")));
+        assert_eq!(find(&t, "GET", "/racks/a%20b"), found("reads", None));
+        // `%3A` is `:`, but the key is made of the text as sent: refused, not decoded.
+        assert_eq!(find(&unfenced, "PUT", "/racks/a%3Ab"), Err(invalid_key("rack-writes", "rack/a%3Ab")));
+        let long = format!("/racks/{}", "x".repeat(300));
+        let Err(MatchError::InvalidKey { key, .. }) = t.find(&Method::PUT, &long) else { panic!("long key accepted") };
+        assert_eq!(key.len(), validate::MAX_KEY_LEN);
+        let e = t.find(&Method::PUT, "/racks/a!b").unwrap_err().to_string();
+        assert!(e.contains("rack-writes") && e.contains("rack/a!b"), "{e}");
+    }
+
+    #[test]
+    fn no_route() {
+        let t = routes(TABLE);
+        assert_eq!(find(&t, "POST", "/elsewhere"), Err(MatchError::NoRoute));
+        assert_eq!(find(&t, "PATCH", "/racks/1/slots"), Err(MatchError::NoRoute));
+        let t = routes("[{ name: a, methods: [GET], path: /a, fence: off }]");
+        assert_eq!(find(&t, "GET", "/a"), found("a", None));
+        assert_eq!(find(&t, "GET", "/a/"), found("a", None));
+        assert_eq!(find(&t, "GET", "/b"), Err(MatchError::NoRoute));
+        assert_eq!(find(&t, "GET", "/a/b"), Err(MatchError::NoRoute));
+        assert_eq!(find(&t, "GET", "/"), Err(MatchError::NoRoute));
+    }
+
+    #[test]
+    fn malformed_paths_are_refused_before_matching() {
+        let t = routes(TABLE);
+        for path in [
+            "",
+            "racks/42",
+            "*",
+            "//",
+            "//racks/42",
+            "/racks//42",
+            "/racks/42//",
+            "/./racks/42",
+            "/racks/./42",
+            "/racks/42/.",
+            "/racks/../racks/42",
+            "/racks/42/..",
+            "/racks/%2e%2e/x",
+            "/racks/%2E/42",
+            "/racks/4%2F2",
+            "/racks/4%2f2",
+            "/racks%2F42",
+            "/racks/4%5C2",
+            "/racks/%34%32",
+            "/r%61cks/42",
+            "/racks/%7E",
+            "/racks/%2D",
+            "/racks/%5F",
+            "/racks/42%",
+            "/racks/42%2",
+            "/racks/%zz",
+            "/racks/%%32",
+            "/racks/4%252",
+            "/racks/4%00",
+            "/racks/42%0A",
+            "/racks/4%7F",
+            "/racks/4\\2",
+            "/racks\\42",
+            "/racks;x/42",
+            "/racks/42;jsessionid=1",
+            "/racks/4\n2",
+            "/racks/4\t2",
+            "/racks/4\u{0}2",
+            "/racks/4 2",
+            "/racks/4\u{7f}2",
+            "/racks/ä",
+            "/racks/%C0%AE%C0%AE",
+            "/racks/%FF",
+            "/racks/%C3",
+        ] {
+            for method in ["PUT", "GET"] {
+                let got = find(&t, method, path);
+                assert!(matches!(got, Err(MatchError::MalformedPath(_))), "{method} {path:?} -> {got:?}");
+            }
+        }
+        let e = t.find(&Method::GET, "/racks/%2e%2e/x").unwrap_err().to_string();
+        assert!(e.contains("%2e") && e.contains("unreserved"), "{e}");
+        let e = t.find(&Method::GET, "/a\n").unwrap_err().to_string();
+        assert!(e.contains("\\n") && !e.contains('\n'), "control characters are escaped: {e}");
+    }
+
+    #[test]
+    fn encoded_characters_that_are_not_unreserved_are_canonical() {
+        let t = routes(TABLE);
+        for path in ["/racks/a%20b", "/racks/%C3%A9", "/racks/a%3Ab", "/racks/a%2Bb", "/racks/%3F", "/racks/a+b"] {
+            assert_eq!(find(&t, "GET", path), found("reads", None), "{path}");
+        }
+        assert_eq!(find(&t, "GET", "/racks/...."), found("reads", None));
+        assert_eq!(find(&t, "GET", "/racks/.hidden"), found("reads", None));
+        assert_eq!(find(&t, "PUT", "/racks/..."), found("rack-writes", Some("rack/...")));
+    }
+
+    #[test]
+    fn literals_match_whatever_the_encoding_of_reserved_characters() {
+        let t = routes(TABLE);
+        for path in ["/v1/items:batch", "/v1/items%3Abatch", "/v1/items%3abatch/"] {
+            assert_eq!(find(&t, "POST", path), found("batch", Some("items")), "{path}");
+        }
+        let t = routes("[{ name: sp, path: '/a%20b/{id}', lock_key: 'k/{id}' }]");
+        assert_eq!(find(&t, "PUT", "/a%20b/1"), found("sp", Some("k/1")));
+        assert_eq!(find(&t, "PUT", "/a%20B/1"), Err(MatchError::NoRoute));
+    }
+
+    #[test]
+    fn template_errors() {
+        for (route, field, says) in [
+            ("{ name: r, path: 'racks/{id}', lock_key: 'k/{id}' }", "path", "must start with /"),
+            ("{ name: r, path: '/racks/{id}/', lock_key: 'k/{id}' }", "path", "must not end with /"),
+            ("{ name: r, path: '/racks//{id}', lock_key: 'k/{id}' }", "path", "empty segment"),
+            ("{ name: r, path: '/racks/{id}.json', lock_key: 'k/{id}' }", "path", "whole segment"),
+            ("{ name: r, path: '/racks/x{id}', lock_key: 'k/{id}' }", "path", "whole segment"),
+            ("{ name: r, path: '/racks/{}', fence: off }", "path", "parameter name"),
+            ("{ name: r, path: '/racks/{a-b}', fence: off }", "path", "parameter name"),
+            ("{ name: r, path: '/racks/{*}', fence: off }", "path", "parameter name"),
+            ("{ name: r, path: '/{*a}/{b}', fence: off }", "path", "last segment"),
+            ("{ name: r, path: '/{a}/{*a}', fence: off }", "path", "twice"),
+            ("{ name: r, path: '/racks/../x', fence: off }", "path", "dot segment"),
+            ("{ name: r, path: '/racks/%41', fence: off }", "path", "unreserved"),
+            ("{ name: r, path: '/racks/a b', fence: off }", "path", "space"),
+            ("{ name: r, path: '/racks;v=1', fence: off }", "path", "';'"),
+            ("{ name: r, path: '/racks/{id}' }", "lock_key", "required"),
+            ("{ name: r, path: '/racks/{id}', lock_key: 'k', fence: off }", "lock_key", "must not be set"),
+            ("{ name: r, path: '/racks/{id}', lock_key: 'k/{rack}' }", "lock_key", "not a parameter"),
+            ("{ name: r, path: '/racks/{*id}', lock_key: 'k/{*id}' }", "lock_key", "not {*id}"),
+            ("{ name: r, path: '/racks/{id}', lock_key: 'k/{id' }", "lock_key", "without a '}'"),
+            ("{ name: r, path: '/racks/{id}', lock_key: 'k/id}' }", "lock_key", "without a '{'"),
+            ("{ name: r, path: '/racks/{id}', lock_key: 'k//{id}' }", "lock_key", "never be a valid"),
+            ("{ name: r, path: '/racks/{id}', lock_key: 'k/{id}/' }", "lock_key", "never be a valid"),
+            ("{ name: r, path: '/racks/{id}', lock_key: '' }", "lock_key", "never be a valid"),
+            ("{ name: r, path: '/racks/{id}', lock_key: 'rack {id}' }", "lock_key", "never be a valid"),
+            ("{ name: r, methods: [], path: /x, fence: off }", "methods", "empty"),
+            ("{ name: r, methods: [get], path: /x, fence: off }", "methods", "upper-case"),
+            ("{ name: r, methods: ['PUT '], path: /x, fence: off }", "methods", "upper-case"),
+            ("{ name: r, methods: ['P(UT'], path: /x, fence: off }", "methods", "upper-case"),
+            ("{ name: r, methods: [''], path: /x, fence: off }", "methods", "upper-case"),
+            ("{ name: r, methods: [GET, PUT, GET], path: /x, fence: off }", "methods", "twice"),
+        ] {
+            let e = build_err(&format!("[{{ name: ok, path: /ok, fence: off }}, {route}]"));
+            assert!(e.contains(&format!("`routes[1].{field}`")) && e.contains(says), "{route}: {e}");
+        }
+        // Custom methods are fine if they are tokens.
+        let t = routes("[{ name: r, methods: [PURGE, M-SEARCH], path: /x, fence: off }]");
+        assert_eq!(find(&t, "M-SEARCH", "/x"), found("r", None));
+    }
+
+    /// What a lenient upstream may make of a path: decode escapes it likes
+    /// (twice), read `\` as `/`, drop `;params`, resolve empty and dot segments.
+    fn lenient(path: &str) -> String {
+        let decode_some = |p: &str| {
+            let b = p.as_bytes();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < b.len() {
+                match hex_byte(b.get(i + 1..i + 3)) {
+                    Some(v) if b[i] == b'%' && (v.is_ascii_alphanumeric() || b"-._~/\\%".contains(&v)) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    _ => {
+                        out.push(b[i]);
+                        i += 1;
+                    }
+                }
+            }
+            String::from_utf8(out).unwrap()
+        };
+        let p = decode_some(&decode_some(path)).replace('\\', "/");
+        let mut out: Vec<&str> = Vec::new();
+        for segment in p.split('/').map(|s| s.split(';').next().unwrap()) {
+            match segment {
+                "" | "." => {}
+                ".." => {
+                    out.pop();
+                }
+                s => out.push(s),
+            }
+        }
+        format!("/{}", out.join("/"))
+    }
+
+    proptest::proptest! {
+        /// The point of refusing non-canonical paths: whatever a lenient
+        /// upstream makes of an accepted path, it takes the same route and key.
+        #[test]
+        fn accepted_paths_mean_the_same_to_a_lenient_upstream(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "/", "racks", "42", "files", "v1", "items:batch", "slots", ".", "..", "%2e", "%2E", "%2f", "%2F",
+                "%34", "%32", "%3A", "%3a", "%5C", "%25", "%20", ";x", "\\", "a",
+            ]), 0..8),
+            put in proptest::bool::ANY,
+        ) {
+            let t = routes(&format!("{TABLE}\n- {{ name: writes, path: '/{{*rest}}', fence: off }}\n"));
+            let path = format!("/{}", parts.concat());
+            let method = if put { "PUT" } else { "GET" };
+            let got = find(&t, method, &path);
+            if !matches!(got, Err(MatchError::MalformedPath(_))) {
+                proptest::prop_assert_eq!(got, find(&t, method, &lenient(&path)), "{} vs {}", path, lenient(&path));
+            }
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The sidecar end to end: a real 3-node lock cluster, a real `fencegate
+//! sidecar` process and a recording upstream that checks no tokens at all.
+
+mod common;
+
+use std::time::Duration;
+
+use common::sidecar::SidecarProc;
+use common::upstream::Upstream;
+use common::{raw, Cluster};
+use serde_json::Value;
+
+fn routes(mode: &str, consistency: &str) -> String {
+    format!(
+        "routes:
+  - name: rack-writes
+    methods: [PUT, POST, PATCH, DELETE]
+    path: /racks/{{rack}}
+    lock_key: rack/{{rack}}
+    fence: {{ mode: {mode}, consistency: {consistency} }}
+  - name: everything-else
+    path: /{{*rest}}
+    fence: off
+"
+    )
+}
+
+/// Acquire through the raw API (no keepalives): the lease lapses after `ttl_ms`.
+async fn take(c: &Cluster, key: &str, ttl_ms: u64, wait_ms: u64) -> (u64, String) {
+    let body = format!(r#"{{"ttl_ms":{ttl_ms},"wait_ms":{wait_ms}}}"#);
+    let (status, v) = raw("POST", &format!("{}/v1/locks/{key}", c.url(1)), Some(&body)).await;
+    assert_eq!(status, 200, "{v}");
+    (v["token"].as_u64().unwrap(), v["lease_id"].as_str().unwrap().to_string())
+}
+
+fn error_of(v: &Value) -> &str {
+    v["error"].as_str().unwrap_or("")
+}
+
+/// DESIGN.md's walkthrough, in strict and in monotonic mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_walkthrough_a_paused_holder_is_refused() {
+    let c = Cluster::start(3, "").await;
+    for mode in ["strict", "monotonic"] {
+        let up = Upstream::start().await;
+        let dir = c.dir.path().join(format!("sidecar-{mode}"));
+        let sc = SidecarProc::start(dir, &up.url(), &c.urls(), &routes(mode, "cached")).await;
+        let key = format!("rack/{mode}");
+        let path = format!("/racks/{mode}");
+        // A acquires, then "pauses" past its TTL (no keepalives).
+        let (a, _) = take(&c, &key, 600, 0).await;
+        // B acquires once A's lease expired.
+        let (b, _) = take(&c, &key, 30_000, 5_000).await;
+        assert!(b > a);
+        let (status, v) = sc.send("PUT", &path, Some(b), &[]).await;
+        assert_eq!(status, 200, "B's write: {v}");
+        // A wakes up and writes with its old token.
+        let (status, v) = sc.send("PUT", &path, Some(a), &[]).await;
+        assert_eq!((status, error_of(&v)), (409, "stale_token"), "{v}");
+        assert_eq!((v["token"].as_u64(), v["current"].as_u64()), (Some(a), Some(b)), "{v}");
+        assert_eq!(v["route"], "rack-writes");
+        assert_eq!(v["key"].as_str(), Some(key.as_str()));
+        // The upstream saw B's write only.
+        assert_eq!(up.tokens(&path), vec![Some(b)], "{mode}");
+        let m = sc.metrics().await;
+        assert!(m.contains(r#"fencegate_sidecar_rejections_total{reason="stale_token",route="rack-writes"} 1"#), "{m}");
+        assert!(m.contains(r#"fencegate_sidecar_requests_total{outcome="forwarded",route="rack-writes"} 1"#), "{m}");
+        assert!(m.contains("fencegate_sidecar_lock_service_up 1"), "{m}");
+        assert!(sc.log().contains("rejected"), "a structured log line per rejection");
+    }
+}
+
+/// The same run without the sidecar: A's write lands after B's (the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_sidecar_the_stale_write_lands() {
+    let c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let (a, _) = take(&c, "rack/ctl", 600, 0).await;
+    let (b, _) = take(&c, "rack/ctl", 30_000, 5_000).await;
+    for t in [b, a] {
+        let (status, _) = raw("PUT", &format!("{}/racks/ctl", up.url()), Some(&format!("{{\"by\":{t}}}"))).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(up.seen().len(), 2, "the unprotected upstream applied the stale write");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_refuses_an_expired_lease_before_anyone_else_acquires() {
+    let c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let strict = SidecarProc::start(c.dir.path().join("s"), &up.url(), &c.urls(), &routes("strict", "cached")).await;
+    let mono = SidecarProc::start(c.dir.path().join("m"), &up.url(), &c.urls(), &routes("monotonic", "cached")).await;
+    let (a, _) = take(&c, "rack/exp", 700, 0).await;
+    assert_eq!(strict.send("PUT", "/racks/exp", Some(a), &[]).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(1500)).await; // lease lapses; nobody re-acquires
+    let (status, v) = strict.send("PUT", "/racks/exp", Some(a), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "lease_expired"), "{v}");
+    // Monotonic only refuses once a newer grant exists.
+    assert_eq!(mono.send("PUT", "/racks/exp", Some(a), &[]).await.0, 200);
+    assert_eq!(up.tokens("/racks/exp"), vec![Some(a), Some(a)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_tokens_are_unknown_and_do_not_move_the_floor() {
+    let c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("strict", "cached")).await;
+    let (t, _) = take(&c, "rack/f", 30_000, 0).await;
+    for forged in [t + 1, 1_000_000, u64::MAX] {
+        let (status, v) = sc.send("PUT", "/racks/f", Some(forged), &[]).await;
+        assert_eq!((status, error_of(&v)), (409, "unknown_token"), "{forged}: {v}");
+    }
+    // The real holder is still served: the forged tokens moved nothing.
+    assert_eq!(sc.send("PUT", "/racks/f", Some(t), &[]).await.0, 200);
+    // A token granted for another key is not valid for this one.
+    let (other, _) = take(&c, "rack/g", 30_000, 0).await;
+    let (status, v) = sc.send("PUT", "/racks/f", Some(other), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "unknown_token"), "{v}");
+    assert_eq!(up.tokens("/racks/f"), vec![Some(t)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_sidecar_keeps_its_floors_while_the_lock_service_is_down() {
+    let mut c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let mut sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("strict", "cached")).await;
+    let (a, _) = take(&c, "rack/r", 600, 0).await;
+    let (b, _) = take(&c, "rack/r", 30_000, 5_000).await;
+    assert_eq!(sc.send("PUT", "/racks/r", Some(b), &[]).await.0, 200);
+    for id in c.ids() {
+        c.kill(id);
+    }
+    sc.restart().await;
+    let (status, v) = sc.send("PUT", "/racks/r", Some(a), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "stale_token"), "{v}");
+    // B's own token needs the service to be judged in strict mode: 503.
+    let (status, v) = sc.send("PUT", "/racks/r", Some(b), &[]).await;
+    assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
+    let m = sc.metrics().await;
+    assert!(m.contains("fencegate_sidecar_lock_service_up 0"), "{m}");
+    // Reads are not fenced and still pass.
+    assert_eq!(sc.send("GET", "/racks/r", None, &[]).await.0, 200);
+    assert_eq!(up.tokens("/racks/r"), vec![Some(b)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_token_waits_for_lower_ones_in_flight() {
+    let c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let sc = std::sync::Arc::new(
+        SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("monotonic", "cached")).await,
+    );
+    let (a, lease_a) = take(&c, "rack/o", 30_000, 0).await;
+    // A's write is slow at the upstream.
+    let s = sc.clone();
+    let slow = tokio::spawn(async move { s.send("PUT", "/racks/o", Some(a), &[("x-test-delay-ms", "800")]).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    raw("DELETE", &format!("{}/v1/leases/{lease_a}", c.url(1)), None).await;
+    let (b, _) = take(&c, "rack/o", 30_000, 0).await;
+    let started = tokio::time::Instant::now();
+    let (status, _) = sc.send("PUT", "/racks/o", Some(b), &[]).await;
+    assert_eq!(status, 200);
+    assert!(slow.is_finished(), "B was dispatched before A's in-flight write completed");
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert_eq!(slow.await.unwrap().0, 200);
+    assert_eq!(up.tokens("/racks/o"), vec![Some(a), Some(b)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tokens_and_bad_framing_never_reach_the_upstream() {
+    let c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let sc = SidecarProc::start(
+        c.dir.path().join("sc"),
+        &up.url(),
+        &c.urls(),
+        &format!(
+            "limits: {{ max_body: 1KiB, max_header_bytes: 8KiB, header_timeout: 1s }}\n{}",
+            routes("strict", "cached")
+        ),
+    )
+    .await;
+    let (status, v) = sc.send("PUT", "/racks/1", None, &[]).await;
+    assert_eq!((status, error_of(&v)), (428, "missing_token"), "{v}");
+    // (Whitespace around a header value is not part of it in HTTP, so " 7"
+    // is 7 to every parser; whitespace inside is refused.)
+    for bad in ["", "abc", "-5", "+5", "18446744073709551616", "1,2", "1, 2", "7 8", "7\t8", "0x10", "1e3", "٣"] {
+        let (status, v) = sc.send("PUT", "/racks/1", None, &[("x-fence-token", bad)]).await;
+        assert_eq!((status, error_of(&v)), (400, "malformed_token"), "{bad:?}: {v}");
+    }
+    let (status, v) = sc.send("PUT", "/racks/1", None, &[("x-fence-token", "7"), ("x-fence-token", "7")]).await;
+    assert_eq!((status, error_of(&v)), (400, "malformed_token"), "two headers: {v}");
+    for path in ["//racks/1", "/racks/./1", "/racks/%31", "/racks/a%2Fb"] {
+        let (status, _) = sc.send("PUT", path, Some(5), &[]).await;
+        assert_eq!(status, 400, "{path}");
+    }
+    let big = "x".repeat(2048);
+    let (status, _) = raw_to(&sc.url(), "PUT", "/racks/1", &big, &[("x-fence-token", "5")]).await;
+    assert_eq!(status, 413);
+    assert!(up.seen().is_empty(), "the upstream saw {:?}", up.seen());
+    // Ambiguous framing, on an unfenced path so that a forward could happen:
+    // either refused, or forwarded with one unambiguous framing.
+    for request in [
+        "PUT /plain HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "PUT /plain HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab",
+        "PUT /plain HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+        "PUT /plain HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ] {
+        let answer = raw_tcp(sc.port, request).await;
+        let status = answer.get(9..12).unwrap_or("");
+        assert!(answer.is_empty() || status == "400" || status == "200", "{request:?}: {answer}");
+    }
+    for seen in up.seen() {
+        let h = &seen.headers;
+        assert!(!(h.contains_key("content-length") && h.contains_key("transfer-encoding")), "{seen:?}");
+        assert!(h.get_all("content-length").iter().count() <= 1, "{seen:?}");
+    }
+    assert!(up.tokens("/racks/1").is_empty());
+    let before = up.seen().len();
+    // A head over max_header_bytes: refused (431) or closed.
+    let huge = format!("GET /plain HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "a".repeat(16384));
+    let answer = raw_tcp(sc.port, &huge).await;
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // A head that never finishes: closed after header_timeout.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", sc.port)).await.unwrap();
+        s.write_all(b"GET /plain HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        let started = tokio::time::Instant::now();
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.expect("slow head not closed");
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(900) && elapsed < Duration::from_secs(3), "closed after {elapsed:?}");
+        let text = String::from_utf8_lossy(&buf[..n.unwrap_or(0)]).into_owned();
+        assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+    }
+    assert_eq!(up.seen().len(), before, "oversized or slow heads reached the upstream");
+}
+
+/// A request body the test sends itself, with a Content-Length.
+async fn raw_to(base: &str, method: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let http = fencegate::http::HttpClient::new(1 << 20);
+    let mut b = hyper::Request::builder().method(method).uri(format!("{base}{path}"));
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(http_body_util::Full::new(bytes::Bytes::from(body.to_string()))).unwrap();
+    let a = http.send(req, Duration::from_secs(10)).await.unwrap();
+    (a.status.as_u16(), serde_json::from_slice(&a.body).unwrap_or(Value::Null))
+}
+
+/// Write raw bytes on a fresh connection and read what comes back.
+async fn raw_tcp(port: u16, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap_or(Ok(0)).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
