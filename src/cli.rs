@@ -96,6 +96,8 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
     let doc: serde_yaml_ng::Value = crate::config::parse_yaml(&text)?;
     if doc.get("routes").is_some() {
         let c = crate::config::sidecar::SidecarConfig::from_yaml(&text)?;
+        // The files it names too: a mistyped cert path is found here, not at startup.
+        crate::tls::SidecarTls::load(&c)?;
         println!("{}: ok (sidecar, {} routes)", file.display(), c.routes.len());
     } else {
         crate::config::node::NodeConfig::from_yaml(&text)?;

@@ -13,3 +13,4 @@ pub mod metrics;
 pub mod raft;
 pub mod server;
 pub mod sidecar;
+pub mod tls;

@@ -4,8 +4,8 @@
 //! One request's phases, each in its own module:
 //!
 //! ```text
-//! accept ─▶ framing & limits (here) ─▶ routes::find ─▶ check::Fencer::check ─▶ forward::Upstream::forward ─▶ answer
-//!             400/413                    400/404         409/428/400/503         502/504
+//! accept ─▶ TLS handshake ─▶ framing & limits (here) ─▶ routes::find ─▶ check::Fencer::check ─▶ forward::Upstream::forward ─▶ answer
+//!            (tls only)        400/413                    400/404         409/428/400/503         502/504
 //! ```
 //!
 //! A refused request never reaches the upstream; every refusal is counted in
@@ -34,13 +34,16 @@ use hyper::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use hyper::{Request, Response, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus::Registry;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 
 use crate::client::Client;
-use crate::config::sidecar::SidecarConfig;
+use crate::config::sidecar::{Limits, SidecarConfig};
 use crate::http::{Body, BoxError};
 use crate::metrics::SidecarMetrics;
+use crate::tls::SidecarTls;
 use answer::Answer;
 use check::Fencer;
 use forward::Upstream;
@@ -55,23 +58,22 @@ pub struct Sidecar {
     default_upstream: Uri,
     pub fencer: Fencer,
     upstream: Upstream,
+    /// Present when the listener serves HTTPS (`tls`).
+    acceptor: Option<TlsAcceptor>,
     pub registry: Registry,
     metrics: SidecarMetrics,
 }
 
 impl Sidecar {
-    /// Build everything from a validated config: routes, floors (loaded from
-    /// `state_dir`), the lock service watch if any route needs it.
+    /// Build everything from a validated config: TLS material, routes, floors
+    /// (loaded from `state_dir`), the lock service watch if any route needs it.
     pub fn new(config: SidecarConfig) -> anyhow::Result<Arc<Sidecar>> {
+        // TLS files first, before anything is opened or started: a missing or
+        // bad file is a configuration error (exit 64) like a bad field.
+        let tls = SidecarTls::load(&config)?;
+        let acceptor = tls.server.map(|c| TlsAcceptor::from(Arc::new(c)));
         let routes = Routes::build(&config.routes)?;
-        let parse = |u: &str| -> anyhow::Result<Uri> {
-            let uri: Uri = u.parse().with_context(|| format!("upstream {u:?}"))?;
-            anyhow::ensure!(
-                uri.scheme_str() == Some("http"),
-                "upstream {u:?}: only http:// upstreams are supported so far"
-            );
-            Ok(uri)
-        };
+        let parse = |u: &str| -> anyhow::Result<Uri> { u.parse().with_context(|| format!("upstream {u:?}")) };
         let default_upstream = parse(&config.upstream)?;
         let mut upstreams = HashMap::new();
         for r in routes.iter() {
@@ -98,7 +100,8 @@ impl Sidecar {
             upstreams,
             default_upstream,
             fencer,
-            upstream: Upstream::default(),
+            upstream: Upstream::new(tls.upstream),
+            acceptor,
             registry,
             metrics,
         }))
@@ -189,7 +192,8 @@ impl Sidecar {
     }
 }
 
-/// Serve the proxy on `listener` (HTTP/1.1 and HTTP/2) until `shutdown`.
+/// Serve the proxy on `listener` (HTTP/1.1 and HTTP/2, over TLS when `tls` is
+/// set) until `shutdown`.
 pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
     let limits = sidecar.config.limits.clone();
@@ -205,22 +209,41 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
         let sc = sidecar.clone();
         let limits = limits.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let sc = sc.clone();
-                async move { Ok::<_, Infallible>(sc.handle(req, peer).await) }
-            });
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            // Without a timer hyper's header timeout does nothing.
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .max_buf_size(limits.max_header_bytes as usize);
-            builder.http2().timer(TokioTimer::new()).max_header_list_size(limits.max_header_bytes as u32);
-            if let Err(e) = builder.serve_connection(TokioIo::new(stream), service).await {
-                tracing::debug!("connection from {peer}: {e}");
+            let Some(acceptor) = sc.acceptor.clone() else {
+                return serve_connection(stream, sc, peer, &limits).await;
+            };
+            // In the connection's own task, so a client that stalls its
+            // handshake holds up nobody else; bounded like a slow request head.
+            match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => serve_connection(tls, sc, peer, &limits).await,
+                Ok(Err(e)) => tracing::debug!("TLS handshake with {peer}: {e}"),
+                Err(_) => tracing::debug!("TLS handshake with {peer}: timed out after {:?}", limits.header_timeout),
             }
         });
+    }
+}
+
+/// One client connection (plain TCP or TLS), HTTP/1.1 or HTTP/2.
+async fn serve_connection<I>(io: I, sc: Arc<Sidecar>, peer: SocketAddr, limits: &Limits)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let sc = sc.clone();
+        async move { Ok::<_, Infallible>(sc.handle(req, peer).await) }
+    });
+    // `auto` tells the two apart by the HTTP/2 preface, so an ALPN `h2`
+    // connection needs nothing special.
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // Without a timer hyper's header timeout does nothing.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(limits.max_header_bytes as usize);
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(limits.max_header_bytes as u32);
+    if let Err(e) = builder.serve_connection(TokioIo::new(io), service).await {
+        tracing::debug!("connection from {peer}: {e}");
     }
 }
 

@@ -258,3 +258,119 @@ async fn raw_tcp(port: u16, request: &str) -> String {
     let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap_or(Ok(0)).unwrap_or(0);
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_timeouts_failures_and_streams() {
+    let c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let dead = common::free_port();
+    let yaml = format!(
+        "routes:
+  - name: slow
+    path: /slow/{{id}}
+    fence: off
+    timeout: 300ms
+  - name: dead
+    path: /dead/{{id}}
+    fence: off
+    upstream: http://127.0.0.1:{dead}
+{}",
+        routes("strict", "cached").trim_start_matches("routes:\n")
+    );
+    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &yaml).await;
+    let (t, _) = take(&c, "rack/h", 30_000, 0).await;
+    let extra = [("host", "inventory.example"), ("connection", "x-hop"), ("x-hop", "1"), ("x-custom", "kept")];
+    let (status, _) = sc.send("PUT", "/racks/h", Some(t), &extra).await;
+    assert_eq!(status, 200);
+    let seen = up.seen().pop().unwrap();
+    let h = &seen.headers;
+    assert_eq!(h["host"], "inventory.example", "Host is preserved");
+    assert_eq!(h["x-fence-token"], t.to_string().as_str(), "the token is passed on");
+    assert_eq!(h["x-custom"], "kept");
+    assert!(!h.contains_key("x-hop"), "headers named in Connection are hop-by-hop");
+    assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+    let fwd = h["forwarded"].to_str().unwrap();
+    assert!(fwd.starts_with("for=127.0.0.1;proto=http;host=\"inventory.example\""), "{fwd}");
+    assert_eq!(seen.body, r#"{"state":"drained"}"#);
+
+    // The route's timeout: 504, counted as an upstream error.
+    let (status, v) = sc.send("GET", "/slow/1", None, &[("x-test-delay-ms", "1500")]).await;
+    assert_eq!((status, error_of(&v)), (504, "upstream_timeout"), "{v}");
+    // Nothing listening upstream: 502.
+    let (status, v) = sc.send("GET", "/dead/1", None, &[]).await;
+    assert_eq!((status, error_of(&v)), (502, "upstream_error"), "{v}");
+    let m = sc.metrics().await;
+    assert!(m.contains(r#"fencegate_sidecar_requests_total{outcome="upstream_error",route="slow"} 1"#), "{m}");
+
+    // A large body streams through whole.
+    let big = "y".repeat(3 << 20);
+    let (status, _) = raw_to(&sc.url(), "PUT", "/racks/h", &big, &[("x-fence-token", &t.to_string())]).await;
+    assert_eq!(status, 200);
+    assert_eq!(up.seen().pop().unwrap().body.len(), big.len());
+
+    // HTTP/2 from the client (prior knowledge, cleartext).
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", sc.port)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::put(format!("http://inventory.example:{}/racks/h", sc.port))
+        .header("x-fence-token", t.to_string())
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"h2")))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = up.seen().pop().unwrap();
+    assert_eq!(
+        (seen.body.as_str(), seen.headers["host"].to_str().unwrap()),
+        ("h2", format!("inventory.example:{}", sc.port).as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observed_mode_keeps_a_durable_high_water_mark_without_a_lock_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let yaml = "routes:
+  - name: etcd-fenced
+    path: /racks/{rack}
+    methods: [PUT]
+    lock_key: rack/{rack}
+    fence: { mode: observed }
+  - name: rest
+    path: /{*rest}
+    fence: off
+";
+    let mut sc = SidecarProc::start(dir.path().join("sc"), &up.url(), &[], yaml).await;
+    for (t, want) in [(5, 200), (7, 200), (6, 409), (7, 200), (1000, 200), (999, 409)] {
+        let (status, v) = sc.send("PUT", "/racks/e", Some(t), &[]).await;
+        assert_eq!(status, want, "token {t}: {v}");
+    }
+    sc.restart().await;
+    let (status, v) = sc.send("PUT", "/racks/e", Some(999), &[]).await;
+    assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(1000)), "{v}");
+    assert_eq!(up.tokens("/racks/e"), vec![Some(5), Some(7), Some(7), Some(1000)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn linearizable_routes_see_every_grant_that_completed_before_the_request() {
+    let c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("strict", "linearizable")).await;
+    for i in 0..10 {
+        let key = format!("rack/lin{i}");
+        let path = format!("/racks/lin{i}");
+        let (a, lease) = take(&c, &key, 30_000, 0).await;
+        assert_eq!(sc.send("PUT", &path, Some(a), &[]).await.0, 200);
+        raw("DELETE", &format!("{}/v1/leases/{lease}", c.url(2)), None).await;
+        let (b, _) = take(&c, &key, 30_000, 0).await;
+        // Straight after B's grant: A is refused, whatever the watch has delivered.
+        let (status, v) = sc.send("PUT", &path, Some(a), &[]).await;
+        assert_eq!((status, error_of(&v)), (409, "stale_token"), "{v}");
+        assert_eq!(sc.send("PUT", &path, Some(b), &[]).await.0, 200);
+        assert_eq!(up.tokens(&path), vec![Some(a), Some(b)]);
+    }
+}

@@ -10,14 +10,15 @@ use crate::config::sidecar::SidecarConfig;
 use crate::sidecar::{serve, serve_metrics, Sidecar};
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {
-    // Validate everything before binding anything.
+    // Validate everything, TLS files included, before binding anything.
     let config = SidecarConfig::load(path)?;
-    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-    let metrics_listener = match config.metrics_listen {
+    let (listen, metrics_listen) = (config.listen, config.metrics_listen);
+    let sidecar = Sidecar::new(config)?;
+    let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let metrics_listener = match metrics_listen {
         Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| format!("binding metrics_listen {addr}"))?),
         None => None,
     };
-    let sidecar = Sidecar::new(config)?;
     let (stop, stopped) = watch::channel(false);
     let wait = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -26,7 +27,8 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
         tracing::info!(listen = %l.local_addr()?, "sidecar metrics");
         tokio::spawn(serve_metrics(l, sidecar.registry.clone(), wait(stopped.clone())));
     }
-    tracing::info!(listen = %listener.local_addr()?, upstream = %sidecar.config.upstream, "fencegate sidecar serving");
+    let (upstream, tls) = (&sidecar.config.upstream, sidecar.config.tls.is_some());
+    tracing::info!(listen = %listener.local_addr()?, %upstream, tls, "fencegate sidecar serving");
     let proxy = tokio::spawn(serve(listener, sidecar, wait(stopped)));
     super::server::shutdown_signal().await;
     tracing::info!("shutting down");

@@ -82,7 +82,8 @@ pub struct TlsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTls {
-    /// An extra root for `https://` upstreams, on top of the system's.
+    /// An extra root for `https://` upstreams, on top of Mozilla's public roots
+    /// (compiled in: the machine's store is not consulted).
     pub ca: PathBuf,
 }
 

@@ -1,7 +1,8 @@
 //! Forwarding to the upstream: a reverse proxy a proxy engineer would sign off.
 //!
 //! - request and response bodies stream both ways (never buffered);
-//! - one pooled keep-alive client per sidecar (HTTP/1.1 upstream);
+//! - one pooled keep-alive client per sidecar (HTTP/1.1 upstream), over TLS
+//!   for `https://` upstreams;
 //! - hop-by-hop headers (RFC 9110 §7.6.1, plus any named in `Connection`) are
 //!   dropped both ways; `X-Forwarded-For` and `Forwarded` are appended; `Host`
 //!   is passed on as the client sent it; `X-Fence-Token` is passed on;
@@ -15,6 +16,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, CONNECTION, HOST};
 use hyper::{HeaderMap, Request, Response, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
@@ -33,14 +35,20 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 pub struct Upstream {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
 }
 
-impl Default for Upstream {
-    fn default() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+impl Upstream {
+    /// `tls` is used for `https://` upstreams; `http://` ones stay plain.
+    pub fn new(tls: rustls::ClientConfig) -> Self {
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(Duration::from_secs(5)));
+        // hyper-rustls hands `https://` URIs to the TCP connector, which
+        // refuses any scheme but http unless told otherwise.
+        tcp.enforce_http(false);
+        let connector =
+            HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(tcp);
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(connector);
         Self { client }
     }

@@ -5,6 +5,7 @@
 
 pub mod relay;
 pub mod sidecar;
+pub mod tls;
 pub mod upstream;
 
 use std::collections::BTreeMap;

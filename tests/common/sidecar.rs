@@ -20,7 +20,6 @@ impl SidecarProc {
     /// Start a sidecar with `routes_yaml` (the `routes:` section and anything
     /// else), state in `dir` (kept across restarts).
     pub async fn start(dir: PathBuf, upstream: &str, endpoints: &[String], routes_yaml: &str) -> SidecarProc {
-        std::fs::create_dir_all(&dir).unwrap();
         let (port, metrics_port) = (free_port(), free_port());
         let lock_service = if endpoints.is_empty() {
             String::new()
@@ -31,6 +30,13 @@ impl SidecarProc {
             "listen: 127.0.0.1:{port}\nupstream: {upstream}\n{lock_service}state_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n{routes_yaml}",
             dir.join("state").display()
         );
+        Self::start_yaml(dir, port, metrics_port, yaml).await
+    }
+
+    /// Start a sidecar from a whole config, which must listen on `port` and
+    /// serve metrics on `metrics_port` (startup is detected there).
+    pub async fn start_yaml(dir: PathBuf, port: u16, metrics_port: u16, yaml: String) -> SidecarProc {
+        std::fs::create_dir_all(&dir).unwrap();
         let mut s = SidecarProc { port, metrics_port, dir, child: None, yaml };
         s.spawn().await;
         s

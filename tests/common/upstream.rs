@@ -1,6 +1,8 @@
 //! A recording upstream: the "legacy inventory API" of the tests. It checks
 //! no tokens at all; it applies every write it receives and records it
-//! (method, path, token, arrival order). `x-test-delay-ms` makes it slow.
+//! (method, path, token) in the order the writes *take effect*: after the
+//! body is read and after the `x-test-delay-ms` processing time it was asked
+//! to take.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -66,7 +68,7 @@ impl Upstream {
         self.seen.lock().unwrap().clone()
     }
 
-    /// Tokens of the writes applied to `path`, in arrival order.
+    /// Tokens of the writes applied to `path`, in the order they took effect.
     pub fn tokens(&self, path: &str) -> Vec<Option<u64>> {
         self.seen().into_iter().filter(|s| s.path == path && s.method != "GET").map(|s| s.token).collect()
     }
@@ -76,23 +78,20 @@ async fn record(seen: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> Response
     let (parts, body) = req.into_parts();
     let token = parts.headers.get("x-fence-token").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     let delay = parts.headers.get("x-test-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-    // Record on arrival (the order the upstream *receives* writes in) ...
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    if let Some(ms) = delay {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     let index = {
         let mut s = seen.lock().unwrap();
         s.push(Seen {
             method: parts.method.to_string(),
             path: parts.uri.path().to_string(),
             token,
-            body: String::new(),
+            body: String::from_utf8_lossy(&body).into_owned(),
             headers: parts.headers.clone(),
         });
         s.len() - 1
     };
-    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    seen.lock().unwrap()[index].body = String::from_utf8_lossy(&body).into_owned();
-    // ... and answer late if asked to.
-    if let Some(ms) = delay {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
     Response::new(Full::new(Bytes::from(format!("{{\"applied\":{index}}}"))))
 }
