@@ -11,62 +11,13 @@
 //! Run: `cargo bench --bench lock_service` (env: BENCH_SECONDS, default 10).
 //! Writes the table to stdout and to bench/results/lock_service.md.
 
-use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::Duration;
 
+use common::{start_cluster, Cluster};
 use fencegate::client::{AcquireOptions, Client};
 use tokio::time::Instant;
-
-struct Cluster {
-    _dir: tempfile::TempDir,
-    urls: BTreeMap<u64, String>,
-    children: Vec<Child>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-async fn start_cluster() -> Cluster {
-    // Data on the project's disk, not tmpfs, so fsync costs what it costs.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let urls: BTreeMap<u64, String> = (1..=3).map(|i| (i, format!("http://127.0.0.1:{}", free_port()))).collect();
-    let peers: String = urls.iter().map(|(i, u)| format!("  {i}: {u}\n")).collect();
-    let mut children = vec![];
-    for (id, url) in &urls {
-        let path = dir.path().join(format!("node{id}.yaml"));
-        let listen = url.trim_start_matches("http://");
-        let yaml = format!("id: {id}\nlisten: {listen}\ndata_dir: {}/data{id}\npeers:\n{peers}", dir.path().display());
-        std::fs::write(&path, yaml).unwrap();
-        children.push(
-            Command::new(env!("CARGO_BIN_EXE_fencegate"))
-                .args(["server", "--config"])
-                .arg(&path)
-                .env("FENCEGATE_LOG", "warn")
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-    }
-    let c = Cluster { _dir: dir, urls, children };
-    let client = Client::new(c.urls.values().cloned().collect()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while client.read("bench/ready").await.is_err() {
-        assert!(Instant::now() < deadline, "cluster did not come up");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    c
-}
 
 async fn leader_url(c: &Cluster, client: &Client) -> String {
     let info = client.cluster().await.unwrap();

@@ -5,8 +5,9 @@
 //! Run: `cargo bench --bench sidecar` (env: BENCH_SECONDS per phase, default
 //! 10; BENCH_CONNECTIONS, default 32). Writes bench/results/sidecar.md.
 
+mod common;
+
 use std::convert::Infallible;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,30 +17,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn spawn(args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_fencegate"))
-        .args(args)
-        .env("FENCEGATE_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
 
 /// A minimal upstream: reads the body, answers 200 with a small JSON body.
 async fn upstream() -> u16 {
@@ -106,36 +83,20 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 async fn main() {
     let seconds: u64 = std::env::var("BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let connections: usize = std::env::var("BENCH_CONNECTIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(32);
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let up_port = upstream().await;
-
-    // A 3-node lock cluster and a sidecar.
-    let urls: Vec<String> = (0..3).map(|_| format!("http://127.0.0.1:{}", free_port())).collect();
-    let peers: String = urls.iter().enumerate().map(|(i, u)| format!("  {}: {u}\n", i + 1)).collect();
-    let mut procs = Procs(vec![]);
-    for (i, url) in urls.iter().enumerate() {
-        let path = dir.path().join(format!("node{}.yaml", i + 1));
-        let yaml = format!(
-            "id: {}\nlisten: {}\ndata_dir: {}/data{}\npeers:\n{peers}",
-            i + 1,
-            url.trim_start_matches("http://"),
-            dir.path().display(),
-            i + 1
-        );
-        std::fs::write(&path, yaml).unwrap();
-        procs.0.push(spawn(&["server", "--config", path.to_str().unwrap()]));
-    }
-    let sc_port = free_port();
+    let mut cluster = common::start_cluster().await;
+    let [sc_port] = common::free_ports();
+    let dir = cluster.dir.path().to_path_buf();
     let sc_yaml = format!(
         "listen: 127.0.0.1:{sc_port}\nupstream: http://127.0.0.1:{up_port}\nlock_service:\n  endpoints: [{}]\nstate_dir: {}/sidecar\nroutes:\n  - name: rack-writes\n    methods: [PUT]\n    path: /racks/{{rack}}\n    lock_key: rack/{{rack}}\n    fence: {{ mode: strict, consistency: cached }}\n  - name: rest\n    path: /{{*rest}}\n    fence: off\n",
-        urls.join(", "),
-        dir.path().display()
+        cluster.endpoints().join(", "),
+        dir.display()
     );
-    let sc_path = dir.path().join("sidecar.yaml");
+    let sc_path = dir.join("sidecar.yaml");
     std::fs::write(&sc_path, sc_yaml).unwrap();
-    procs.0.push(spawn(&["sidecar", "--config", sc_path.to_str().unwrap()]));
+    cluster.also_run(&["sidecar", "--config", sc_path.to_str().unwrap()]);
 
-    let client = Client::new(urls.clone()).unwrap();
+    let client = Client::new(cluster.endpoints()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let lease = loop {
         match client.acquire("rack/1", AcquireOptions::new(Duration::from_secs(60))).await {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::sidecar::SidecarProc;
 use common::tls::{https, Pki};
 use common::upstream::Upstream;
-use common::{free_port, raw};
+use common::{free_port, free_ports, raw};
 
 const ROUTES: &str = "routes:
   - name: rack-writes
@@ -27,7 +27,7 @@ const ROUTES: &str = "routes:
 /// A sidecar in `dir/name` in front of `upstream`; `extra` holds its `tls`,
 /// `upstream_tls` or `limits` sections.
 async fn sidecar(dir: &Path, name: &str, upstream: &str, extra: &str) -> SidecarProc {
-    let (port, metrics_port) = (free_port(), free_port());
+    let [port, metrics_port] = free_ports();
     let dir = dir.join(name);
     let yaml = format!(
         "listen: 127.0.0.1:{port}\nupstream: {upstream}\nstate_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n{extra}{ROUTES}",

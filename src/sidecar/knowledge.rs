@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::fence::Knowledge;
-use crate::client::{Client, ClientError};
+use crate::client::Client;
 use crate::http::{HttpClient, LineReader};
 use crate::lock::state::Token;
 use crate::metrics::SidecarMetrics;
@@ -119,31 +119,25 @@ impl LockView {
                 Some(r) if r.started >= arrived => r.done.clone(),
                 _ => {
                     let (tx, rx) = watch::channel(None);
-                    reads.insert(key.to_string(), InflightRead { started: Instant::now(), done: rx.clone() });
-                    let (client, key) = (self.client.clone(), key.to_string());
-                    let result = async move {
-                        match client.read(&key).await {
-                            Ok(info) => Ok((key, info)),
-                            Err(e) => Err((key, e)),
-                        }
-                    };
+                    let started = Instant::now();
+                    reads.insert(key.to_string(), InflightRead { started, done: rx.clone() });
                     // Finish the read even if this caller goes away, so the
                     // callers that joined it get their answer.
-                    let view = Arc::downgrade(self);
+                    let (client, key, view) = (self.client.clone(), key.to_string(), Arc::downgrade(self));
                     tokio::spawn(async move {
-                        let (key, outcome) = match result.await {
-                            Ok((key, info)) => {
-                                if let Some(v) = view.upgrade() {
-                                    v.learn(&key, info.token, info.held);
-                                }
-                                (key, Ok(()))
-                            }
-                            Err((key, e)) => (key, Err(describe(&e))),
-                        };
-                        if let Some(v) = view.upgrade() {
-                            v.reads.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                        let outcome = client.read(&key).await;
+                        let Some(v) = view.upgrade() else { return };
+                        if let Ok(info) = &outcome {
+                            v.learn(&key, info.token, info.held);
                         }
-                        tx.send_replace(Some(outcome));
+                        {
+                            // Only this read's entry: a newer one may have replaced it.
+                            let mut reads = v.reads.lock().unwrap_or_else(|p| p.into_inner());
+                            if reads.get(&key).is_some_and(|r| r.started == started) {
+                                reads.remove(&key);
+                            }
+                        }
+                        tx.send_replace(Some(outcome.map(|_| ()).map_err(|e| e.to_string())));
                     });
                     rx
                 }
@@ -152,10 +146,6 @@ impl LockView {
         let done = rx.wait_for(Option::is_some).await.map_err(|_| "read abandoned".to_string())?;
         done.clone().expect("waited for Some")
     }
-}
-
-fn describe(e: &ClientError) -> String {
-    e.to_string()
 }
 
 /// Keep one watch stream open, rotating through the endpoints, until the view
@@ -203,5 +193,92 @@ async fn follow(view: &LockView, http: &HttpClient, endpoint: &str, after: &mut 
             *after = l.rev;
         }
         view.set_up(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::AtomicUsize;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+
+    use super::*;
+
+    /// A stand-in lock service that answers key reads slowly and counts them.
+    async fn slow_reads(reads: Arc<AtomicUsize>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let reads = reads.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                        let reads = reads.clone();
+                        async move {
+                            let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+                            if req.uri().path() == "/v1/locks/rack/1" {
+                                reads.fetch_add(1, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(150)).await;
+                                let body =
+                                    r#"{"key":"rack/1","held":true,"token":34,"holder":"b","expires_in_ms":1000}"#;
+                                resp = hyper::Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+                            } else {
+                                *resp.status_mut() = hyper::StatusCode::NOT_FOUND;
+                            }
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn concurrent_reads_share_one_round_started_after_they_arrived() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let url = slow_reads(count.clone()).await;
+        let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
+        let view = LockView::start(Client::new(vec![url.clone()]).unwrap(), vec![url], metrics);
+        let arrived = Instant::now();
+        let readers: Vec<_> = (0..10)
+            .map(|_| {
+                let v = view.clone();
+                tokio::spawn(async move { v.read("rack/1", arrived).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Arrives while that read is in flight: it must not join it (the
+        // read started before it arrived), so a second read goes out.
+        let v = view.clone();
+        let late = tokio::spawn(async move { v.read("rack/1", Instant::now()).await });
+        for r in readers {
+            r.await.unwrap().unwrap();
+        }
+        late.await.unwrap().unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 2, "10 concurrent callers share one read; the late one gets its own");
+        assert_eq!(view.get("rack/1"), Knowledge { latest: 34, live: true, known: true, floor: 0 });
+    }
+
+    #[test]
+    fn knowledge_only_moves_forward() {
+        let mut k = KeyState::default();
+        k.merge(33, true);
+        k.merge(34, true);
+        k.merge(33, true);
+        assert_eq!((k.latest, k.live), (34, true), "an older grant never lowers the latest");
+        k.merge(34, false);
+        k.merge(34, true);
+        assert_eq!((k.latest, k.live), (34, false), "an ended lease never comes back to life");
+        k.merge(35, true);
+        assert_eq!((k.latest, k.live), (35, true));
     }
 }

@@ -19,7 +19,15 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct ports the OS had free: all are held open until every one is
+/// chosen, so one call never returns the same port twice.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> =
+        (0..N).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
 }
 
 pub struct Cluster {
@@ -35,7 +43,8 @@ impl Cluster {
     /// Start `n` nodes; `extra_yaml` is appended to every node's config.
     pub async fn start(n: u64, extra_yaml: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let ports: BTreeMap<u64, u16> = (1..=n).map(|i| (i, free_port())).collect();
+        let held: Vec<u16> = free_ports::<9>().into_iter().take(n as usize).collect();
+        let ports: BTreeMap<u64, u16> = (1..=n).zip(held).collect();
         let mut relays = BTreeMap::new();
         for from in 1..=n {
             for to in 1..=n {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::free_port;
+use super::free_ports;
 
 pub struct SidecarProc {
     pub port: u16,
@@ -20,7 +20,7 @@ impl SidecarProc {
     /// Start a sidecar with `routes_yaml` (the `routes:` section and anything
     /// else), state in `dir` (kept across restarts).
     pub async fn start(dir: PathBuf, upstream: &str, endpoints: &[String], routes_yaml: &str) -> SidecarProc {
-        let (port, metrics_port) = (free_port(), free_port());
+        let [port, metrics_port] = free_ports();
         let lock_service = if endpoints.is_empty() {
             String::new()
         } else {
