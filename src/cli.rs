@@ -2,6 +2,7 @@
 //! file; this one parses and dispatches, and owns the exit codes.
 
 mod dev;
+mod lock;
 mod server;
 mod sidecar;
 mod status;
@@ -33,6 +34,32 @@ enum Command {
         /// Sidecar configuration (YAML): listen, upstream, lock_service, state_dir, routes.
         #[arg(long, short)]
         config: PathBuf,
+    },
+    /// Run CMD while holding KEY; stop it the moment the lease may be lost.
+    ///
+    /// CMD gets FENCE_KEY, FENCE_TOKEN and FENCE_LEASE_ID in its environment.
+    /// Exit status: CMD's own; 75 if the lock was not obtained within --wait;
+    /// 76 if the lease was lost (CMD got SIGTERM at once, SIGKILL after --grace).
+    Lock {
+        /// The lock key, e.g. rack/42.
+        key: String,
+        /// Lease TTL: how long the service keeps the lease without keepalives.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+        /// How long to wait for the lock if someone else holds it.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
+        /// Who is holding it, shown by `fencegate status KEY` (default: host:pid).
+        #[arg(long)]
+        holder: Option<String>,
+        /// Time between SIGTERM and SIGKILL when CMD must stop.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        grace: std::time::Duration,
+        #[command(flatten)]
+        endpoints: Endpoints,
+        /// The command to run, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
     },
     /// Show the cluster (leader, term, members, commit index), or one key.
     Status {
@@ -74,6 +101,10 @@ pub fn run(cli: Cli) -> i32 {
             Command::Server { config } => server::run(&config).await,
             Command::Sidecar { config } => sidecar::run(&config).await,
             Command::Status { key, endpoints } => status::run(key, endpoints.endpoints).await,
+            Command::Lock { key, ttl, wait, holder, grace, endpoints, command } => {
+                let args = lock::LockArgs { key, ttl, wait, holder, grace, endpoints: endpoints.endpoints, command };
+                lock::run(args).await
+            }
             Command::Dev { data, fresh } => dev::run(&data, fresh).await,
             Command::CheckConfig { file } => check_config(&file).map(|()| 0),
         }

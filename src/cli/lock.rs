@@ -1,0 +1,118 @@
+//! `fencegate lock KEY -- CMD`: run a command while holding a lease, and stop
+//! it the moment the lease may be lost.
+//!
+//! CMD runs in its own process group with `FENCE_KEY`, `FENCE_TOKEN` and
+//! `FENCE_LEASE_ID` set. The client library keeps the lease alive; when its
+//! `lost()` fires — the service said the lease is gone, or no keepalive was
+//! acknowledged within the lease's conservative validity (L4) — the whole
+//! group gets SIGTERM at once and SIGKILL after `--grace`. That is the point
+//! of this command: `etcdctl lock` never stops the command on loss, and
+//! `consul lock` stops it late.
+//!
+//! Exit status: CMD's own (128+signal if a signal ended it); 75 when the lock
+//! was not obtained within `--wait`; 76 when the lease was lost.
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::client::{AcquireOptions, Client, ClientError, Lease};
+
+/// The lock was not obtained within `--wait`.
+pub const EXIT_NOT_OBTAINED: i32 = 75;
+/// The lease was lost while CMD ran.
+pub const EXIT_LEASE_LOST: i32 = 76;
+
+pub struct LockArgs {
+    pub key: String,
+    pub ttl: Duration,
+    pub wait: Duration,
+    pub holder: Option<String>,
+    pub grace: Duration,
+    pub endpoints: Vec<String>,
+    pub command: Vec<String>,
+}
+
+pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
+    crate::lock::validate::key(&args.key)?;
+    let (program, rest) = args.command.split_first().ok_or_else(|| anyhow::anyhow!("no command given after --"))?;
+    let client = Client::new(args.endpoints)?;
+    let holder = args.holder.unwrap_or_else(default_holder);
+    let opts = AcquireOptions::new(args.ttl).wait(args.wait).holder(holder);
+    let lease = match client.acquire(&args.key, opts).await {
+        Ok(lease) => lease,
+        Err(e @ (ClientError::Held { .. } | ClientError::Unavailable(_))) => {
+            eprintln!("fencegate lock: {} not obtained within {:?}: {e}", args.key, args.wait);
+            return Ok(EXIT_NOT_OBTAINED);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(key = %args.key, token = lease.token(), "lock acquired; running {program}");
+
+    let mut child = Command::new(program)
+        .args(rest)
+        .env("FENCE_KEY", &args.key)
+        .env("FENCE_TOKEN", lease.token().to_string())
+        .env("FENCE_LEASE_ID", lease.lease_id())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot run {program}: {e}"))?;
+    let group = Pid::from_raw(child.id().map(|id| id as i32).unwrap_or(0));
+
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        status = child.wait() => {
+            let code = exit_code(status?);
+            release(lease).await;
+            Ok(code)
+        }
+        reason = lease.lost() => {
+            eprintln!("fencegate lock: lease on {} lost ({reason}); stopping {program}", args.key);
+            stop(&mut child, group, args.grace).await;
+            Ok(EXIT_LEASE_LOST)
+        }
+        _ = interrupt.recv() => Ok(stop_and_release(&mut child, group, args.grace, lease).await),
+        _ = terminate.recv() => Ok(stop_and_release(&mut child, group, args.grace, lease).await),
+    }
+}
+
+/// `host:pid`, which names the machine and the process in `fencegate status`.
+fn default_holder() -> String {
+    let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "unknown".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// SIGTERM to CMD's whole group now, SIGKILL after `grace`.
+async fn stop(child: &mut Child, group: Pid, grace: Duration) -> Option<ExitStatus> {
+    let _ = killpg(group, Signal::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status.ok(),
+        Err(_) => {
+            let _ = killpg(group, Signal::SIGKILL);
+            child.wait().await.ok()
+        }
+    }
+}
+
+async fn stop_and_release(child: &mut Child, group: Pid, grace: Duration, lease: Lease) -> i32 {
+    let status = stop(child, group, grace).await;
+    release(lease).await;
+    status.map_or(1, exit_code)
+}
+
+async fn release(lease: Lease) {
+    if let Err(e) = lease.release().await {
+        eprintln!("fencegate lock: releasing the lease failed ({e}); it will expire after its TTL");
+    }
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}

@@ -1,0 +1,109 @@
+//! `fencegate lock KEY -- CMD` as a user runs it, against a real cluster.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::Cluster;
+use fencegate::client::AcquireOptions;
+use tokio::process::Command;
+use tokio::time::Instant;
+
+fn lock_cmd(c: &Cluster, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencegate"));
+    cmd.arg("lock")
+        .args(args)
+        .env("FENCEGATE_ENDPOINTS", c.urls().join(","))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie still has a /proc entry; check its state.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_the_command_with_the_token_and_releases_after() {
+    let c = Cluster::start(3, "").await;
+    let out = lock_cmd(&c, &["rack/1", "--", "sh", "-c", "echo $FENCE_KEY $FENCE_TOKEN ${#FENCE_LEASE_ID}; exit 3"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "CMD's own exit status: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let fields: Vec<&str> = stdout.split_whitespace().collect();
+    assert_eq!(fields[0], "rack/1");
+    let token: u64 = fields[1].parse().unwrap();
+    assert_eq!(fields[2], "32", "a lease id was passed");
+    let info = c.client().read("rack/1").await.unwrap();
+    assert!(!info.held, "released when CMD ended");
+    assert_eq!(info.token, token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exits_75_when_the_lock_is_not_obtained_within_wait() {
+    let c = Cluster::start(3, "").await;
+    let held = c.client().acquire("rack/2", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    let started = Instant::now();
+    let out = lock_cmd(&c, &["rack/2", "--wait", "700ms", "--", "true"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(started.elapsed() >= Duration::from_millis(700));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not obtained"));
+    held.release().await.unwrap();
+}
+
+/// The cluster goes away under a running command: CMD must be stopped within
+/// the lease's validity bound, and `fencegate lock` exits 76.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stops_the_command_within_the_lease_bound_when_the_lease_is_lost() {
+    let mut c = Cluster::start(3, "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let mut child =
+        lock_cmd(&c, &["rack/3", "--ttl", "2s", "--grace", "1s", "--", "sh", "-c", &script]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pidfile.exists() || std::fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
+        assert!(Instant::now() < deadline, "CMD did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(alive(pid));
+    for id in c.ids() {
+        c.kill(id);
+    }
+    let killed_at = Instant::now();
+    let status =
+        tokio::time::timeout(Duration::from_secs(10), child.wait()).await.expect("fencegate lock hung").unwrap();
+    let stopped_after = killed_at.elapsed();
+    assert_eq!(status.code(), Some(76));
+    assert!(!alive(pid), "CMD still running after the lease was lost");
+    // Validity is at most ttl*(1-drift)-margin = 1.88 s after the last
+    // acknowledged keepalive, which was sent before the cluster died; sleep
+    // dies on SIGTERM at once.
+    assert!(stopped_after < Duration::from_millis(2200), "stopped only after {stopped_after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_the_command_and_releases_the_lease_at_once() {
+    let c = Cluster::start(3, "").await;
+    let mut child = lock_cmd(&c, &["rack/4", "--", "sleep", "60"]).spawn().unwrap();
+    let client = c.client();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !client.read("rack/4").await.unwrap().held {
+        assert!(Instant::now() < deadline, "lock not taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGINT)
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "CMD ended by SIGTERM");
+    // Another waiter gets the key straight away: it was released, not left to expire.
+    let started = Instant::now();
+    let next = client.acquire("rack/4", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    next.release().await.unwrap();
+}
