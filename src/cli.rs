@@ -1,10 +1,12 @@
 //! Command-line interface (DESIGN.md "CLI"). Each subcommand lives in its own
 //! file; this one parses and dispatches, and owns the exit codes.
 
+mod demo;
 mod dev;
 mod lock;
 mod server;
 mod sidecar;
+mod stack;
 mod status;
 
 use std::path::PathBuf;
@@ -68,7 +70,8 @@ enum Command {
         #[command(flatten)]
         endpoints: Endpoints,
     },
-    /// Everything on one machine: a 3-node lock cluster on 127.0.0.1:7401–7403.
+    /// Everything on one machine: lock nodes on 127.0.0.1:7401–7403, the sidecar on
+    /// :8080 (metrics :9464) in front of the built-in inventory API on :9000.
     Dev {
         /// Where the nodes keep their data (kept between runs).
         #[arg(long, default_value = "./data/dev")]
@@ -76,6 +79,18 @@ enum Command {
         /// Wipe the data directory first.
         #[arg(long)]
         fresh: bool,
+    },
+    /// Replay the pause problem on real components, with and without the sidecar.
+    Demo {
+        /// A's lease TTL.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+        /// How long A pauses (must be longer than --ttl).
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        pause: std::time::Duration,
+        /// Also write the run as a Mermaid sequence diagram to this file.
+        #[arg(long)]
+        mermaid: Option<PathBuf>,
     },
     /// Validate a configuration file without starting anything (exit 64 if bad).
     CheckConfig {
@@ -94,7 +109,12 @@ struct Endpoints {
 
 /// Run a subcommand, returning the process exit status.
 pub fn run(cli: Cli) -> i32 {
-    init_tracing();
+    // The demo prints its own timeline; elsewhere openraft's routine election
+    // chatter (warn) is noise for a person, its errors are not.
+    init_tracing(match cli.command {
+        Command::Demo { .. } => "error",
+        _ => "info,openraft=error",
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("starting the tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {
@@ -105,6 +125,7 @@ pub fn run(cli: Cli) -> i32 {
                 let args = lock::LockArgs { key, ttl, wait, holder, grace, endpoints: endpoints.endpoints, command };
                 lock::run(args).await
             }
+            Command::Demo { ttl, pause, mermaid } => demo::run(demo::DemoArgs { ttl, pause, mermaid }).await,
             Command::Dev { data, fresh } => dev::run(&data, fresh).await,
             Command::CheckConfig { file } => check_config(&file).map(|()| 0),
         }
@@ -137,8 +158,9 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn init_tracing() {
+/// `FENCEGATE_LOG` (an `EnvFilter` directive) overrides `default`.
+fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("FENCEGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod http;
+pub mod inventory;
 pub mod lock;
 pub mod metrics;
 pub mod raft;

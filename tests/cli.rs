@@ -57,3 +57,64 @@ async fn status_shows_the_cluster_and_a_key() {
     assert_eq!(code, 1);
     assert!(err.contains("unavailable"), "{err}");
 }
+
+#[test]
+fn the_demo_shows_the_stale_write_refused_with_the_sidecar_and_landing_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let mermaid = dir.path().join("run.mmd");
+    let (code, out, err) =
+        fencegate(&["demo", "--ttl", "1s", "--pause", "1500ms", "--mermaid", mermaid.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("via Sidecar -> 409 stale_token"), "{out}");
+    assert!(out.contains(r#"rack 42 is "drained-by-B""#), "{out}");
+    assert!(out.contains(r#"rack 43 is "flashed-by-A""#), "{out}");
+    let diagram = std::fs::read_to_string(&mermaid).unwrap();
+    assert!(diagram.starts_with("sequenceDiagram") && diagram.contains("409 stale_token"), "{diagram}");
+    let (code, _, err) = fencegate(&["demo", "--ttl", "2s", "--pause", "1s"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--pause must be longer"), "{err}");
+}
+
+/// `fencegate dev` on its well-known ports (7401–7403, 8080, 9000, 9464: a
+/// range no other test uses): acquire, write through the sidecar, read the
+/// inventory's log, stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_smoke() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(["dev", "--data"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("fencegate dev is running") {
+                return true;
+            }
+        }
+        false
+    });
+    assert!(ready.await.unwrap(), "dev did not start");
+    let client = fencegate::client::Client::new(vec![fencegate::client::DEFAULT_ENDPOINT.into()]).unwrap();
+    let lease =
+        client.acquire("rack/42", fencegate::client::AcquireOptions::new(Duration::from_secs(10))).await.unwrap();
+    let http = fencegate::http::HttpClient::new(1 << 20);
+    let req = hyper::Request::put("http://127.0.0.1:8080/racks/42")
+        .header("x-fence-token", lease.token().to_string())
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(br#"{"state":"drained"}"#)))
+        .unwrap();
+    assert_eq!(http.send(req, Duration::from_secs(5)).await.unwrap().status, 200);
+    let writes = common::get_json("http://127.0.0.1:9000/writes").await.unwrap();
+    assert_eq!(writes[0]["state"], "drained");
+    assert_eq!(writes[0]["token"], lease.token().to_string());
+    lease.release().await.unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGINT)
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(0));
+}

@@ -1,0 +1,163 @@
+//! `fencegate demo`: DESIGN.md's walkthrough, replayed on real components
+//! (a 3-node cluster, the inventory API, the sidecar — on ports of their own,
+//! so it runs beside `fencegate dev`), then the same without the sidecar.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hyper::Method;
+use tokio::time::Instant;
+
+use super::stack::{Stack, ANY_PORTS};
+use crate::client::{AcquireOptions, Client};
+use crate::http::HttpClient;
+
+pub struct DemoArgs {
+    pub ttl: Duration,
+    pub pause: Duration,
+    pub mermaid: Option<PathBuf>,
+}
+
+/// The run as it happened, printed live and kept for the Mermaid diagram.
+struct Timeline {
+    start: Instant,
+    arrows: Vec<(String, String, String)>,
+}
+
+impl Timeline {
+    fn say(&mut self, who: &str, what: &str) {
+        println!("[{:>6.2}s] {who:<2} {what}", self.start.elapsed().as_secs_f64());
+    }
+
+    fn arrow(&mut self, from: &str, to: &str, label: impl Into<String>) {
+        self.arrows.push((from.into(), to.into(), label.into()));
+    }
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<i32> {
+    anyhow::ensure!(args.pause > args.ttl, "--pause must be longer than --ttl: the pause has to outlive the lease");
+    let data = tempfile_dir()?;
+    println!("starting a 3-node lock cluster, the inventory API and the sidecar on free local ports …");
+    let stack = Stack::start(ANY_PORTS, &data).await?;
+    let client = Client::new(stack.endpoints.clone())?;
+    let http = HttpClient::new(1 << 20);
+    let mut t = Timeline { start: Instant::now(), arrows: vec![] };
+
+    println!("\n== with the sidecar: A and B write rack 42 through {} ==", stack.sidecar_url);
+    let with = round(&mut t, &args, &client, &http, "42", &stack.sidecar_url, &stack).await?;
+    println!("\n== without the sidecar: the same, straight to the inventory API {} ==", stack.inventory_url);
+    let without = round(&mut t, &args, &client, &http, "43", &stack.inventory_url, &stack).await?;
+
+    println!("\nverdict:");
+    println!(
+        "  with the sidecar    rack 42 is {:?}: A's stale write (token {}) was refused ({}), the inventory never saw it",
+        with.final_state, with.a_token, with.a_answer
+    );
+    println!(
+        "  without it          rack 43 is {:?}: A's stale write (token {}) landed after B's and undid B's work",
+        without.final_state, without.a_token
+    );
+    if let Some(path) = &args.mermaid {
+        std::fs::write(path, mermaid(&t)).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        println!("\nsequence diagram written to {}", path.display());
+    }
+    stack.stop().await;
+    let _ = std::fs::remove_dir_all(&data);
+    let ok = with.final_state == "drained-by-B" && without.final_state == "flashed-by-A";
+    Ok(if ok { 0 } else { 1 })
+}
+
+struct RoundResult {
+    a_token: u64,
+    a_answer: String,
+    final_state: String,
+}
+
+async fn round(
+    t: &mut Timeline,
+    args: &DemoArgs,
+    client: &Client,
+    http: &HttpClient,
+    rack: &str,
+    target: &str,
+    stack: &Stack,
+) -> anyhow::Result<RoundResult> {
+    let key = format!("rack/{rack}");
+    let via = if target == stack.sidecar_url { "Sidecar" } else { "Inventory" };
+    let a = client.acquire(&key, AcquireOptions::new(args.ttl).holder("A")).await?;
+    let a_token = a.token();
+    t.say("A", &format!("acquire({key}, ttl {}) -> token {a_token}", humantime::format_duration(args.ttl)));
+    t.arrow("A", "Lock service", format!("acquire {key}"));
+    t.arrow("Lock service", "A", format!("token {a_token}"));
+    // The pause: A's process stops, keepalives included.
+    drop(a);
+    t.say("A", &format!("pauses for {} (GC, SIGSTOP, a stuck SSH session …)", humantime::format_duration(args.pause)));
+    t.arrow("A", "A", "paused");
+    let woke_at = Instant::now() + args.pause;
+
+    let b = client.acquire(&key, AcquireOptions::new(Duration::from_secs(30)).holder("B").wait(args.pause * 2)).await?;
+    t.say("B", &format!("acquire({key}) -> token {} (A's lease {a_token} expired)", b.token()));
+    t.arrow("B", "Lock service", format!("acquire {key}"));
+    t.arrow("Lock service", "B", format!("token {} (lease {a_token} expired)", b.token()));
+    let (status, _) = put(http, target, rack, b.token(), "drained-by-B").await?;
+    t.say("B", &format!("PUT /racks/{rack} (token {}) via {via} -> {status}", b.token()));
+    t.arrow("B", via, format!("PUT /racks/{rack} token {}", b.token()));
+    if via == "Sidecar" {
+        t.arrow(via, "Inventory", "forwarded");
+    }
+    t.arrow(via, "B", status.to_string());
+
+    tokio::time::sleep_until(woke_at).await;
+    let (status, body) = put(http, target, rack, a_token, "flashed-by-A").await?;
+    let a_answer = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("error")?.as_str().map(String::from))
+        .unwrap_or_default();
+    let shown = if a_answer.is_empty() { status.to_string() } else { format!("{status} {a_answer}") };
+    let note = if via == "Sidecar" { ", upstream never sees it" } else { "" };
+    t.say("A", &format!("wakes up, PUT /racks/{rack} (token {a_token}) via {via} -> {shown}{note}"));
+    t.arrow("A", via, format!("PUT /racks/{rack} token {a_token}"));
+    if via == "Inventory" {
+        t.arrow(via, "A", format!("{status}: overwrites B's work"));
+    } else {
+        t.arrow(via, "A", shown.clone());
+    }
+    let final_state = stack.inventory.state_of(rack).unwrap_or_default();
+    t.say("", &format!("inventory: rack {rack} is {final_state:?}"));
+    b.release().await?;
+    Ok(RoundResult { a_token, a_answer: shown, final_state })
+}
+
+async fn put(
+    http: &HttpClient,
+    base: &str,
+    rack: &str,
+    token: u64,
+    state: &str,
+) -> anyhow::Result<(u16, bytes::Bytes)> {
+    let req = hyper::Request::builder()
+        .method(Method::PUT)
+        .uri(format!("{base}/racks/{rack}"))
+        .header("x-fence-token", token.to_string())
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(format!("{{\"state\":\"{state}\"}}"))))?;
+    let a = http.send(req, Duration::from_secs(10)).await?;
+    Ok((a.status.as_u16(), a.body))
+}
+
+fn mermaid(t: &Timeline) -> String {
+    let mut out = String::from(
+        "sequenceDiagram\n    participant A\n    participant B\n    participant Lock service\n    participant Sidecar\n    participant Inventory\n",
+    );
+    for (from, to, label) in &t.arrows {
+        let _ = writeln!(out, "    {from}->>{to}: {label}");
+    }
+    out
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("fencegate-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

@@ -1,0 +1,139 @@
+//! Everything on one machine, in one process: a 3-node lock cluster, the
+//! built-in inventory API and the sidecar (`config/dev.yaml`) in front of it.
+//! `fencegate dev` runs it on the well-known ports; `fencegate demo` on ports
+//! the OS picks, so both can run side by side.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::node::{LeaseConfig, NodeConfig, RaftConfig};
+use crate::config::sidecar::{LockServiceConfig, SidecarConfig};
+use crate::inventory::Inventory;
+use crate::server::Node;
+use crate::sidecar::Sidecar;
+
+/// The sidecar configuration `dev` and `demo` use, addresses filled in at start.
+const DEV_SIDECAR: &str = include_str!("../../config/dev.yaml");
+
+/// Where each part listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    pub nodes: [u16; 3],
+    pub inventory: u16,
+    pub sidecar: u16,
+    pub metrics: u16,
+}
+
+/// The well-known local ports of DESIGN.md.
+pub const DEV_PORTS: Ports = Ports { nodes: [7401, 7402, 7403], inventory: 9000, sidecar: 8080, metrics: 9464 };
+/// Any free ports.
+pub const ANY_PORTS: Ports = Ports { nodes: [0; 3], inventory: 0, sidecar: 0, metrics: 0 };
+
+pub struct Stack {
+    pub endpoints: Vec<String>,
+    pub inventory_url: String,
+    pub sidecar_url: String,
+    pub metrics_url: String,
+    pub inventory: Arc<Inventory>,
+    nodes: Vec<Arc<Node>>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+async fn bind(port: u16, what: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
+    let l = TcpListener::bind(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("binding 127.0.0.1:{port} for the {what} (is `fencegate dev` already running?)"))?;
+    let addr = l.local_addr()?;
+    Ok((l, addr))
+}
+
+impl Stack {
+    /// Bind every port, then start the nodes, the inventory and the sidecar;
+    /// returns once the cluster has a leader.
+    pub async fn start(ports: Ports, data: &Path) -> anyhow::Result<Stack> {
+        let mut node_listeners = vec![];
+        for port in ports.nodes {
+            node_listeners.push(bind(port, "lock service").await?);
+        }
+        let (inv_listener, inv_addr) = bind(ports.inventory, "inventory API").await?;
+        let (sc_listener, sc_addr) = bind(ports.sidecar, "sidecar").await?;
+        let (metrics_listener, metrics_addr) = bind(ports.metrics, "sidecar metrics").await?;
+
+        let peers: BTreeMap<u64, String> =
+            node_listeners.iter().enumerate().map(|(i, (_, a))| (i as u64 + 1, format!("http://{a}"))).collect();
+        let endpoints: Vec<String> = peers.values().cloned().collect();
+        let (stop, stopped) = watch::channel(false);
+        let until_stopped = move || {
+            let mut rx = stopped.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let mut tasks = vec![];
+        let mut nodes = vec![];
+        for (i, (listener, addr)) in node_listeners.into_iter().enumerate() {
+            let config = NodeConfig {
+                id: i as u64 + 1,
+                listen: addr,
+                data_dir: data.join(format!("node{}", i + 1)),
+                peers: peers.clone(),
+                lease: LeaseConfig::default(),
+                raft: RaftConfig::default(),
+            };
+            config.validate()?;
+            let node = Node::start(config).await?;
+            tasks.push(tokio::spawn(crate::server::serve(listener, node.clone(), until_stopped())));
+            nodes.push(node);
+        }
+
+        let inventory = Arc::new(Inventory::default());
+        tasks.push(tokio::spawn(crate::inventory::serve(inv_listener, inventory.clone(), until_stopped())));
+
+        let mut sc: SidecarConfig = SidecarConfig::from_yaml(DEV_SIDECAR)?;
+        sc.listen = sc_addr;
+        sc.metrics_listen = Some(metrics_addr);
+        sc.upstream = format!("http://{inv_addr}");
+        sc.lock_service = Some(LockServiceConfig { endpoints: endpoints.clone() });
+        sc.state_dir = data.join("sidecar");
+        sc.validate()?;
+        let sidecar = Sidecar::new(sc)?;
+        tasks.push(tokio::spawn(crate::sidecar::serve_metrics(
+            metrics_listener,
+            sidecar.registry.clone(),
+            until_stopped(),
+        )));
+        tasks.push(tokio::spawn(crate::sidecar::serve(sc_listener, sidecar, until_stopped())));
+
+        let client = crate::client::Client::new(endpoints.clone())?;
+        client.read("dev/ready").await.context("the lock cluster did not elect a leader")?;
+        Ok(Stack {
+            endpoints,
+            inventory_url: format!("http://{inv_addr}"),
+            sidecar_url: format!("http://{sc_addr}"),
+            metrics_url: format!("http://{metrics_addr}/metrics"),
+            inventory,
+            nodes,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Stop serving and shut the nodes down.
+    pub async fn stop(self) {
+        self.stop.send_replace(true);
+        for t in self.tasks {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
+        }
+        for n in self.nodes {
+            n.shutdown().await;
+        }
+    }
+}
