@@ -121,6 +121,48 @@ impl Cluster {
         self.spawn(id);
     }
 
+    /// Start a node that was killed (no-op if it runs).
+    pub fn start_node(&mut self, id: u64) {
+        if !self.children.contains_key(&id) {
+            self.spawn(id);
+        }
+    }
+
+    pub fn is_running(&self, id: u64) -> bool {
+        self.children.contains_key(&id)
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`) a node's process.
+    pub fn freeze(&self, id: u64, frozen: bool) {
+        if let Some(c) = self.children.get(&id) {
+            let signal = if frozen { nix::sys::signal::Signal::SIGSTOP } else { nix::sys::signal::Signal::SIGCONT };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), signal);
+        }
+    }
+
+    /// Cut (or heal) only the direction `from` -> `to`: `from`'s requests to
+    /// `to` are lost, `to` still reaches `from`.
+    pub fn set_one_way(&self, from: u64, to: u64, cut: bool) {
+        self.relays[&(from, to)].set_cut(cut);
+    }
+
+    /// Heal every link.
+    pub fn heal_all(&self) {
+        for r in self.relays.values() {
+            r.set_cut(false);
+        }
+    }
+
+    /// The leader as the first answering running node sees it.
+    pub async fn leader(&self) -> Option<u64> {
+        for id in self.children.keys() {
+            if let Some(l) = self.cluster_info(*id).await.and_then(|c| c.leader) {
+                return Some(l);
+            }
+        }
+        None
+    }
+
     /// Cut (or heal) both directions between `a` and `b`.
     pub fn set_link(&self, a: u64, b: u64, cut: bool) {
         self.relays[&(a, b)].set_cut(cut);
@@ -181,6 +223,8 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for (_, mut c) in std::mem::take(&mut self.children) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGCONT);
             let _ = c.kill();
             let _ = c.wait();
         }

@@ -1,0 +1,249 @@
+//! The verification suite (Jepsen-style): real `fencegate server` processes
+//! and a real sidecar under a seeded schedule of faults, workers that pause
+//! past their TTL, a recording upstream, and a checker that reports every
+//! invariant separately — plus a control arm without the sidecar that must
+//! show violations, proving the checker can fail.
+//!
+//! - short profile (part of `cargo test`): `cargo test --test torture short`
+//! - long profile: `TORTURE_SECONDS=600 TORTURE_SEED=7 TORTURE_NODES=5 cargo test --release --test torture -- --ignored --nocapture`
+//!
+//! A failing run writes its history to `target/tmp/torture-<arm>-seed-<seed>.json`
+//! and prints the seed that replays its schedule.
+
+#[path = "torture/checker.rs"]
+mod checker;
+mod common;
+#[path = "torture/history.rs"]
+mod history;
+#[path = "torture/nemesis.rs"]
+mod nemesis;
+#[path = "torture/workload.rs"]
+mod workload;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use checker::Report;
+use common::sidecar::SidecarProc;
+use common::upstream::Upstream;
+use common::Cluster;
+use fencegate::client::AcquireOptions;
+use history::{History, Kind, Outcome};
+use nemesis::Fault;
+use tokio::time::Instant;
+use workload::Workload;
+
+const ROUTES: &str = "routes:
+  - name: rack-writes
+    methods: [PUT]
+    path: /racks/{rack}
+    lock_key: rack/{rack}
+    fence: { mode: strict, consistency: cached }
+    timeout: 5s
+  - name: rest
+    path: /{*rest}
+    fence: off
+";
+
+/// Faster failure detection than the defaults, so a short run sees many
+/// elections; the propose timeout bounds how long a request waits for a quorum.
+const NODE_YAML: &str =
+    "raft: { heartbeat: 50ms, election_timeout_min: 200ms, election_timeout_max: 400ms, propose_timeout: 2s }\n";
+
+const LIVENESS_BOUND_MS: f64 = 10_000.0;
+
+struct Arm {
+    name: &'static str,
+    history: Arc<History>,
+    faults: BTreeMap<Fault, usize>,
+    reports: Vec<Report>,
+}
+
+fn workload() -> Workload {
+    Workload { workers: 6, keys: 3, writes: 3, ttl: Duration::from_millis(1500), pause_probability: 0.15 }
+}
+
+fn applied(up: &Upstream, w: &Workload, prefix: &str) -> BTreeMap<String, Vec<u64>> {
+    (0..w.keys)
+        .map(|k| {
+            let key = format!("rack/{prefix}{k}");
+            let tokens = up.tokens(&workload::path_of(&key)).into_iter().flatten().collect();
+            (key, tokens)
+        })
+        .collect()
+}
+
+async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
+    let w = workload();
+    let mut c = Cluster::start(nodes, NODE_YAML).await;
+    let up = Upstream::start().await;
+    let mut sc = SidecarProc::start(c.dir.path().join("sidecar"), &up.url(), &c.urls(), ROUTES).await;
+    let history = Arc::new(History::new());
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let work = tokio::spawn(workload::run(w, history.clone(), c.client(), sc.url(), seed, "", until));
+    let faults = nemesis::run(&mut c, &mut sc, seed, until).await;
+    work.await.unwrap();
+
+    nemesis::heal(&mut c);
+    let healed = Instant::now();
+    let client = c.client();
+    let mut recovered = None;
+    while healed.elapsed().as_secs_f64() * 1000.0 < LIVENESS_BOUND_MS {
+        if let Ok(l) = client.acquire("rack/liveness", AcquireOptions::new(Duration::from_secs(5))).await {
+            recovered = Some(healed.elapsed().as_secs_f64() * 1000.0);
+            let _ = l.release().await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut latest = BTreeMap::new();
+    for k in 0..w.keys {
+        let key = format!("rack/{k}");
+        if let Ok(info) = client.read(&key).await {
+            latest.insert(key, info.token);
+        }
+    }
+    let ops = history.ops();
+    let reports = vec![
+        checker::upstream_order(&applied(&up, &w, "")),
+        checker::token_order(&ops),
+        checker::durability(&ops, &latest),
+        checker::exclusion(&ops),
+        checker::liveness(recovered, LIVENESS_BOUND_MS),
+    ];
+    Arm { name: "sidecar", history, faults, reports }
+}
+
+/// The same workload, straight to the upstream.
+async fn control_arm(seconds: u64, seed: u64) -> Arm {
+    let w = workload();
+    let c = Cluster::start(3, NODE_YAML).await;
+    let up = Upstream::start().await;
+    let history = Arc::new(History::new());
+    let until = Instant::now() + Duration::from_secs(seconds);
+    workload::run(w, history.clone(), c.client(), up.url(), seed, "", until).await;
+    let reports = vec![checker::upstream_order(&applied(&up, &w, ""))];
+    Arm { name: "control (no sidecar)", history, faults: BTreeMap::new(), reports }
+}
+
+fn summary(arms: &[&Arm], seed: u64) -> String {
+    let mut out = format!(
+        "\ntorture summary (seed {seed})\n\n| | {} |\n|---|{}\n",
+        arms.iter().map(|a| a.name).collect::<Vec<_>>().join(" | "),
+        "---|".repeat(arms.len())
+    );
+    let mut rows: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (i, arm) in arms.iter().enumerate() {
+        let mut put = |row: String, value: String| {
+            let r = rows.entry(row).or_insert_with(|| vec!["".into(); arms.len()]);
+            r[i] = value;
+        };
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for op in arm.history.ops() {
+            let kind = match &op.kind {
+                Kind::Acquire { .. } => "acquire",
+                Kind::Write { stale: false, .. } => "write",
+                Kind::Write { stale: true, .. } => "write after a pause",
+                Kind::Release { .. } => "release",
+                Kind::ValidUntil { .. } => continue,
+            };
+            let outcome = match &op.outcome {
+                Outcome::Ok => "ok".to_string(),
+                Outcome::Refused { status, error } => format!("refused {status} {error}").trim().to_string(),
+                Outcome::Unknown { .. } => "unknown".to_string(),
+            };
+            *counts.entry(format!("ops: {kind} {outcome}")).or_default() += 1;
+        }
+        for (k, v) in counts {
+            put(k, v.to_string());
+        }
+        for (f, n) in &arm.faults {
+            put(format!("fault: {f:?}"), n.to_string());
+        }
+        for r in &arm.reports {
+            put(format!("violations: {}", r.name), r.violations.len().to_string());
+        }
+    }
+    for (row, values) in rows {
+        out.push_str(&format!("| {row} | {} |\n", values.join(" | ")));
+    }
+    out
+}
+
+/// Keep the history of a failing arm, and say how to replay it.
+fn keep_history(arm: &Arm, seed: u64) -> String {
+    let name = arm.name.split_whitespace().next().unwrap_or("arm");
+    let path = format!("{}/torture-{name}-seed-{seed}.json", env!("CARGO_TARGET_TMPDIR"));
+    std::fs::write(&path, serde_json::to_vec_pretty(&arm.history.ops()).unwrap()).unwrap();
+    format!("history: {path}; replay the schedule with TORTURE_SEED={seed}")
+}
+
+async fn profile(nodes: u64, seconds: u64, control_seconds: u64, seed: u64) {
+    let with = sidecar_arm(nodes, seconds, seed).await;
+    let without = control_arm(control_seconds, seed).await;
+    println!("{}", summary(&[&with, &without], seed));
+    let mut failures = vec![];
+    for r in &with.reports {
+        for v in r.violations.iter().take(5) {
+            failures.push(format!("{}: {v}", r.name));
+        }
+    }
+    if !failures.is_empty() {
+        failures.push(keep_history(&with, seed));
+    }
+    if without.reports[0].violations.is_empty() {
+        failures.push(format!(
+            "the control arm found no out-of-order write: the checker could not fail ({})",
+            keep_history(&without, seed)
+        ));
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_profile() {
+    profile(3, 30, 10, 0x0f3a_57ed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long profile: run by hand with TORTURE_SECONDS / TORTURE_SEED / TORTURE_NODES"]
+async fn long_profile() {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let seconds = env("TORTURE_SECONDS").unwrap_or(600);
+    let seed = env("TORTURE_SEED").unwrap_or_else(rand::random);
+    let nodes = env("TORTURE_NODES").unwrap_or(3);
+    println!("long profile: {nodes} nodes, {seconds} s, seed {seed}");
+    profile(nodes, seconds, 30.min(seconds), seed).await;
+}
+
+/// Each check, on a hand-made history that breaks it, must report it.
+#[test]
+fn the_checker_reports_each_kind_of_violation() {
+    use history::Op;
+    let op = |start_ms: f64, end_ms: f64, kind: Kind| Op { worker: 0, start_ms, end_ms, kind, outcome: Outcome::Ok };
+    let grant = |key: &str, t: u64| Kind::Acquire { key: key.into(), token: Some(t) };
+    // Token 5 completed before token 4 began.
+    let ops = vec![op(0.0, 10.0, grant("rack/a", 5)), op(20.0, 30.0, grant("rack/b", 4))];
+    assert_eq!(checker::token_order(&ops).violations.len(), 1);
+    // The same token twice.
+    let ops = vec![op(0.0, 10.0, grant("rack/a", 5)), op(0.0, 10.0, grant("rack/b", 5))];
+    assert!(!checker::token_order(&ops).violations.is_empty());
+    // A grant the service forgot.
+    let latest = BTreeMap::from([("rack/a".to_string(), 4)]);
+    assert_eq!(checker::durability(&[op(0.0, 1.0, grant("rack/a", 5))], &latest).violations.len(), 1);
+    // Token 6 granted while 5 was still guaranteed valid.
+    let ops = vec![
+        op(0.0, 10.0, grant("rack/a", 5)),
+        op(500.0, 500.0, Kind::ValidUntil { key: "rack/a".into(), token: 5 }),
+        op(100.0, 400.0, grant("rack/a", 6)),
+    ];
+    assert_eq!(checker::exclusion(&ops).violations.len(), 1);
+    let ok = vec![ops[0].clone(), ops[1].clone(), op(450.0, 600.0, grant("rack/a", 6))];
+    assert!(checker::exclusion(&ok).violations.is_empty());
+    // Writes applied out of order.
+    let applied = BTreeMap::from([("rack/a".to_string(), vec![3, 5, 4])]);
+    assert_eq!(checker::upstream_order(&applied).violations.len(), 1);
+    assert_eq!(checker::liveness(None, 1000.0).violations.len(), 1);
+    assert!(checker::liveness(Some(200.0), 1000.0).violations.is_empty());
+}

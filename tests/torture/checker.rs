@@ -1,0 +1,112 @@
+//! Reads a history and reports each invariant separately. Every check is a
+//! plain function of the recorded data, so a failing run can be re-checked
+//! from its history file.
+
+use std::collections::BTreeMap;
+
+use super::history::{Kind, Op, Outcome};
+
+pub struct Report {
+    pub name: &'static str,
+    pub violations: Vec<String>,
+}
+
+/// (1) S1/S2 at the upstream: each key's tokens never decrease, in the order
+/// the writes took effect.
+pub fn upstream_order(applied: &BTreeMap<String, Vec<u64>>) -> Report {
+    let mut violations = vec![];
+    for (key, tokens) in applied {
+        for (i, pair) in tokens.windows(2).enumerate() {
+            if pair[1] < pair[0] {
+                violations.push(format!("{key}: write #{} carried {} after {}", i + 1, pair[1], pair[0]));
+            }
+        }
+    }
+    Report { name: "upstream token order (S1/S2)", violations }
+}
+
+fn grants(ops: &[Op]) -> Vec<(&Op, &str, u64)> {
+    ops.iter()
+        .filter_map(|op| match (&op.kind, &op.outcome) {
+            (Kind::Acquire { key, token: Some(t) }, Outcome::Ok) => Some((op, key.as_str(), *t)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// (2) L1: a grant that completed before another began has a lower token;
+/// no token is granted twice.
+pub fn token_order(ops: &[Op]) -> Report {
+    let g = grants(ops);
+    let mut violations = vec![];
+    let mut seen = BTreeMap::new();
+    for (op, key, t) in &g {
+        if let Some(other) = seen.insert(*t, *key) {
+            violations.push(format!("token {t} granted twice ({other} and {key})"));
+        }
+        let _ = op;
+    }
+    for (a, ka, ta) in &g {
+        for (b, kb, tb) in &g {
+            if a.end_ms < b.start_ms && ta >= tb {
+                violations.push(format!("{ka}@{ta} completed before {kb}@{tb} began, yet its token is not lower"));
+            }
+        }
+    }
+    Report { name: "grant token order (L1)", violations }
+}
+
+/// (3) No acknowledged grant is lost: after healing, every key's latest token
+/// is at least every grant acknowledged for it.
+pub fn durability(ops: &[Op], latest: &BTreeMap<String, u64>) -> Report {
+    let mut violations = vec![];
+    for (_, key, t) in grants(ops) {
+        let now = latest.get(key).copied().unwrap_or(0);
+        if now < t {
+            violations.push(format!("{key}: acknowledged grant {t} but the service's latest token is {now}"));
+        }
+    }
+    Report { name: "acknowledged grants survive (L5)", violations }
+}
+
+/// (4) L2/L3 as the holders saw them: the service never granted a key to the
+/// next holder while the previous one's guaranteed validity (L4, up to its
+/// release or its deadline) had not ended.
+pub fn exclusion(ops: &[Op]) -> Report {
+    let valid_until: BTreeMap<u64, f64> = ops
+        .iter()
+        .filter_map(|op| match &op.kind {
+            Kind::ValidUntil { token, .. } => Some((*token, op.start_ms)),
+            _ => None,
+        })
+        .collect();
+    let mut by_key: BTreeMap<&str, Vec<(u64, f64)>> = BTreeMap::new();
+    for (op, key, t) in grants(ops) {
+        by_key.entry(key).or_default().push((t, op.end_ms));
+    }
+    let mut violations = vec![];
+    for (key, mut gs) in by_key {
+        gs.sort_by_key(|(t, _)| *t);
+        for pair in gs.windows(2) {
+            let ((a, _), (b, b_acked)) = (pair[0], pair[1]);
+            if let Some(until) = valid_until.get(&a) {
+                if b_acked < *until {
+                    violations.push(format!(
+                        "{key}: token {b} was granted (acknowledged at {b_acked:.0} ms) while holder {a} was still guaranteed valid until {until:.0} ms"
+                    ));
+                }
+            }
+        }
+    }
+    Report { name: "exclusion and no early expiry (L2/L3)", violations }
+}
+
+/// (5) Liveness: once faults heal, acquires succeed again within `bound_ms`.
+pub fn liveness(recovered_ms: Option<f64>, bound_ms: f64) -> Report {
+    let violations = match recovered_ms {
+        Some(ms) if ms <= bound_ms => vec![],
+        Some(ms) => vec![format!("first acquire after healing took {ms:.0} ms (bound {bound_ms:.0} ms)")],
+        None => vec![format!("no acquire succeeded within {bound_ms:.0} ms of healing")],
+    };
+    Report { name: "liveness after healing", violations }
+}
