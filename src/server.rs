@@ -53,6 +53,9 @@ pub struct Node {
     pub raft_metrics: RaftMetrics,
     proposer: proposer::Proposer,
     waitlist: waitlist::WaitList,
+    /// The term whose leadership the lease clock was reset for (0: none yet).
+    /// Keepalives wait for it: before the reset, deadlines may be stale.
+    clock_term: std::sync::atomic::AtomicU64,
 }
 
 impl Node {
@@ -82,6 +85,10 @@ impl Node {
             // Keep some entries behind the snapshot so a briefly lagging
             // follower catches up from the log instead of a full snapshot.
             max_in_snapshot_log_to_keep: (r.snapshot_every / 2).min(1000),
+            // openraft bounds each append RPC by the heartbeat interval; with
+            // up to `proposer::MAX_BATCH` commands per entry, 32 entries keep a
+            // catch-up append around a couple of MB at worst.
+            max_payload_entries: 32,
             ..Default::default()
         }
         .validate()?;
@@ -110,6 +117,7 @@ impl Node {
             lock_metrics,
             raft_metrics,
             waitlist: waitlist::WaitList::default(),
+            clock_term: std::sync::atomic::AtomicU64::new(0),
         });
         tokio::spawn(keeper::run(node.clone()));
         Ok(node)

@@ -93,7 +93,7 @@ impl Sidecar {
         };
         let floors = floors::Floors::open(&config.state_dir)?;
         tracing::info!(keys = floors.len(), dir = %config.state_dir.display(), "floors loaded");
-        let fencer = Fencer { view, floors, order: order::Order::default() };
+        let fencer = Fencer { view, floors, order: Arc::default() };
         Ok(Arc::new(Sidecar {
             config,
             routes,
@@ -146,7 +146,20 @@ impl Sidecar {
         let tls = self.config.tls.is_some();
         let result = self.upstream.forward(base, Request::from_parts(parts, body), peer, tls, route.timeout).await;
         self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
-        drop(permit); // the upstream has answered (or timed out): higher tokens may go
+        match (&result, permit) {
+            // The exchange broke after the request may have reached the
+            // upstream, which may still apply it: keep higher tokens waiting
+            // until the route's timeout, as if it had never answered (S1).
+            (Err(Answer::UpstreamFailed(_)), Some(permit)) => {
+                let until = started + route.timeout;
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(until).await;
+                    drop(permit);
+                });
+            }
+            // Answered, timed out, or never sent: higher tokens may go.
+            (_, permit) => drop(permit),
+        }
         match result {
             Ok(resp) => {
                 self.metrics.requests.with_label_values(&[name, "forwarded"]).inc();
@@ -159,6 +172,11 @@ impl Sidecar {
     /// S6: framing that two HTTP implementations could read differently never
     /// reaches the upstream.
     fn check_framing(&self, req: &Request<Incoming>) -> Result<(), Answer> {
+        // Methods are case-sensitive in HTTP, but some upstreams upper-case
+        // them: `put` must not slip past a route fenced for `PUT`.
+        if req.method().as_str().bytes().any(|b| b.is_ascii_lowercase()) {
+            return Err(Answer::BadRequest { error: "malformed_method", message: "methods must be upper case".into() });
+        }
         let h = req.headers();
         let lengths = h.get_all(CONTENT_LENGTH).iter().count();
         let ambiguous = |m: &str| Answer::BadRequest { error: "ambiguous_framing", message: m.to_string() };
@@ -167,6 +185,13 @@ impl Sidecar {
         }
         if lengths == 1 && h.contains_key(TRANSFER_ENCODING) {
             return Err(ambiguous("both Content-Length and Transfer-Encoding"));
+        }
+        // hyper decodes `chunked` and drops Content-Length next to it; any
+        // other coding would reach the upstream undeclared, since
+        // Transfer-Encoding is hop-by-hop.
+        let codings: Vec<_> = h.get_all(TRANSFER_ENCODING).iter().collect();
+        if !codings.is_empty() && (codings.len() > 1 || !codings[0].as_bytes().eq_ignore_ascii_case(b"chunked")) {
+            return Err(ambiguous("Transfer-Encoding other than a single `chunked`"));
         }
         if let Some(len) = h.get(CONTENT_LENGTH) {
             let len: u64 =
@@ -229,8 +254,15 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |req| {
-        let sc = sc.clone();
-        async move { Ok::<_, Infallible>(sc.handle(req, peer).await) }
+        // Its own task: if the client goes away, hyper drops this future,
+        // but the request (and its ordering permit, S1) must live until the
+        // upstream has answered or timed out.
+        let task = tokio::spawn(sc.clone().handle(req, peer));
+        async move {
+            Ok::<_, Infallible>(
+                task.await.unwrap_or_else(|e| Answer::Internal(format!("request task failed: {e}")).into_response("-")),
+            )
+        }
     });
     // `auto` tells the two apart by the HTTP/2 preface, so an ALPN `h2`
     // connection needs nothing special.

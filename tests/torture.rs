@@ -232,6 +232,16 @@ fn the_checker_reports_each_kind_of_violation() {
     // A grant the service forgot.
     let latest = BTreeMap::from([("rack/a".to_string(), 4)]);
     assert_eq!(checker::durability(&[op(0.0, 1.0, grant("rack/a", 5))], &latest).violations.len(), 1);
+    // An acknowledged token the sidecar was told was never granted.
+    let refused = Op {
+        worker: 0,
+        start_ms: 50.0,
+        end_ms: 60.0,
+        kind: Kind::Write { key: "rack/a".into(), token: 5, stale: true },
+        outcome: Outcome::Refused { status: 409, error: "unknown_token".into() },
+    };
+    let latest = BTreeMap::from([("rack/a".to_string(), 9)]);
+    assert_eq!(checker::durability(&[op(0.0, 1.0, grant("rack/a", 5)), refused], &latest).violations.len(), 1);
     // Token 6 granted while 5 was still guaranteed valid.
     let ops = vec![
         op(0.0, 10.0, grant("rack/a", 5)),

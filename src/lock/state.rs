@@ -250,6 +250,11 @@ impl LockState {
         (Outcome::Ended { key: lease.key, token: lease.token }, Some(event))
     }
 
+    /// The grant a client request id obtained, if it is still remembered.
+    pub fn granted_for_request(&self, request_id: &str) -> Option<&Grant> {
+        self.requests.get(request_id)
+    }
+
     pub fn lease(&self, lease_id: &str) -> Option<&Lease> {
         self.leases.get(lease_id)
     }

@@ -48,7 +48,8 @@ impl EventLog {
     /// Events after revision `rev`, or `None` when some of them are forgotten
     /// and the watcher must resync from the current state.
     pub fn after(&self, rev: u64) -> Option<impl Iterator<Item = &Event>> {
-        (rev >= self.forgotten_through).then(|| self.events.iter().filter(move |e| e.rev > rev))
+        // Revisions increase along the ring: find the start by bisection.
+        (rev >= self.forgotten_through).then(|| self.events.range(self.events.partition_point(|e| e.rev <= rev)..))
     }
 }
 

@@ -199,11 +199,12 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
 
 /// Skip proposals that the applied state says would be refused, so waiting
 /// and try-acquires on a busy key do not fill the log. A retried request id
-/// is always proposed: the state machine answers it with the original grant.
+/// that was already granted is proposed: the state machine answers it with
+/// the original grant.
 fn worth_proposing(node: &Node, cmd: &AcquireCmd) -> bool {
     let s = node.applied.lock();
     let key_free = s.locks.key(&cmd.key).is_none_or(|k| k.lease_id.is_none() && k.delay.is_none());
-    key_free || cmd.request_id.is_some()
+    key_free || cmd.request_id.as_deref().is_some_and(|r| s.locks.granted_for_request(r).is_some())
 }
 
 fn held(node: &Node, key: &str) -> ApiError {
@@ -235,7 +236,15 @@ async fn propose(node: &Node, cmd: Command) -> Result<Outcome, ApiError> {
 async fn linearizable(node: &Node) -> Result<(), ApiError> {
     let timeout = node.config.raft.propose_timeout;
     match tokio::time::timeout(timeout, node.proposer.confirm_leadership()).await {
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(())) => {
+            let term = node.raft.metrics().borrow().current_term;
+            if node.clock_term.load(std::sync::atomic::Ordering::Acquire) != term {
+                // Not ready yet: see `keeper` (a fresh entry of this term
+                // must be applied, and the lease clock reset).
+                return Err(ApiError::Unavailable("the new leader is still starting".into()));
+            }
+            Ok(())
+        }
         Ok(Err(RaftCallError::NotLeader)) => Err(ApiError::NoLeader("this node is not the leader".into())),
         Ok(Err(e)) => Err(ApiError::Unavailable(e.to_string())),
         Err(_) => Err(ApiError::Unavailable(format!("no quorum within {timeout:?}"))),
@@ -259,6 +268,8 @@ async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {
 /// L3: acknowledged only after a quorum confirmed this node is still leader,
 /// and measured from when the request reached this node. No log write.
 async fn keepalive(node: &Node, lease_id: &str, received: Instant) -> Result<Response<Body>, ApiError> {
+    // Also waits for the lease clock's reset for this term (stale deadlines
+    // and expiry marks from an earlier term must not answer).
     linearizable(node).await?;
     let mut guard = node.applied.lock();
     let s = &mut *guard;

@@ -2,11 +2,13 @@
 //! proposes `Expire` / `EndDelay` when the lease clock says they are due, and
 //! keeps the Raft gauges current.
 //!
-//! On becoming leader it first waits until its state machine has applied
-//! everything committed by earlier leaders (`ensure_linearizable`), then resets
-//! the clock so every lease gets a full TTL from now (L3). Only then does it
-//! expire anything.
+//! On becoming leader it first commits an empty entry of its own and waits
+//! until its state machine has applied everything before it, then resets the
+//! clock so every lease gets a full TTL from now (L3), and only then marks
+//! the node ready: keepalives and linearizable reads wait for that, and only
+//! then does it expire anything.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +16,7 @@ use openraft::ServerState;
 use tokio::time::Instant;
 
 use super::Node;
+use crate::lock::clock;
 
 /// Longest sleep between checks, so gauges stay fresh on an idle node.
 const IDLE: Duration = Duration::from_secs(1);
@@ -22,6 +25,9 @@ pub async fn run(node: Arc<Node>) {
     let mut metrics = node.raft.metrics();
     let mut applied = node.applied.subscribe();
     let mut ready_term: Option<u64> = None;
+    // At most one round of expiry proposals in flight: a leader cut off from
+    // its quorum must not pile up proposals that can never commit.
+    let mut in_flight: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let m = metrics.borrow_and_update().clone();
         if m.running_state.is_err() {
@@ -34,6 +40,7 @@ pub async fn run(node: Arc<Node>) {
 
         if m.state != ServerState::Leader {
             ready_term = None;
+            node.clock_term.store(0, Ordering::Release);
         } else if ready_term != Some(m.current_term) {
             let confirmed =
                 tokio::time::timeout(node.config.raft.propose_timeout, node.raft.ensure_linearizable()).await;
@@ -45,27 +52,32 @@ pub async fn run(node: Arc<Node>) {
             let s = &mut *guard;
             s.clock.reset(&s.locks, Instant::now());
             ready_term = Some(m.current_term);
+            node.clock_term.store(m.current_term, Ordering::Release);
             tracing::info!(term = m.current_term, leases = s.locks.lease_count(), "leader: lease clock reset");
         }
 
         let now = Instant::now();
         let mut wake = now + IDLE;
-        if ready_term.is_some() {
+        let idle = in_flight.as_ref().is_none_or(|t| t.is_finished());
+        if ready_term.is_some() && idle {
             let (due, next) = {
                 let mut s = node.applied.lock();
                 let due = s.clock.due(now);
                 (due, s.clock.next_deadline())
             };
-            for cmd in due {
-                // Fire and forget: if the proposal is lost the clock re-arms it.
-                let (node, timeout) = (node.clone(), node.config.raft.propose_timeout);
-                tokio::spawn(async move {
-                    if let Ok(Err(e)) = tokio::time::timeout(timeout, node.proposer.propose(cmd)).await {
-                        tracing::debug!("expiry proposal failed: {e}");
+            if !due.is_empty() {
+                // If a proposal is lost the clock re-arms it (`clock::RETRY`).
+                let (n, timeout) = (node.clone(), node.config.raft.propose_timeout);
+                in_flight = Some(tokio::spawn(async move {
+                    let proposals = due.into_iter().map(|cmd| n.proposer.propose(cmd));
+                    if tokio::time::timeout(timeout, futures_util::future::join_all(proposals)).await.is_err() {
+                        tracing::debug!("expiry proposals not committed within {timeout:?}");
                     }
-                });
+                }));
             }
             wake = next.map_or(wake, |n| n.min(wake));
+        } else if !idle {
+            wake = wake.min(now + clock::RETRY);
         }
         tokio::select! {
             changed = metrics.changed() => if changed.is_err() { return },

@@ -17,8 +17,9 @@ use crate::batch::Batcher;
 use crate::lock::state::{Command, Outcome};
 use crate::raft::types::Raft;
 
-/// Most commands packed into one entry.
-const MAX_BATCH: usize = 1024;
+/// Most commands packed into one entry (bounds the size of an entry, and so
+/// of an append RPC; see `max_payload_entries` in `server.rs`).
+const MAX_BATCH: usize = 256;
 
 #[derive(Debug, Clone, Error)]
 pub enum RaftCallError {

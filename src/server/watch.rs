@@ -9,7 +9,7 @@
 //! missed, or, if the node no longer remembers them
 //! (or restarted from a snapshot), a `{"event":"resync"}` line followed by the
 //! current state again. A `heartbeat` line every few seconds lets the client
-//! notice a dead stream.
+//! notice a dead stream; a node that knows no leader ends its streams.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,6 +96,11 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
         tokio::select! {
             changed = applied.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(HEARTBEAT) => {
+                if node.leader().is_none() {
+                    // Cut off from the cluster: end the stream so the watcher
+                    // moves to a node that still follows the log.
+                    return;
+                }
                 let beat = line(json!({"event": "heartbeat", "rev": cursor}));
                 if tx.send(beat).await.is_err() {
                     return;

@@ -37,7 +37,10 @@ pub enum Answer {
         limit: u64,
     },
     UpstreamTimeout,
+    /// The exchange failed after the request may have reached the upstream.
     UpstreamFailed(String),
+    /// No connection: the request never left the sidecar.
+    UpstreamUnreachable(String),
     Internal(String),
 }
 
@@ -54,7 +57,7 @@ impl Answer {
             Answer::NoRoute => StatusCode::NOT_FOUND,
             Answer::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Answer::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Answer::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+            Answer::UpstreamFailed(_) | Answer::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             Answer::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -62,7 +65,7 @@ impl Answer {
     /// The `outcome` label of `fencegate_sidecar_requests_total`.
     pub fn outcome(&self) -> &'static str {
         match self {
-            Answer::UpstreamTimeout | Answer::UpstreamFailed(_) => "upstream_error",
+            Answer::UpstreamTimeout | Answer::UpstreamFailed(_) | Answer::UpstreamUnreachable(_) => "upstream_error",
             _ => "rejected",
         }
     }
@@ -79,7 +82,9 @@ impl Answer {
                 json!({"error": "body_too_large", "route": route, "message": format!("the body limit is {limit} bytes")})
             }
             Answer::UpstreamTimeout => json!({"error": "upstream_timeout", "route": route}),
-            Answer::UpstreamFailed(m) => json!({"error": "upstream_error", "route": route, "message": m}),
+            Answer::UpstreamFailed(m) | Answer::UpstreamUnreachable(m) => {
+                json!({"error": "upstream_error", "route": route, "message": m})
+            }
             Answer::Internal(m) => json!({"error": "internal", "route": route, "message": m}),
         };
         let mut resp = json(status, &body);

@@ -29,7 +29,7 @@ pub struct Fencer {
     /// `None` when no route needs the lock service (observed mode only).
     pub view: Option<Arc<LockView>>,
     pub floors: Floors,
-    pub order: Order,
+    pub order: Arc<Order>,
 }
 
 impl Fencer {
@@ -42,7 +42,7 @@ impl Fencer {
         key: &str,
         headers: &HeaderMap,
         arrived: Instant,
-    ) -> Result<Option<Permit<'_>>, Answer> {
+    ) -> Result<Option<Permit>, Answer> {
         let FenceConfig::On { mode, consistency } = route.fence else { return Ok(None) };
         let reject =
             |reason, token, current| Answer::Rejected(Rejection { reason, key: key.to_string(), token, current });
@@ -78,7 +78,7 @@ impl Fencer {
         if let Verdict::Reject { reason, current } = decide(mode, token, &self.knowledge(mode, key), true) {
             return Err(reject(reason, Some(token), Some(current)));
         }
-        self.floors.raise(key, token).await.map_err(|e| Answer::Internal(e.to_string()))?;
+        self.floors.raise(&floor_key(mode, key), token).await.map_err(|e| Answer::Internal(e.to_string()))?;
         Ok(Some(permit))
     }
 
@@ -87,7 +87,7 @@ impl Fencer {
             (Some(view), FenceMode::Strict | FenceMode::Monotonic) => view.get(key),
             _ => Knowledge::default(),
         };
-        k.floor = self.floors.get(key);
+        k.floor = self.floors.get(&floor_key(mode, key));
         k
     }
 
@@ -100,6 +100,17 @@ impl Fencer {
 
     /// The latest token known for `key`, for logs.
     pub fn current(&self, key: &str) -> Token {
-        self.knowledge(FenceMode::Strict, key).latest.max(self.floors.get(key))
+        self.knowledge(FenceMode::Strict, key).latest
+    }
+}
+
+/// Observed-mode floors are tokens nobody verified: kept apart from the
+/// floors of lock-service routes, so that an observed route cannot raise (or
+/// forge) the floor a strict or monotonic route trusts. `@` never appears in
+/// a lock key.
+fn floor_key(mode: FenceMode, key: &str) -> String {
+    match mode {
+        FenceMode::Observed => format!("@observed/{key}"),
+        FenceMode::Strict | FenceMode::Monotonic => key.to_string(),
     }
 }

@@ -119,6 +119,9 @@ impl Upstream {
         let resp: Response<Incoming> =
             match tokio::time::timeout(timeout, self.client.request(Request::from_parts(parts, body))).await {
                 Err(_) => return Err(Answer::UpstreamTimeout),
+                // A failed connection sent nothing; anything else may have
+                // delivered the request.
+                Ok(Err(e)) if e.is_connect() => return Err(Answer::UpstreamUnreachable(upstream_error(&e))),
                 Ok(Err(e)) => return Err(Answer::UpstreamFailed(upstream_error(&e))),
                 Ok(Ok(r)) => r,
             };

@@ -107,6 +107,11 @@ impl LockView {
     }
 
     fn learn(&self, key: &str, token: Token, held: bool) {
+        if token == 0 {
+            // Never granted: nothing to remember (and nothing for a client
+            // inventing paths to make the sidecar remember).
+            return;
+        }
         self.keys.entry(key.to_string()).or_default().merge(token, held);
     }
 
@@ -189,7 +194,10 @@ async fn follow(view: &LockView, http: &HttpClient, endpoint: &str, after: &mut 
             ("released" | "expired", Some(key), Some(token)) => view.learn(&key, token, false),
             _ => {} // heartbeat, resync, and lines from newer servers
         }
-        if l.rev.is_some() {
+        // Resume only from a point the stream is complete up to: an event,
+        // or a heartbeat (sent after everything before it). Not from a state
+        // line: a stream cut in the middle of the state dump must resync.
+        if matches!(l.event.as_str(), "granted" | "released" | "expired" | "heartbeat") && l.rev.is_some() {
             *after = l.rev;
         }
         view.set_up(true);

@@ -23,9 +23,11 @@ struct Gate {
     changed: Arc<Notify>,
 }
 
-/// A request in flight; dropping it lets higher tokens go.
-pub struct Permit<'a> {
-    order: &'a Order,
+/// A request in flight; dropping it lets higher tokens go. It owns a handle
+/// on the barrier, so it can outlive the request that took it (see
+/// `Sidecar::handle`: an upstream that failed mid-exchange may still apply).
+pub struct Permit {
+    order: Arc<Order>,
     key: String,
     token: Token,
 }
@@ -34,7 +36,7 @@ impl Order {
     /// Wait until no lower token is in flight for `key`, then register
     /// `token`. `Err(higher)` if a higher token is already in flight: this
     /// request is stale and must not be dispatched after it.
-    pub async fn enter(&self, key: &str, token: Token) -> Result<Permit<'_>, Token> {
+    pub async fn enter(self: &Arc<Self>, key: &str, token: Token) -> Result<Permit, Token> {
         loop {
             let notified = {
                 let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
@@ -46,7 +48,7 @@ impl Order {
                 }
                 if gate.inflight.range(..token).next().is_none() {
                     *gate.inflight.entry(token).or_default() += 1;
-                    return Ok(Permit { order: self, key: key.to_string(), token });
+                    return Ok(Permit { order: self.clone(), key: key.to_string(), token });
                 }
                 let mut notified = Box::pin(gate.changed.clone().notified_owned());
                 notified.as_mut().enable();
@@ -62,7 +64,7 @@ impl Order {
     }
 }
 
-impl Drop for Permit<'_> {
+impl Drop for Permit {
     fn drop(&mut self) {
         let mut keys = self.order.keys.lock().unwrap_or_else(|p| p.into_inner());
         let Some(gate) = keys.get_mut(&self.key) else { return };
@@ -104,7 +106,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lower_token_after_a_higher_one_is_refused() {
-        let order = Order::default();
+        let order = Arc::new(Order::default());
         let _high = order.enter("k", 34).await.unwrap();
         assert_eq!(order.enter("k", 33).await.err(), Some(34));
         assert!(order.enter("other", 1).await.is_ok(), "keys are independent");

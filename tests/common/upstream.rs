@@ -79,10 +79,12 @@ async fn record(seen: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> Response
     let token = parts.headers.get("x-fence-token").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     let delay = parts.headers.get("x-test-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    if let Some(ms) = delay {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-    let index = {
+    // Like a real service, once a request is in, it is processed to the end
+    // even if the connection it came on goes away.
+    let applied = tokio::spawn(async move {
+        if let Some(ms) = delay {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         let mut s = seen.lock().unwrap();
         s.push(Seen {
             method: parts.method.to_string(),
@@ -92,6 +94,7 @@ async fn record(seen: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> Response
             headers: parts.headers.clone(),
         });
         s.len() - 1
-    };
+    });
+    let index = applied.await.unwrap();
     Response::new(Full::new(Bytes::from(format!("{{\"applied\":{index}}}"))))
 }

@@ -57,9 +57,23 @@ pub fn token_order(ops: &[Op]) -> Report {
 }
 
 /// (3) No acknowledged grant is lost: after healing, every key's latest token
-/// is at least every grant acknowledged for it.
+/// is at least every grant acknowledged for it; and the sidecar, which checks
+/// tokens it does not know with a linearizable read, never calls an
+/// acknowledged token `unknown_token` (the service forgot it, or read stale).
 pub fn durability(ops: &[Op], latest: &BTreeMap<String, u64>) -> Report {
     let mut violations = vec![];
+    let acknowledged: std::collections::BTreeSet<(&str, u64)> =
+        grants(ops).into_iter().map(|(_, k, t)| (k, t)).collect();
+    for op in ops {
+        if let (Kind::Write { key, token, .. }, Outcome::Refused { error, .. }) = (&op.kind, &op.outcome) {
+            if error == "unknown_token" && acknowledged.contains(&(key.as_str(), *token)) {
+                violations.push(format!(
+                    "{key}: acknowledged token {token} was refused as unknown_token at {:.0} ms",
+                    op.start_ms
+                ));
+            }
+        }
+    }
     for (_, key, t) in grants(ops) {
         let now = latest.get(key).copied().unwrap_or(0);
         if now < t {

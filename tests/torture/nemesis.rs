@@ -20,6 +20,8 @@ pub enum Fault {
     KillFollower,
     StopLeader,
     IsolateLeader,
+    /// The leader and as many others as still make a minority, against the rest.
+    SplitMinorityWithLeader,
     OneWayFromLeader,
     FlapLink,
     RestartAll,
@@ -27,11 +29,12 @@ pub enum Fault {
     RestartSidecarServiceDown,
 }
 
-const ALL: [Fault; 9] = [
+const ALL: [Fault; 10] = [
     Fault::KillLeader,
     Fault::KillFollower,
     Fault::StopLeader,
     Fault::IsolateLeader,
+    Fault::SplitMinorityWithLeader,
     Fault::OneWayFromLeader,
     Fault::FlapLink,
     Fault::RestartAll,
@@ -66,6 +69,21 @@ pub async fn run(c: &mut Cluster, sidecar: &mut SidecarProc, seed: u64, until: I
                 c.isolate(leader, true);
                 tokio::time::sleep(hold).await;
                 c.isolate(leader, false);
+            }
+            Fault::SplitMinorityWithLeader => {
+                let ids = c.ids();
+                let minority: Vec<u64> =
+                    std::iter::once(leader).chain(others.iter().copied()).take((ids.len() - 1) / 2).collect();
+                let cut = |c: &Cluster, on: bool| {
+                    for a in &minority {
+                        for b in ids.iter().filter(|b| !minority.contains(b)) {
+                            c.set_link(*a, *b, on);
+                        }
+                    }
+                };
+                cut(c, true);
+                tokio::time::sleep(hold).await;
+                cut(c, false);
             }
             Fault::OneWayFromLeader => {
                 c.set_one_way(leader, other, true);
