@@ -97,8 +97,7 @@ impl Node {
         let network = Network::new(peers.clone(), http.clone());
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log_store, sm).await?;
 
-        if !raft.is_initialized().await? {
-            // Every node proposes the same membership; openraft makes that safe.
+        if !raft.is_initialized().await? && should_bootstrap(config.id, &peers, &http).await {
             let members: BTreeMap<NodeId, EmptyNode> = peers.keys().map(|id| (*id, EmptyNode {})).collect();
             if let Err(e) = raft.initialize(members).await {
                 tracing::info!("not bootstrapping: {e}");
@@ -138,6 +137,27 @@ impl Node {
             tracing::warn!("raft shutdown: {e}");
         }
     }
+}
+
+/// Only the node with the smallest id bootstraps a new cluster, and only if
+/// no peer already belongs to one: a node whose data was wiped must rejoin,
+/// not found a second cluster under the same ids. The others wait to be
+/// contacted by the leader.
+async fn should_bootstrap(id: NodeId, peers: &BTreeMap<NodeId, String>, http: &HttpClient) -> bool {
+    if peers.keys().next() != Some(&id) {
+        return false;
+    }
+    for (peer, url) in peers.iter().filter(|(p, _)| **p != id) {
+        let answer = http
+            .call(hyper::Method::GET, &format!("{url}/v1/cluster"), None, std::time::Duration::from_millis(500))
+            .await;
+        let info = answer.ok().and_then(|a| serde_json::from_slice::<serde_json::Value>(&a.body).ok());
+        if info.is_some_and(|v| v["term"].as_u64().unwrap_or(0) > 0 || !v["leader"].is_null()) {
+            tracing::info!(peer, "not bootstrapping: a peer already belongs to a cluster");
+            return false;
+        }
+    }
+    true
 }
 
 /// Refuse a data directory that belongs to another node id: two nodes sharing

@@ -43,8 +43,12 @@ impl Cluster {
     /// Start `n` nodes; `extra_yaml` is appended to every node's config.
     pub async fn start(n: u64, extra_yaml: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let held: Vec<u16> = free_ports::<9>().into_iter().take(n as usize).collect();
-        let ports: BTreeMap<u64, u16> = (1..=n).zip(held).collect();
+        // Hold the nodes' ports while the relays bind theirs, so that no
+        // relay can be handed a port a node is about to listen on (a relay
+        // there would loop a node's RPCs back to itself).
+        let held: Vec<std::net::TcpListener> =
+            (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let ports: BTreeMap<u64, u16> = (1..=n).zip(held.iter().map(|l| l.local_addr().unwrap().port())).collect();
         let mut relays = BTreeMap::new();
         for from in 1..=n {
             for to in 1..=n {
@@ -53,13 +57,17 @@ impl Cluster {
                 }
             }
         }
+        drop(held);
         let mut c = Cluster { dir, ports, relays, children: BTreeMap::new(), extra_yaml: extra_yaml.to_string() };
         for i in 1..=n {
             c.spawn(i);
         }
         c.wait_for_leader(Duration::from_secs(20)).await;
         // A linearizable read returns once the leader has committed its first entry.
-        c.client().read("harness/ready").await.unwrap();
+        if let Err(e) = c.client().read("harness/ready").await {
+            let logs: Vec<String> = c.ids().iter().map(|i| format!("--- node {i}\n{}", c.log_of(*i))).collect();
+            panic!("cluster not ready: {e}\n{}", logs.join("\n"));
+        }
         c
     }
 
