@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::config::ConfigFile;
 use crate::config::{ConfigError, EXIT_BAD_CONFIG};
 
 /// Distributed locks with fencing tokens, and a sidecar that enforces them.

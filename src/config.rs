@@ -30,6 +30,21 @@ impl ConfigError {
     }
 }
 
+/// A configuration file: parsed, then validated as a whole.
+pub trait ConfigFile: DeserializeOwned {
+    fn validate(&self) -> Result<(), ConfigError>;
+
+    fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let c: Self = parse_yaml(text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::from_yaml(&read(path)?)
+    }
+}
+
 /// Parse YAML into `T`; unknown keys are errors (`deny_unknown_fields` on every section).
 pub fn parse_yaml<T: DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
     Ok(serde_yaml_ng::from_str(text)?)

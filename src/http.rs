@@ -61,6 +61,18 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
     Ok(serde_json::from_slice(bytes)?)
 }
 
+/// An error and all its sources, `outer: inner: innermost` (hyper's errors
+/// say little without their sources).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    msg
+}
+
 #[derive(Debug, Error)]
 pub enum ClientError {
     #[error("invalid URL {0:?}")]

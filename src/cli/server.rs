@@ -6,6 +6,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use crate::config::node::NodeConfig;
+use crate::config::ConfigFile;
 use crate::server::{serve, Node};
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {

@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::sidecar::SidecarConfig;
+use crate::config::ConfigFile;
 use crate::sidecar::{serve, serve_metrics, Sidecar};
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {

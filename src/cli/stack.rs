@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::node::{LeaseConfig, NodeConfig, RaftConfig};
 use crate::config::sidecar::{LockServiceConfig, SidecarConfig};
+use crate::config::ConfigFile;
 use crate::inventory::Inventory;
 use crate::server::Node;
 use crate::sidecar::Sidecar;

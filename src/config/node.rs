@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{check_base_url, parse_yaml, read, ConfigError};
+use super::{check_base_url, ConfigError, ConfigFile};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,18 +82,8 @@ impl Default for RaftConfig {
     }
 }
 
-impl NodeConfig {
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        Self::from_yaml(&read(path)?)
-    }
-
-    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let c: Self = parse_yaml(text)?;
-        c.validate()?;
-        Ok(c)
-    }
-
-    pub fn validate(&self) -> Result<(), ConfigError> {
+impl ConfigFile for NodeConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.peers.is_empty() || self.peers.len() > 9 {
             return Err(ConfigError::invalid("peers", "must list 1 to 9 nodes (3 or 5 in production)"));
         }
@@ -125,7 +115,9 @@ impl NodeConfig {
         }
         Ok(())
     }
+}
 
+impl NodeConfig {
     /// This node's own URL, as the peers list names it.
     pub fn self_url(&self) -> &str {
         &self.peers[&self.id]

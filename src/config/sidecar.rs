@@ -4,13 +4,13 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::de::{self, MapAccess, Unexpected, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use super::{check_base_url, check_upstream_url, parse_yaml, read, ConfigError};
+use super::{check_base_url, check_upstream_url, ConfigError, ConfigFile};
 use crate::sidecar::routes::Routes;
 
 pub const KIB: u64 = 1024;
@@ -248,20 +248,10 @@ fn parse_byte_size(s: &str) -> Option<u64> {
     number.parse::<u64>().ok()?.checked_mul(multiplier)
 }
 
-impl SidecarConfig {
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        Self::from_yaml(&read(path)?)
-    }
-
-    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let c: Self = parse_yaml(text)?;
-        c.validate()?;
-        Ok(c)
-    }
-
+impl ConfigFile for SidecarConfig {
     /// Everything the sidecar will need at startup, route templates included,
     /// so that a typo is reported by `check-config` and not on the first request.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), ConfigError> {
         self.validate_limits()?;
         if let Some(metrics) = self.metrics_listen {
             // Port 0 twice is two different OS-assigned ports.
@@ -298,7 +288,9 @@ impl SidecarConfig {
         Routes::build(&self.routes)?;
         self.validate_lock_service()
     }
+}
 
+impl SidecarConfig {
     fn validate_limits(&self) -> Result<(), ConfigError> {
         let l = &self.limits;
         if !(1..=GIB).contains(&l.max_body) {

@@ -21,7 +21,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
 use super::answer::Answer;
-use crate::http::{Body, BoxError};
+use crate::http::{error_chain, Body, BoxError};
 
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -121,25 +121,14 @@ impl Upstream {
                 Err(_) => return Err(Answer::UpstreamTimeout),
                 // A failed connection sent nothing; anything else may have
                 // delivered the request.
-                Ok(Err(e)) if e.is_connect() => return Err(Answer::UpstreamUnreachable(upstream_error(&e))),
-                Ok(Err(e)) => return Err(Answer::UpstreamFailed(upstream_error(&e))),
+                Ok(Err(e)) if e.is_connect() => return Err(Answer::UpstreamUnreachable(error_chain(&e))),
+                Ok(Err(e)) => return Err(Answer::UpstreamFailed(error_chain(&e))),
                 Ok(Ok(r)) => r,
             };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(parts, body.map_err(|e| -> BoxError { e.into() }).boxed()))
     }
-}
-
-fn upstream_error(e: &hyper_util::client::legacy::Error) -> String {
-    use std::error::Error;
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    msg
 }
 
 #[cfg(test)]

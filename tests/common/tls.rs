@@ -164,11 +164,5 @@ where
 
 /// An error and all its sources, for assertions on what went wrong.
 fn chain(e: impl std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    msg
+    fencegate::http::error_chain(&e)
 }
