@@ -54,17 +54,24 @@ pub fn read(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })
 }
 
+/// Parse a base URL: one that request paths are appended to, so it may have
+/// neither a path nor a query.
+fn parse_base(field: &str, url: &str) -> Result<hyper::Uri, ConfigError> {
+    let uri: hyper::Uri = url.parse().map_err(|e| ConfigError::invalid(field, format!("{url:?} is not a URL: {e}")))?;
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(ConfigError::invalid(field, format!("{url:?} must not have a path or query")));
+    }
+    Ok(uri)
+}
+
 /// Check that `url` is an absolute `http://host:port` URL without a path.
 pub fn check_base_url(field: &str, url: &str) -> Result<(), ConfigError> {
-    let uri: hyper::Uri = url.parse().map_err(|e| ConfigError::invalid(field, format!("{url:?} is not a URL: {e}")))?;
+    let uri = parse_base(field, url)?;
     if uri.scheme_str() != Some("http") {
         return Err(ConfigError::invalid(field, format!("{url:?} must start with http://")));
     }
     if uri.authority().is_none() || uri.port_u16().is_none() {
         return Err(ConfigError::invalid(field, format!("{url:?} must name a host and a port")));
-    }
-    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(ConfigError::invalid(field, format!("{url:?} must not have a path or query")));
     }
     Ok(())
 }
@@ -73,7 +80,7 @@ pub fn check_base_url(field: &str, url: &str) -> Result<(), ConfigError> {
 /// with or without a port (the scheme's default), and without a path, query or
 /// credentials: the sidecar appends each request's own path and query to it.
 pub fn check_upstream_url(field: &str, url: &str) -> Result<(), ConfigError> {
-    let uri: hyper::Uri = url.parse().map_err(|e| ConfigError::invalid(field, format!("{url:?} is not a URL: {e}")))?;
+    let uri = parse_base(field, url)?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(ConfigError::invalid(field, format!("{url:?} must start with http:// or https://")));
     }
@@ -86,9 +93,6 @@ pub fn check_upstream_url(field: &str, url: &str) -> Result<(), ConfigError> {
     // `Authority::port` is `None` for a port that is not a u16, so look at the text.
     if authority.as_str().strip_prefix(authority.host()) != Some("") && authority.port_u16().is_none() {
         return Err(ConfigError::invalid(field, format!("{url:?} has an invalid port")));
-    }
-    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(ConfigError::invalid(field, format!("{url:?} must not have a path or query")));
     }
     Ok(())
 }
