@@ -15,7 +15,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{start_cluster, Cluster};
+use common::cluster::{start_cluster, Cluster};
 use fencegate::client::{AcquireOptions, Client};
 use tokio::time::Instant;
 

@@ -84,7 +84,7 @@ async fn main() {
     let seconds: u64 = std::env::var("BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let connections: usize = std::env::var("BENCH_CONNECTIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(32);
     let up_port = upstream().await;
-    let mut cluster = common::start_cluster().await;
+    let mut cluster = common::cluster::start_cluster().await;
     let [sc_port] = common::free_ports();
     let dir = cluster.dir.path().to_path_buf();
     let sc_yaml = format!(
@@ -94,7 +94,7 @@ async fn main() {
     );
     let sc_path = dir.join("sidecar.yaml");
     std::fs::write(&sc_path, sc_yaml).unwrap();
-    cluster.also_run(&["sidecar", "--config", sc_path.to_str().unwrap()]);
+    cluster.also_run("sidecar", &["sidecar", "--config", sc_path.to_str().unwrap()]);
 
     let client = Client::new(cluster.endpoints()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
