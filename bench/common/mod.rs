@@ -6,6 +6,8 @@ pub mod cluster;
 pub mod load;
 pub mod procs;
 pub mod report;
+pub mod sidecar;
+pub mod upstream;
 
 /// `N` distinct free ports (all held until every one is chosen).
 pub fn free_ports<const N: usize>() -> [u16; N] {
