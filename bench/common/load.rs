@@ -53,9 +53,11 @@ async fn connect(port: u16) -> SendRequest<Full<Bytes>> {
 }
 
 /// One request and its whole answer; false on a non-2xx or a broken exchange.
-async fn exchange(send: &mut SendRequest<Full<Bytes>>, req: hyper::Request<Full<Bytes>>) -> bool {
+/// A connection the server closed between requests (as keep-alive allows)
+/// is replaced first, not counted as an error.
+async fn exchange(port: u16, send: &mut SendRequest<Full<Bytes>>, req: hyper::Request<Full<Bytes>>) -> bool {
     if send.ready().await.is_err() {
-        return false;
+        *send = connect(port).await;
     }
     match send.send_request(req).await {
         Ok(resp) => {
@@ -109,11 +111,8 @@ pub async fn closed_loop(port: u16, connections: usize, duration: Duration, make
             let mut n = c;
             while Instant::now() < until {
                 let t = Instant::now();
-                let ok = exchange(&mut send, make(n)).await;
+                let ok = exchange(port, &mut send, make(n)).await;
                 tally.record(ok, t);
-                if !ok {
-                    send = connect(port).await;
-                }
                 n += connections as u64;
             }
             tally
@@ -158,11 +157,8 @@ pub async fn fixed_rate(port: u16, connections: usize, rate: f64, duration: Dura
             let mut tally = Tally::new();
             loop {
                 let Some((n, at)) = rx.lock().await.recv().await else { break };
-                let ok = exchange(&mut send, make(n)).await;
+                let ok = exchange(port, &mut send, make(n)).await;
                 tally.record(ok, at);
-                if !ok {
-                    send = connect(port).await;
-                }
             }
             tally
         }));
