@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each benchmark uses a part
 
 pub mod cluster;
+pub mod etcd;
 pub mod load;
 pub mod procs;
 pub mod report;
