@@ -31,7 +31,10 @@ use fencegate::client::AcquireOptions;
 use http_body_util::Full;
 use serde_json::json;
 
-const PATHS: [&str; 5] = ["straight", "nginx", "haproxy", "sidecar (cached)", "sidecar (linearizable)"];
+/// "sidecar (fence off)" is the cached sidecar on a route with fencing off:
+/// the proxying alone, to tell its cost from the fencing's.
+const PATHS: [&str; 6] =
+    ["straight", "nginx", "haproxy", "sidecar (fence off)", "sidecar (cached)", "sidecar (linearizable)"];
 
 fn nginx(dir: &Path, port: u16, up: u16) -> Proc {
     // Two workers for two cores, upstream keep-alive, access log off: how one
@@ -63,9 +66,10 @@ fn haproxy(dir: &Path, port: u16, up: u16) -> Proc {
     Proc::spawn("haproxy", Command::new("haproxy").arg("-db").arg("-f").arg(&path), &dir.join("haproxy.log"))
 }
 
-/// One path under test: where to send, and whose CPU to charge.
+/// One path under test: where to send what, and whose CPU to charge.
 struct Target {
     port: u16,
+    make: MakeRequest,
     proxy_pid: Option<u32>,
     /// The lock cluster's pids, charged separately (sidecar paths only).
     cluster_pids: Vec<u32>,
@@ -124,23 +128,33 @@ async fn main() {
 
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
     let token = lease.token().to_string();
-    let make: MakeRequest = Arc::new(move |_| {
-        hyper::Request::put("/racks/1")
-            .header("host", "inventory")
-            .header("x-fence-token", &token)
-            .body(Full::new(Bytes::from_static(b"{\"state\":\"drained\"}")))
-            .unwrap()
-    });
+    let put = |uri: &'static str| -> MakeRequest {
+        let token = token.clone();
+        Arc::new(move |_| {
+            hyper::Request::put(uri)
+                .header("host", "inventory")
+                .header("x-fence-token", &token)
+                .body(Full::new(Bytes::from_static(b"{\"state\":\"drained\"}")))
+                .unwrap()
+        })
+    };
     let paths: Vec<Target> = vec![
-        Target { port: up, proxy_pid: None, cluster_pids: vec![] },
-        Target { port: nginx_port, proxy_pid: Some(nginx.pid()), cluster_pids: vec![] },
-        Target { port: haproxy_port, proxy_pid: Some(haproxy.pid()), cluster_pids: vec![] },
-        Target { port: cached_port, proxy_pid: Some(cached_pid), cluster_pids: cluster_pids.clone() },
-        Target { port: lin_port, proxy_pid: Some(lin_pid), cluster_pids },
+        Target { port: up, make: put("/racks/1"), proxy_pid: None, cluster_pids: vec![] },
+        Target { port: nginx_port, make: put("/racks/1"), proxy_pid: Some(nginx.pid()), cluster_pids: vec![] },
+        Target { port: haproxy_port, make: put("/racks/1"), proxy_pid: Some(haproxy.pid()), cluster_pids: vec![] },
+        // The route `rest` (fence: off) takes any path but /racks/{rack}.
+        Target { port: cached_port, make: put("/unfenced/1"), proxy_pid: Some(cached_pid), cluster_pids: vec![] },
+        Target {
+            port: cached_port,
+            make: put("/racks/1"),
+            proxy_pid: Some(cached_pid),
+            cluster_pids: cluster_pids.clone(),
+        },
+        Target { port: lin_port, make: put("/racks/1"), proxy_pid: Some(lin_pid), cluster_pids },
     ];
     // Warm-up: connections, pools, and the sidecars learn the grant.
     for (name, p) in PATHS.iter().zip(&paths) {
-        let run = load::closed_loop(p.port, 4, Duration::from_secs(1), make.clone()).await;
+        let run = load::closed_loop(p.port, 4, Duration::from_secs(1), p.make.clone()).await;
         assert!(
             run.ok > 0 && run.errors == 0,
             "warm-up failed {name}: {} errors; logs in {}",
@@ -154,7 +168,7 @@ async fn main() {
         for (i, p) in paths.iter().enumerate() {
             eprintln!("rep {rep}/{reps}: {} closed loop", PATHS[i]);
             let (u0, c0) = p.usage();
-            let run = load::closed_loop(p.port, connections, seconds, make.clone()).await;
+            let run = load::closed_loop(p.port, connections, seconds, p.make.clone()).await;
             let (u1, c1) = p.usage();
             let s = &mut samples[i];
             s.rps.push(run.rate());
@@ -164,7 +178,7 @@ async fn main() {
             for &rate in &rates {
                 eprintln!("rep {rep}/{reps}: {} at {rate}/s", PATHS[i]);
                 let (u0, _) = p.usage();
-                let run = load::fixed_rate(p.port, connections, rate as f64, seconds, make.clone()).await;
+                let run = load::fixed_rate(p.port, connections, rate as f64, seconds, p.make.clone()).await;
                 let (u1, _) = p.usage();
                 for (name, q) in QUANTILES {
                     s.fixed.entry(rate).or_default().entry(name).or_default().push(run.us(q));
@@ -227,7 +241,7 @@ fn write_results(samples: &[Samples], rates: &[u64], reps: usize, seconds: Durat
 
     // The targets, as ratios of medians from this run.
     let med = |path: usize, pick: fn(&Samples, u64) -> &[f64]| spread(pick(&samples[path], mid)).median;
-    let (nginx, cached) = (1, 3);
+    let (nginx, cached) = (1, 4);
     let rps: fn(&Samples, u64) -> &[f64] = |s, _| &s.rps;
     let p50: fn(&Samples, u64) -> &[f64] = |s, rate| &s.fixed[&rate]["p50"];
     let p99: fn(&Samples, u64) -> &[f64] = |s, rate| &s.fixed[&rate]["p99"];
