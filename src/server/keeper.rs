@@ -42,8 +42,18 @@ pub async fn run(node: Arc<Node>) {
             ready_term = None;
             node.clock_term.store(0, Ordering::Release);
         } else if ready_term != Some(m.current_term) {
-            let confirmed =
-                tokio::time::timeout(node.config.raft.propose_timeout, node.raft.ensure_linearizable()).await;
+            // openraft 0.9 can restore a leader from its persisted vote after
+            // a restart without appending an entry of the new term, and does
+            // not persist the commit index: its read barrier could then sit
+            // below entries it acknowledged before the crash. An entry of our
+            // own, committed and applied, puts everything before it in the
+            // state machine; `ensure_linearizable` then confirms leadership.
+            let timeout = node.config.raft.propose_timeout;
+            let confirmed = tokio::time::timeout(timeout, async {
+                node.raft.client_write(Vec::new()).await.map_err(|e| e.to_string())?;
+                node.raft.ensure_linearizable().await.map_err(|e| e.to_string())
+            })
+            .await;
             if !matches!(confirmed, Ok(Ok(_))) {
                 tokio::time::sleep(node.config.raft.heartbeat).await;
                 continue;
