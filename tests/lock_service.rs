@@ -195,6 +195,10 @@ async fn whole_cluster_restart_continues_tokens_above_the_last() {
         last = l.token();
         std::mem::forget(l); // keep it held: its keepalive task runs on
     }
+    let mut applied_before = 0;
+    for id in c.ids() {
+        applied_before = applied_before.max(c.cluster_info(id).await.unwrap().commit_index);
+    }
     for id in c.ids() {
         c.kill(id);
     }
@@ -210,6 +214,15 @@ async fn whole_cluster_restart_continues_tokens_above_the_last() {
         let info = client.read(&format!("r/{i}")).await.unwrap();
         assert!(info.held, "state lost across restart: {info:?}");
     }
+    // The leader that answered had committed an entry of its own first (the
+    // old leader comes back as leader without one, which is what let reads
+    // run below acknowledged entries).
+    let leader = c.wait_for_leader(Duration::from_secs(5)).await;
+    let applied = c.cluster_info(leader).await.unwrap().commit_index;
+    assert!(
+        applied > applied_before,
+        "no fresh entry before serving reads: applied {applied}, before {applied_before}"
+    );
     let info = client.read("r/4").await.unwrap();
     assert!(info.held && info.token == last, "state lost across restart: {info:?}");
     let l = client.acquire("after", ttl(2000)).await.unwrap();
