@@ -26,6 +26,11 @@ pub fn fencegate(args: &[&str]) -> Command {
 }
 
 pub async fn start_cluster() -> Cluster {
+    start_cluster_with("").await
+}
+
+/// A cluster whose nodes' configs end with `extra_yaml` (a `raft:` section, say).
+pub async fn start_cluster_with(extra_yaml: &str) -> Cluster {
     // Data on the project's disk, not tmpfs, so fsync costs what it costs.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let urls: BTreeMap<u64, String> =
@@ -33,7 +38,10 @@ pub async fn start_cluster() -> Cluster {
     let peers: String = urls.iter().map(|(i, u)| format!("  {i}: {u}\n")).collect();
     for (id, url) in &urls {
         let listen = url.trim_start_matches("http://");
-        let yaml = format!("id: {id}\nlisten: {listen}\ndata_dir: {}/data{id}\npeers:\n{peers}", dir.path().display());
+        let yaml = format!(
+            "id: {id}\nlisten: {listen}\ndata_dir: {}/data{id}\npeers:\n{peers}{extra_yaml}",
+            dir.path().display()
+        );
         std::fs::write(dir.path().join(format!("node{id}.yaml")), yaml).unwrap();
     }
     let mut c = Cluster { dir, urls, nodes: BTreeMap::new(), others: vec![] };
