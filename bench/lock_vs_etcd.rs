@@ -28,7 +28,7 @@ use anyhow::{bail, Context, Result};
 use common::cluster::{start_cluster, start_cluster_with, Cluster};
 use common::etcd::{base64, start_etcd, Etcd};
 use common::procs::Proc;
-use common::report::{self, Spread, Table};
+use common::report::{self, mib, Spread, Table};
 use fencegate::http::HttpClient;
 use hyper::Method;
 use serde_json::{json, Value};
@@ -406,7 +406,7 @@ async fn measure<B: Backend, S: Servers>(api: &B, s: &mut S, http: &HttpClient, 
     }
     progress(&format!("{HOLDERS} holders keeping alive"));
     r.keepalives_per_s = keepalives(api, &url, &format!("{rep}/ka"), seconds).await;
-    r.peak_rss_mib = s.urls().keys().map(|&id| s.member(id).usage().peak_rss as f64).sum::<f64>() / (1 << 20) as f64;
+    r.peak_rss_mib = mib(s.urls().keys().map(|&id| s.member(id).usage().peak_rss).sum());
     progress("killing the leader");
     r.failover_ms = failover(api, s, leader, &format!("{rep}/failover")).await;
     progress(&format!("next grant {:.0} ms after the kill", r.failover_ms));

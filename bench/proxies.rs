@@ -22,13 +22,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::load::{self, MakeRequest};
 use common::procs::{Proc, Usage};
-use common::report::{self, Spread, Table};
+use common::report::{self, mib, Spread, Table};
 use common::{cluster, env_or, sidecar, upstream};
 use fencegate::client::AcquireOptions;
-use http_body_util::Full;
 use serde_json::json;
 
 /// "sidecar (fence off)" is the cached sidecar on a route with fencing off:
@@ -104,10 +102,6 @@ fn at(name: &str) -> usize {
 
 const QUANTILES: [(&str, f64); 3] = [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)];
 
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1 << 20) as f64
-}
-
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let seconds = Duration::from_secs(env_or("BENCH_SECONDS", 5));
@@ -132,17 +126,8 @@ async fn main() {
     let cluster_pids: Vec<u32> = (1..=3).map(|id| cluster.node(id).pid()).collect();
 
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
-    let token = lease.token().to_string();
-    let put = |uri: &'static str| -> MakeRequest {
-        let token = token.clone();
-        Arc::new(move |_| {
-            hyper::Request::put(uri)
-                .header("host", "inventory")
-                .header("x-fence-token", &token)
-                .body(Full::new(Bytes::from_static(b"{\"state\":\"drained\"}")))
-                .unwrap()
-        })
-    };
+    let token = lease.token();
+    let put = |uri: &'static str| -> MakeRequest { Arc::new(move |_| sidecar::put(uri, token)) };
     let paths: Vec<Target> = vec![
         Target { port: up, make: put("/racks/1"), proxy_pid: None, cluster_pids: vec![] },
         Target { port: nginx_port, make: put("/racks/1"), proxy_pid: Some(nginx.pid()), cluster_pids: vec![] },

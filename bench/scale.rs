@@ -21,18 +21,16 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::cluster::start_cluster;
 use common::load::{closed_loop, MakeRequest};
 use common::procs::Usage;
-use common::report::{Spread, Table};
+use common::report::{mib, Spread, Table};
 use common::{env_or, report, sidecar, upstream};
 use fencegate::client::{AcquireOptions, Client};
 use fencegate::http::HttpClient;
 use fencegate::lock::state::{Token, REQUEST_ID_MEMORY};
 use fencegate::raft::state_machine::EVENT_MEMORY;
 use futures_util::{stream, StreamExt};
-use http_body_util::Full;
 use hyper::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
@@ -48,10 +46,6 @@ const LEASES_PER_KEEPER: usize = 1_000;
 const BUILD_CONCURRENCY: usize = 128;
 const PAIR_CLIENTS: usize = 64;
 const SIDECAR_CONNECTIONS: usize = 32;
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1 << 20) as f64
-}
 
 /// The `defaults` below `max`, then `max`.
 fn levels(defaults: &[usize], max: usize) -> Vec<usize> {
@@ -277,15 +271,6 @@ async fn leases_part(live_levels: &[usize], reps: usize, seconds: u64) -> (Strin
     (table.markdown().to_string(), rows)
 }
 
-/// `PUT {uri}` with `token`, as an inventory client fencing a rack write would send it.
-fn put(uri: String, token: Token) -> hyper::Request<Full<Bytes>> {
-    hyper::Request::put(uri)
-        .header("host", "inventory")
-        .header("x-fence-token", token.to_string())
-        .body(Full::new(Bytes::from_static(b"{\"state\":\"drained\"}")))
-        .unwrap()
-}
-
 async fn sidecar_part(key_levels: &[usize], reps: usize, seconds: u64) -> (String, Vec<Value>) {
     let upstream = upstream::start();
     let mut cluster = start_cluster().await;
@@ -304,14 +289,14 @@ async fn sidecar_part(key_levels: &[usize], reps: usize, seconds: u64) -> (Strin
         // the sidecar to learn the grant and to fsync the key's new floor.
         let base = format!("http://127.0.0.1:{port}");
         let warm_failed = stream::iter(0..keys)
-            .map(|i| http.send(put(format!("{base}/racks/{i}"), tokens[i]), Duration::from_secs(10)))
+            .map(|i| http.send(sidecar::put(format!("{base}/racks/{i}"), tokens[i]), Duration::from_secs(10)))
             .buffer_unordered(SIDECAR_CONNECTIONS)
             .filter(|a| std::future::ready(!matches!(a, Ok(a) if a.status == StatusCode::OK)))
             .count()
             .await;
         let make: MakeRequest = Arc::new(move |n| {
             let i = n as usize % tokens.len();
-            put(format!("/racks/{i}"), tokens[i])
+            sidecar::put(format!("/racks/{i}"), tokens[i])
         });
         let (mut rps, mut p50, mut p99, mut rss) = (vec![], vec![], vec![], vec![]);
         let mut failed = 0;

@@ -55,6 +55,11 @@ impl Table {
     }
 }
 
+/// Bytes in MiB.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
 pub fn results_dir() -> PathBuf {
     let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results"));
     std::fs::create_dir_all(&dir).unwrap();

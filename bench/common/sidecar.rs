@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::Full;
+
 use super::cluster::Cluster;
 
 /// Start a sidecar (strict mode, `consistency` = cached | linearizable);
@@ -34,4 +37,13 @@ pub async fn wait_for_port(port: u16) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("nothing listening on port {port}");
+}
+
+/// `PUT {uri}` with `token`, as an inventory client fencing a rack write would send it.
+pub fn put(uri: impl AsRef<str>, token: u64) -> hyper::Request<Full<Bytes>> {
+    hyper::Request::put(uri.as_ref())
+        .header("host", "inventory")
+        .header("x-fence-token", token.to_string())
+        .body(Full::new(Bytes::from_static(b"{\"state\":\"drained\"}")))
+        .unwrap()
 }
