@@ -390,6 +390,40 @@ async fn observed_mode_keeps_a_durable_high_water_mark_without_a_lock_service() 
     assert_eq!(up.tokens("/racks/e"), vec![Some(5), Some(7), Some(7), Some(1000)]);
 }
 
+/// Observed routes believe any token (nobody checks it with the lock
+/// service), so their floors live apart: an observed route on the same lock
+/// key must not move a strict route's floor, or an unchecked high token
+/// there would lock the real holder out here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observed_route_cannot_raise_a_strict_routes_floor() {
+    let c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let yaml = "routes:
+  - name: strict-writes
+    methods: [PUT]
+    path: /racks/{rack}
+    lock_key: rack/{rack}
+    fence: { mode: strict, consistency: cached }
+  - name: observed-writes
+    methods: [PUT]
+    path: /observed/{rack}
+    lock_key: rack/{rack}
+    fence: { mode: observed }
+  - name: rest
+    path: /{*rest}
+    fence: off
+";
+    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), yaml).await;
+    let (t, _) = take(&c, "rack/n", 30_000, 0).await;
+    assert_eq!(sc.send("PUT", "/observed/n", Some(1_000_000), &[]).await.0, 200);
+    let (status, v) = sc.send("PUT", "/racks/n", Some(t), &[]).await;
+    assert_eq!(status, 200, "the holder of rack/n was locked out by an observed write: {v}");
+    // And the observed route keeps its own high-water mark.
+    let (status, v) = sc.send("PUT", "/observed/n", Some(t), &[]).await;
+    assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(1_000_000)), "{v}");
+    assert_eq!(up.tokens("/racks/n"), vec![Some(t)]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn linearizable_routes_see_every_grant_that_completed_before_the_request() {
     let c = Cluster::start(3, "").await;
