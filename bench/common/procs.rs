@@ -5,6 +5,9 @@
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
 /// A child process killed (SIGKILL) and reaped when dropped.
 pub struct Proc {
     pub name: String,
@@ -28,8 +31,16 @@ impl Proc {
         self.child.id()
     }
 
-    /// SIGKILL and reap; the time of the kill is when this returns.
+    /// SIGKILL it and its descendants, and reap it; the time of the kill is
+    /// when this returns. Descendants first: nginx's workers outlive a
+    /// killed master and would keep serving its port.
     pub fn kill(&mut self) {
+        // Only while it is ours and unreaped: once reaped its pid may be reused.
+        if let Ok(None) = self.child.try_wait() {
+            for pid in tree(self.pid()).into_iter().skip(1) {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
