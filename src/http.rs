@@ -2,6 +2,7 @@
 //! one body type, JSON answers, bounded body reads and a pooled client.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,12 +11,58 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use thiserror::Error;
+use tokio::net::TcpListener;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Longest a client may take to send a request head on `serve_http1`'s listeners.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head `serve_http1` reads.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// Serve HTTP/1.1 on `listener` until `shutdown`: each connection in its own
+/// task, request heads bounded in size and time, every request answered by
+/// `handle`. (The sidecar's proxy listener, with TLS and HTTP/2, has its own.)
+pub async fn serve_http1<F, Fut>(listener: TcpListener, shutdown: impl Future<Output = ()>, handle: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let answer = handle(req);
+                async move { Ok::<_, Infallible>(answer.await) }
+            });
+            // Without a timer hyper's header timeout does nothing.
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_HEADER_BYTES)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!("connection from {peer}: {e}");
+            }
+        });
+    }
+}
 /// The body of every response fencegate's servers produce.
 pub type Body = BoxBody<Bytes, BoxError>;
 

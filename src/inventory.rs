@@ -7,13 +7,11 @@
 //! `GET /racks/{id}`, `GET /racks`, `GET /writes`.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -93,19 +91,9 @@ impl Inventory {
 
 /// Serve the inventory on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, inventory: Arc<Inventory>, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted { Ok(c) => c, Err(_) => continue },
-            () = &mut shutdown => break,
-        };
+    crate::http::serve_http1(listener, shutdown, move |req| {
         let inv = inventory.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let inv = inv.clone();
-                async move { Ok::<_, Infallible>(inv.handle(req).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
+        async move { inv.handle(req).await }
+    })
+    .await
 }

@@ -18,8 +18,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use openraft::EmptyNode;
 use prometheus::Registry;
 use redb::Database;
@@ -35,10 +33,6 @@ use crate::raft::types::{NodeId, Raft};
 
 /// Largest body a peer or client may send (a Raft append batch is the largest).
 const MAX_PEER_BODY: usize = 64 << 20;
-/// A client must finish sending its request head within this time.
-const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Bound on a request head (hyper's read buffer).
-const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// A running lock service node. Cheap to share (`Arc`).
 pub struct Node {
@@ -174,31 +168,5 @@ fn check_node_id(db: &Database, id: NodeId) -> anyhow::Result<()> {
 
 /// Accept connections until `shutdown` resolves.
 pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!("accept: {e}");
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let node = node.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| api::handle(node.clone(), req));
-            // Without a timer hyper's header timeout does nothing.
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .max_buf_size(MAX_HEADER_BYTES)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!("connection: {e}");
-            }
-        });
-    }
+    crate::http::serve_http1(listener, shutdown, move |req| api::handle(node.clone(), req)).await
 }

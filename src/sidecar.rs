@@ -281,19 +281,8 @@ where
 
 /// Serve `/metrics` (and `/healthz`) on the metrics listener.
 pub async fn serve_metrics(listener: TcpListener, registry: Registry, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted { Ok(c) => c, Err(_) => continue },
-            () = &mut shutdown => break,
-        };
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let registry = registry.clone();
-                async move { Ok::<_, Infallible>(crate::metrics::respond(&registry, req.uri().path())) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
+    crate::http::serve_http1(listener, shutdown, move |req: Request<Incoming>| {
+        std::future::ready(crate::metrics::respond(&registry, req.uri().path()))
+    })
+    .await
 }

@@ -5,7 +5,6 @@
 //! there once (`forward`). Watch, cluster, metrics and health are answered by
 //! the node itself.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +25,8 @@ use crate::lock::validate;
 /// Largest Lock API request body.
 const MAX_API_BODY: usize = 64 << 10;
 
-pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    Ok(route(node, req).await.unwrap_or_else(ApiError::into_response))
+pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Response<Body> {
+    route(node, req).await.unwrap_or_else(ApiError::into_response)
 }
 
 async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
