@@ -166,10 +166,12 @@ pub async fn fixed_rate(port: u16, connections: usize, rate: f64, duration: Dura
     let start = tokio::task::spawn_blocking(move || pacer.join().unwrap()).await.unwrap();
     let mut tallies = vec![];
     let grace = tokio::time::Instant::now() + Duration::from_secs(10);
-    for t in tasks {
-        match tokio::time::timeout_at(grace, t).await {
+    for mut t in tasks {
+        match tokio::time::timeout_at(grace, &mut t).await {
             Ok(tally) => tallies.push(tally.unwrap()),
-            Err(_) => break,
+            // Still stuck after the grace period: stop it, so that it cannot
+            // load the next phase.
+            Err(_) => t.abort(),
         }
     }
     let mut run = Tally::merge(tallies, start.elapsed().as_secs_f64());
