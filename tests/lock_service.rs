@@ -247,6 +247,26 @@ async fn a_retried_acquire_is_not_granted_twice() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_is_answered_even_with_a_waiter_queued_on_the_key() {
+    let c = Cluster::start(3, "").await;
+    let url = format!("{}/v1/locks/queued", c.url(1));
+    let body = r#"{"ttl_ms":5000,"holder":"retrier","request_id":"req-q"}"#;
+    let (s1, first) = raw("POST", &url, Some(body)).await;
+    assert_eq!(s1, 200, "{first}");
+    // Someone else now waits for the key the (lost) grant holds...
+    let waiter_url = url.clone();
+    let waiter = tokio::spawn(async move {
+        raw("POST", &waiter_url, Some(r#"{"ttl_ms":5000,"wait_ms":3000,"holder":"waiter"}"#)).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ...and the retry must still get its own grant back, not "held by retrier".
+    let (s2, second) = raw("POST", &url, Some(body)).await;
+    assert_eq!((s2, &second), (200, &first), "a retry behind a waiter must return the original grant");
+    let (s3, _) = waiter.await.unwrap();
+    assert_eq!(s3, 409, "the waiter times out: the retrier still holds the key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_4xx_and_changes_nothing() {
     let c = Cluster::start(3, "").await;
     let base = c.url(2);

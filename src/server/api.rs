@@ -173,7 +173,9 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
         let head_moved = node.waitlist.changed.notified();
         tokio::pin!(head_moved);
         head_moved.as_mut().enable();
-        if node.waitlist.is_head(&ticket) && worth_proposing(node, &cmd) {
+        // A retry of a granted request goes straight through: queued behind
+        // a waiter for the key its own grant holds, it would never get out.
+        if already_granted(node, &cmd) || (node.waitlist.is_head(&ticket) && key_free(node, &cmd.key)) {
             match propose(node, Command::Acquire(cmd.clone())).await? {
                 Outcome::Granted(g) => return Ok(g),
                 Outcome::Held { .. } => {} // lost a race with the log; wait for the next change
@@ -196,14 +198,16 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
     }
 }
 
-/// Skip proposals that the applied state says would be refused, so waiting
-/// and try-acquires on a busy key do not fill the log. A retried request id
-/// that was already granted is proposed: the state machine answers it with
-/// the original grant.
-fn worth_proposing(node: &Node, cmd: &AcquireCmd) -> bool {
-    let s = node.applied.lock();
-    let key_free = s.locks.key(&cmd.key).is_none_or(|k| k.lease_id.is_none() && k.delay.is_none());
-    key_free || cmd.request_id.as_deref().is_some_and(|r| s.locks.granted_for_request(r).is_some())
+/// Proposals on a key the applied state says is taken would be refused:
+/// skipping them keeps waiting and try-acquires on a busy key out of the log.
+fn key_free(node: &Node, key: &str) -> bool {
+    node.applied.lock().locks.key(key).is_none_or(|k| k.lease_id.is_none() && k.delay.is_none())
+}
+
+/// A retried request id that was already granted: the state machine answers
+/// its proposal with the original grant.
+fn already_granted(node: &Node, cmd: &AcquireCmd) -> bool {
+    cmd.request_id.as_deref().is_some_and(|r| node.applied.lock().locks.granted_for_request(r).is_some())
 }
 
 fn held(node: &Node, key: &str) -> ApiError {
