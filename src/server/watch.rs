@@ -86,7 +86,9 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
                 }
                 state_lines(&s, &prefix, &mut lines);
             }
-            cursor = Some(s.locks.revision());
+            // Never backwards: a watcher resuming on a node that lags what it
+            // has already seen must not get those events twice.
+            cursor = Some(cursor.unwrap_or(0).max(s.locks.revision()));
         }
         for l in lines {
             if tx.send(l).await.is_err() {
