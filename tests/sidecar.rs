@@ -413,15 +413,25 @@ async fn an_observed_route_cannot_raise_a_strict_routes_floor() {
     path: /{*rest}
     fence: off
 ";
-    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), yaml).await;
+    let sc = std::sync::Arc::new(SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), yaml).await);
     let (t, _) = take(&c, "rack/n", 30_000, 0).await;
-    assert_eq!(sc.send("PUT", "/observed/n", Some(1_000_000), &[]).await.0, 200);
+    // An observed write with an unverified high token, still in flight...
+    let s = sc.clone();
+    let slow =
+        tokio::spawn(async move { s.send("PUT", "/observed/n", Some(1_000_000), &[("x-test-delay-ms", "800")]).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ...neither refuses nor holds back the real holder on the strict route.
+    let (status, v) = sc.send("PUT", "/racks/n", Some(t), &[]).await;
+    assert_eq!(status, 200, "the holder of rack/n was locked out by an observed write in flight: {v}");
+    assert!(!slow.is_finished(), "the strict write waited for the observed one");
+    assert_eq!(slow.await.unwrap().0, 200);
+    // And once it is done, its floor is not the strict route's either.
     let (status, v) = sc.send("PUT", "/racks/n", Some(t), &[]).await;
     assert_eq!(status, 200, "the holder of rack/n was locked out by an observed write: {v}");
     // And the observed route keeps its own high-water mark.
     let (status, v) = sc.send("PUT", "/observed/n", Some(t), &[]).await;
     assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(1_000_000)), "{v}");
-    assert_eq!(up.tokens("/racks/n"), vec![Some(t)]);
+    assert_eq!(up.tokens("/racks/n"), vec![Some(t), Some(t)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,15 +70,18 @@ impl Fencer {
             }
         }
 
+        // The barrier is per floor: an observed route's unverified tokens
+        // must not hold back or refuse a strict route on the same lock key.
+        let floor = floor_key(mode, key);
         let permit = self
             .order
-            .enter(key, token)
+            .enter(&floor, token)
             .await
             .map_err(|higher| reject(Reason::StaleToken, Some(token), Some(higher)))?;
         if let Verdict::Reject { reason, current } = decide(mode, token, &self.knowledge(mode, key), true) {
             return Err(reject(reason, Some(token), Some(current)));
         }
-        self.floors.raise(&floor_key(mode, key), token).await.map_err(|e| Answer::Internal(e.to_string()))?;
+        self.floors.raise(&floor, token).await.map_err(|e| Answer::Internal(e.to_string()))?;
         Ok(Some(permit))
     }
 
