@@ -119,6 +119,29 @@ async fn forged_tokens_are_unknown_and_do_not_move_the_floor() {
     assert_eq!(up.tokens("/racks/f"), vec![Some(t)]);
 }
 
+/// Cached knowledge is trusted only while the watch is up: cut off from the
+/// lock service, the sidecar cannot tell that a lease it saw live has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_stops_trusting_a_live_lease_once_its_watch_is_down() {
+    let mut c = Cluster::start(3, "").await;
+    let up = Upstream::start().await;
+    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("strict", "cached")).await;
+    let (a, _) = take(&c, "rack/w", 2_000, 0).await;
+    assert_eq!(sc.send("PUT", "/racks/w", Some(a), &[]).await.0, 200);
+    for id in c.ids() {
+        c.kill(id);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !sc.metrics().await.contains("fencegate_sidecar_lock_service_up 0") {
+        assert!(tokio::time::Instant::now() < deadline, "the sidecar never noticed its watch was down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A's lease may have ended by now for all the sidecar can know.
+    let (status, v) = sc.send("PUT", "/racks/w", Some(a), &[]).await;
+    assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
+    assert_eq!(up.tokens("/racks/w"), vec![Some(a)]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_sidecar_keeps_its_floors_while_the_lock_service_is_down() {
     let mut c = Cluster::start(3, "").await;

@@ -54,16 +54,19 @@ impl Fencer {
         };
         let unavailable = |_| reject(Reason::LockServiceUnavailable, Some(token), None);
 
+        // Knowledge only grows, so a refusal on what is cached stands; but to
+        // forward, a linearizable route needs a read (S5), and so does any
+        // route of the lock service while its watch is down: cached
+        // knowledge would otherwise age without bound (a lease that ended
+        // unseen would still look live).
+        let watch_down = self.view.as_ref().is_some_and(|v| !v.is_up());
+        let needs_read = mode != FenceMode::Observed && (consistency == Consistency::Linearizable || watch_down);
         let mut fresh = false;
-        if mode != FenceMode::Observed && consistency == Consistency::Linearizable {
-            self.read(key, arrived).await.map_err(unavailable)?;
-            fresh = true;
-        }
         loop {
             match decide(mode, token, &self.knowledge(mode, key), fresh) {
-                Verdict::Forward => break,
+                Verdict::Forward if fresh || !needs_read => break,
                 Verdict::Reject { reason, current } => return Err(reject(reason, Some(token), Some(current))),
-                Verdict::AskService => {
+                Verdict::Forward | Verdict::AskService => {
                     self.read(key, arrived).await.map_err(unavailable)?;
                     fresh = true;
                 }
