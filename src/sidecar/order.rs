@@ -58,7 +58,8 @@ impl Order {
         }
     }
 
-    /// Keys with requests in flight (for tests and metrics).
+    /// Keys with requests in flight.
+    #[cfg(test)]
     pub fn busy_keys(&self) -> usize {
         self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
