@@ -29,7 +29,7 @@ use common::cluster::{start_cluster, start_cluster_with, Cluster};
 use common::etcd::{base64, start_etcd, Etcd};
 use common::procs::Proc;
 use common::report::{self, mib, Spread, Table};
-use fencegate::http::HttpClient;
+use fencegate_client::http::HttpClient;
 use hyper::Method;
 use serde_json::{json, Value};
 use tokio::time::Instant;

@@ -26,7 +26,7 @@ use common::load::{self, MakeRequest};
 use common::procs::{Proc, Usage};
 use common::report::{self, mib, Spread, Table};
 use common::{cluster, env_or, sidecar, upstream};
-use fencegate::client::AcquireOptions;
+use fencegate_client::AcquireOptions;
 use serde_json::json;
 
 /// "sidecar (fence off)" is the cached sidecar on a route with fencing off:

@@ -1,4 +1,4 @@
-//! Command-line interface (DESIGN.md "CLI"). Each subcommand lives in its own
+//! Command-line interface (docs/DESIGN.md "CLI"). Each subcommand lives in its own
 //! file; this one parses and dispatches, and owns the exit codes.
 
 mod demo;
@@ -80,6 +80,10 @@ enum Command {
         /// Wipe the data directory first.
         #[arg(long)]
         fresh: bool,
+        /// Listen on ports the OS picks instead of the well-known ones (the
+        /// banner shows them): for a second `dev`, or when those ports are taken.
+        #[arg(long)]
+        free_ports: bool,
     },
     /// Replay the pause problem on real components, with and without the sidecar.
     Demo {
@@ -104,7 +108,7 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct Endpoints {
     /// Comma-separated node URLs; any node will do, followers forward to the leader.
-    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', default_value = crate::client::DEFAULT_ENDPOINT)]
+    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', default_value = fencegate_client::DEFAULT_ENDPOINT)]
     endpoints: Vec<String>,
 }
 
@@ -127,7 +131,7 @@ pub fn run(cli: Cli) -> i32 {
                 lock::run(args).await
             }
             Command::Demo { ttl, pause, mermaid } => demo::run(demo::DemoArgs { ttl, pause, mermaid }).await,
-            Command::Dev { data, fresh } => dev::run(&data, fresh).await,
+            Command::Dev { data, fresh, free_ports } => dev::run(&data, fresh, free_ports).await,
             Command::CheckConfig { file } => check_config(&file).map(|()| 0),
         }
     });
@@ -151,7 +155,7 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
         let c = crate::config::sidecar::SidecarConfig::from_yaml(&text)?;
         // The files it names too: a mistyped cert path is found here, not at startup.
         crate::tls::SidecarTls::load(&c)?;
-        println!("{}: ok (sidecar, {} routes)", file.display(), c.routes.len());
+        println!("{}: ok (sidecar, {} routes)", file.display(), c.routes.iter().count());
     } else {
         crate::config::node::NodeConfig::from_yaml(&text)?;
         println!("{}: ok (lock service node)", file.display());

@@ -1,12 +1,13 @@
 //! Configuration files: `load(path)` → `from_yaml(&str)` → `validate()`.
 //! Everything is checked before any port is bound; a bad file is reported with
-//! the field and line and the process exits with `EX_CONFIG` (64 per DESIGN.md).
+//! the field and line and the process exits with `EX_CONFIG` (64, docs/DESIGN.md).
 
 pub mod node;
 pub mod sidecar;
 
 use std::path::Path;
 
+use hyper::Uri;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
@@ -30,17 +31,18 @@ impl ConfigError {
     }
 }
 
-/// A configuration file: parsed, then validated as a whole.
+/// A configuration file: parsed, then validated as a whole into what the
+/// process runs on (`Valid`), so that nothing is parsed twice.
 pub trait ConfigFile: DeserializeOwned {
-    fn validate(&self) -> Result<(), ConfigError>;
+    type Valid;
 
-    fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let c: Self = parse_yaml(text)?;
-        c.validate()?;
-        Ok(c)
+    fn validate(self) -> Result<Self::Valid, ConfigError>;
+
+    fn from_yaml(text: &str) -> Result<Self::Valid, ConfigError> {
+        parse_yaml::<Self>(text)?.validate()
     }
 
-    fn load(path: &Path) -> Result<Self, ConfigError> {
+    fn load(path: &Path) -> Result<Self::Valid, ConfigError> {
         Self::from_yaml(&read(path)?)
     }
 }
@@ -54,33 +56,16 @@ pub fn read(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })
 }
 
-/// Parse a base URL: one that request paths are appended to, so it may have
-/// neither a path nor a query.
-fn parse_base(field: &str, url: &str) -> Result<hyper::Uri, ConfigError> {
-    let uri: hyper::Uri = url.parse().map_err(|e| ConfigError::invalid(field, format!("{url:?} is not a URL: {e}")))?;
-    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(ConfigError::invalid(field, format!("{url:?} must not have a path or query")));
-    }
-    Ok(uri)
+/// A lock service node's URL (`http://host:port`), as `field` names it.
+pub fn endpoint_url(field: &str, url: &str) -> Result<Uri, ConfigError> {
+    fencegate_client::url::parse_endpoint(url).map_err(|m| ConfigError::invalid(field, m))
 }
 
-/// Check that `url` is an absolute `http://host:port` URL without a path.
-pub fn check_base_url(field: &str, url: &str) -> Result<(), ConfigError> {
-    let uri = parse_base(field, url)?;
-    if uri.scheme_str() != Some("http") {
-        return Err(ConfigError::invalid(field, format!("{url:?} must start with http://")));
-    }
-    if uri.authority().is_none() || uri.port_u16().is_none() {
-        return Err(ConfigError::invalid(field, format!("{url:?} must name a host and a port")));
-    }
-    Ok(())
-}
-
-/// Check that `url` is an absolute `http://` or `https://` URL naming a host,
-/// with or without a port (the scheme's default), and without a path, query or
-/// credentials: the sidecar appends each request's own path and query to it.
-pub fn check_upstream_url(field: &str, url: &str) -> Result<(), ConfigError> {
-    let uri = parse_base(field, url)?;
+/// An absolute `http://` or `https://` URL naming a host, with or without a
+/// port (the scheme's default), and without a path, query or credentials:
+/// the sidecar appends each request's own path and query to it.
+pub fn upstream_url(field: &str, url: &str) -> Result<Uri, ConfigError> {
+    let uri = fencegate_client::url::parse_base(url).map_err(|m| ConfigError::invalid(field, m))?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(ConfigError::invalid(field, format!("{url:?} must start with http:// or https://")));
     }
@@ -94,5 +79,5 @@ pub fn check_upstream_url(field: &str, url: &str) -> Result<(), ConfigError> {
     if authority.as_str().strip_prefix(authority.host()) != Some("") && authority.port_u16().is_none() {
         return Err(ConfigError::invalid(field, format!("{url:?} has an invalid port")));
     }
-    Ok(())
+    Ok(uri)
 }

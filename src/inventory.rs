@@ -68,7 +68,8 @@ impl Inventory {
             },
             (Method::PUT, _, Some(rack)) => {
                 let rack = rack.to_string();
-                let token = req.headers().get("x-fence-token").and_then(|v| v.to_str().ok()).map(String::from);
+                let token =
+                    req.headers().get(fencegate_client::TOKEN_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
                 let body = match crate::http::read_body(req.into_body(), MAX_BODY).await {
                     Ok(b) => b,
                     Err(e) => return json(StatusCode::BAD_REQUEST, &json!({"error": e.to_string()})),
@@ -91,7 +92,8 @@ impl Inventory {
 
 /// Serve the inventory on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, inventory: Arc<Inventory>, shutdown: impl Future<Output = ()>) {
-    crate::http::serve_http1(listener, shutdown, move |req| {
+    let opts = crate::http::Listener::http1("inventory");
+    crate::http::serve(listener, opts, shutdown, move |req, _| {
         let inv = inventory.clone();
         async move { inv.handle(req).await }
     })

@@ -5,7 +5,6 @@
 
 pub mod batch;
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod http;
 pub mod inventory;

@@ -24,12 +24,13 @@ use redb::Database;
 use tokio::net::TcpListener;
 
 use crate::config::node::NodeConfig;
-use crate::http::HttpClient;
 use crate::metrics::{LockMetrics, RaftMetrics};
 use crate::raft::log_store::{read_meta, write_meta, LogStore};
 use crate::raft::network::Network;
 use crate::raft::state_machine::{Applied, StateMachineStore};
 use crate::raft::types::{NodeId, Raft};
+use fencegate_client::http::HttpClient;
+use fencegate_client::wire::{self, ClusterInfo};
 
 /// Largest body a peer or client may send (a Raft append batch is the largest).
 const MAX_PEER_BODY: usize = 64 << 20;
@@ -143,10 +144,15 @@ async fn should_bootstrap(id: NodeId, peers: &BTreeMap<NodeId, String>, http: &H
     }
     for (peer, url) in peers.iter().filter(|(p, _)| **p != id) {
         let answer = http
-            .call(hyper::Method::GET, &format!("{url}/v1/cluster"), None, std::time::Duration::from_millis(500))
+            .call(
+                hyper::Method::GET,
+                &format!("{url}{}", wire::CLUSTER_PATH),
+                None,
+                std::time::Duration::from_millis(500),
+            )
             .await;
-        let info = answer.ok().and_then(|a| serde_json::from_slice::<serde_json::Value>(&a.body).ok());
-        if info.is_some_and(|v| v["term"].as_u64().unwrap_or(0) > 0 || !v["leader"].is_null()) {
+        let info = answer.ok().and_then(|a| serde_json::from_slice::<ClusterInfo>(&a.body).ok());
+        if info.is_some_and(|c| c.term > 0 || c.leader.is_some()) {
             tracing::info!(peer, "not bootstrapping: a peer already belongs to a cluster");
             return false;
         }
@@ -166,7 +172,9 @@ fn check_node_id(db: &Database, id: NodeId) -> anyhow::Result<()> {
     }
 }
 
-/// Accept connections until `shutdown` resolves.
+/// Serve the Lock API and the peer RPCs until `shutdown` resolves, then
+/// drain the requests in flight.
 pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
-    crate::http::serve_http1(listener, shutdown, move |req| api::handle(node.clone(), req)).await
+    let opts = crate::http::Listener::http1("lock API");
+    crate::http::serve(listener, opts, shutdown, move |req, _| api::handle(node.clone(), req)).await
 }

@@ -21,41 +21,33 @@ pub mod knowledge;
 pub mod order;
 pub mod routes;
 
-use std::collections::HashMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context;
+use fencegate_client::wire::Problem;
+use fencegate_client::Client;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-use hyper::{Request, Response, Uri};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper::{Request, Response};
 use prometheus::Registry;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::client::Client;
-use crate::config::sidecar::{Limits, SidecarConfig};
-use crate::http::{Body, BoxError};
+use crate::config::sidecar::SidecarSettings;
+use crate::http::{Body, BoxError, Listener};
 use crate::metrics::SidecarMetrics;
 use crate::tls::SidecarTls;
 use answer::Answer;
 use check::Fencer;
 use forward::Upstream;
 use knowledge::LockView;
-use routes::{MatchError, Routes};
+use routes::MatchError;
 
 pub struct Sidecar {
-    pub config: SidecarConfig,
-    routes: Routes,
-    /// Route name -> upstream base.
-    upstreams: HashMap<String, Uri>,
-    default_upstream: Uri,
+    pub settings: SidecarSettings,
     pub fencer: Fencer,
     upstream: Upstream,
     /// Present when the listener serves HTTPS (`tls`).
@@ -65,46 +57,24 @@ pub struct Sidecar {
 }
 
 impl Sidecar {
-    /// Build everything from a validated config: TLS material, routes, floors
+    /// Build everything from a validated config: TLS material, floors
     /// (loaded from `state_dir`), the lock service watch if any route needs it.
-    pub fn new(config: SidecarConfig) -> anyhow::Result<Arc<Sidecar>> {
+    pub fn new(settings: SidecarSettings) -> anyhow::Result<Arc<Sidecar>> {
         // TLS files first, before anything is opened or started: a missing or
         // bad file is a configuration error (exit 64) like a bad field.
-        let tls = SidecarTls::load(&config)?;
+        let tls = SidecarTls::load(&settings)?;
         let acceptor = tls.server.map(|c| TlsAcceptor::from(Arc::new(c)));
-        let routes = Routes::build(&config.routes)?;
-        let parse = |u: &str| -> anyhow::Result<Uri> { u.parse().with_context(|| format!("upstream {u:?}")) };
-        let default_upstream = parse(&config.upstream)?;
-        let mut upstreams = HashMap::new();
-        for r in routes.iter() {
-            if let Some(u) = &r.upstream {
-                upstreams.insert(r.name.clone(), parse(u)?);
-            }
-        }
         let registry = Registry::new();
         let metrics = SidecarMetrics::new(&registry)?;
-        let needs_service = routes.iter().any(|r| r.fence.needs_lock_service());
-        let view = match (&config.lock_service, needs_service) {
-            (Some(ls), true) => {
-                let client = Client::new(ls.endpoints.clone())?;
-                Some(LockView::start(client, ls.endpoints.clone(), metrics.clone()))
-            }
+        let needs_service = settings.routes.iter().any(|r| r.fence.needs_lock_service());
+        let view = match (&settings.lock_endpoints, needs_service) {
+            (Some(endpoints), true) => Some(LockView::start(Client::new(endpoints.clone())?, metrics.clone())),
             _ => None,
         };
-        let floors = floors::Floors::open(&config.state_dir)?;
-        tracing::info!(keys = floors.len(), dir = %config.state_dir.display(), "floors loaded");
+        let floors = floors::Floors::open(&settings.state_dir)?;
+        tracing::info!(keys = floors.len(), dir = %settings.state_dir.display(), "floors loaded");
         let fencer = Fencer { view, floors, order: Arc::default() };
-        Ok(Arc::new(Sidecar {
-            config,
-            routes,
-            upstreams,
-            default_upstream,
-            fencer,
-            upstream: Upstream::new(tls.upstream),
-            acceptor,
-            registry,
-            metrics,
-        }))
+        Ok(Arc::new(Sidecar { settings, fencer, upstream: Upstream::new(tls.upstream), acceptor, registry, metrics }))
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
@@ -112,14 +82,14 @@ impl Sidecar {
         if let Err(a) = self.check_framing(&req) {
             return self.answer("-", None, a);
         }
-        let matched = match self.routes.find(req.method(), req.uri().path()) {
+        let matched = match self.settings.routes.find(req.method(), req.uri().path()) {
             Ok(m) => m,
             Err(e) => {
                 let a = match e {
                     MatchError::NoRoute => Answer::NoRoute,
-                    MatchError::MalformedPath(m) => Answer::BadRequest { error: "malformed_path", message: m },
+                    MatchError::MalformedPath(m) => Answer::BadRequest { error: Problem::MalformedPath, message: m },
                     e @ MatchError::InvalidKey { .. } => {
-                        Answer::BadRequest { error: "invalid_key", message: e.to_string() }
+                        Answer::BadRequest { error: Problem::InvalidKey, message: e.to_string() }
                     }
                 };
                 return self.answer("-", None, a);
@@ -138,13 +108,13 @@ impl Sidecar {
             }
             None => None,
         };
-        let limit = self.config.limits.max_body;
+        let limit = self.settings.limits.max_body;
         let (parts, body) = req.into_parts();
         let body = Limited::new(body, limit as usize).map_err(|e| -> BoxError { e }).boxed();
-        let base = self.upstreams.get(name).unwrap_or(&self.default_upstream);
         let started = Instant::now();
-        let tls = self.config.tls.is_some();
-        let result = self.upstream.forward(base, Request::from_parts(parts, body), peer, tls, route.timeout).await;
+        let tls = self.acceptor.is_some();
+        let req = Request::from_parts(parts, body);
+        let result = self.upstream.forward(&route.upstream, req, peer, tls, route.timeout).await;
         self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
         match (&result, permit) {
             // The exchange broke after the request may have reached the
@@ -175,11 +145,14 @@ impl Sidecar {
         // Methods are case-sensitive in HTTP, but some upstreams upper-case
         // them: `put` must not slip past a route fenced for `PUT`.
         if req.method().as_str().bytes().any(|b| b.is_ascii_lowercase()) {
-            return Err(Answer::BadRequest { error: "malformed_method", message: "methods must be upper case".into() });
+            return Err(Answer::BadRequest {
+                error: Problem::MalformedMethod,
+                message: "methods must be upper case".into(),
+            });
         }
         let h = req.headers();
         let lengths = h.get_all(CONTENT_LENGTH).iter().count();
-        let ambiguous = |m: &str| Answer::BadRequest { error: "ambiguous_framing", message: m.to_string() };
+        let ambiguous = |m: &str| Answer::BadRequest { error: Problem::AmbiguousFraming, message: m.to_string() };
         if lengths > 1 {
             return Err(ambiguous("more than one Content-Length"));
         }
@@ -196,8 +169,8 @@ impl Sidecar {
         if let Some(len) = h.get(CONTENT_LENGTH) {
             let len: u64 =
                 len.to_str().ok().and_then(|s| s.parse().ok()).ok_or_else(|| ambiguous("bad Content-Length"))?;
-            if len > self.config.limits.max_body {
-                return Err(Answer::TooLarge { limit: self.config.limits.max_body });
+            if len > self.settings.limits.max_body {
+                return Err(Answer::TooLarge { limit: self.settings.limits.max_body });
             }
         }
         Ok(())
@@ -218,70 +191,35 @@ impl Sidecar {
 }
 
 /// Serve the proxy on `listener` (HTTP/1.1 and HTTP/2, over TLS when `tls` is
-/// set) until `shutdown`.
+/// set) until `shutdown`, then drain.
 pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    let limits = sidecar.config.limits.clone();
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => { tracing::warn!("accept: {e}"); continue; }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let sc = sidecar.clone();
-        let limits = limits.clone();
-        tokio::spawn(async move {
-            let Some(acceptor) = sc.acceptor.clone() else {
-                return serve_connection(stream, sc, peer, &limits).await;
-            };
-            // In the connection's own task, so a client that stalls its
-            // handshake holds up nobody else; bounded like a slow request head.
-            match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => serve_connection(tls, sc, peer, &limits).await,
-                Ok(Err(e)) => tracing::debug!("TLS handshake with {peer}: {e}"),
-                Err(_) => tracing::debug!("TLS handshake with {peer}: timed out after {:?}", limits.header_timeout),
-            }
-        });
-    }
-}
-
-/// One client connection (plain TCP or TLS), HTTP/1.1 or HTTP/2.
-async fn serve_connection<I>(io: I, sc: Arc<Sidecar>, peer: SocketAddr, limits: &Limits)
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let service = hyper::service::service_fn(move |req| {
+    let limits = &sidecar.settings.limits;
+    let opts = Listener {
+        name: "sidecar",
+        header_timeout: limits.header_timeout,
+        max_header_bytes: limits.max_header_bytes as usize,
+        http2: true,
+        tls: sidecar.acceptor.clone(),
+        // Requests in flight hold ordering permits until the upstream answers
+        // or the route times out: drain for as long as the longest route waits.
+        drain: sidecar.settings.routes.iter().map(|r| r.timeout).max().unwrap_or_default(),
+    };
+    crate::http::serve(listener, opts, shutdown, move |req, peer| {
         // Its own task: if the client goes away, hyper drops this future,
         // but the request (and its ordering permit, S1) must live until the
         // upstream has answered or timed out.
-        let task = tokio::spawn(sc.clone().handle(req, peer));
+        let task = tokio::spawn(sidecar.clone().handle(req, peer));
         async move {
-            Ok::<_, Infallible>(
-                task.await.unwrap_or_else(|e| Answer::Internal(format!("request task failed: {e}")).into_response("-")),
-            )
+            task.await.unwrap_or_else(|e| Answer::Internal(format!("request task failed: {e}")).into_response("-"))
         }
-    });
-    // `auto` tells the two apart by the HTTP/2 preface, so an ALPN `h2`
-    // connection needs nothing special.
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // Without a timer hyper's header timeout does nothing.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .max_buf_size(limits.max_header_bytes as usize);
-    builder.http2().timer(TokioTimer::new()).max_header_list_size(limits.max_header_bytes as u32);
-    if let Err(e) = builder.serve_connection(TokioIo::new(io), service).await {
-        tracing::debug!("connection from {peer}: {e}");
-    }
+    })
+    .await
 }
 
 /// Serve `/metrics` (and `/healthz`) on the metrics listener.
 pub async fn serve_metrics(listener: TcpListener, registry: Registry, shutdown: impl Future<Output = ()>) {
-    crate::http::serve_http1(listener, shutdown, move |req: Request<Incoming>| {
+    let opts = crate::http::Listener::http1("metrics");
+    crate::http::serve(listener, opts, shutdown, move |req: Request<Incoming>, _| {
         std::future::ready(crate::metrics::respond(&registry, req.uri().path()))
     })
     .await

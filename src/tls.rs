@@ -17,7 +17,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use thiserror::Error;
 
-use crate::config::sidecar::{SidecarConfig, TlsConfig, UpstreamTls};
+use crate::config::sidecar::{SidecarSettings, TlsConfig, UpstreamTls};
 use crate::config::ConfigError;
 
 /// ALPN offered by the listener, preferred first: hyper serves both.
@@ -54,7 +54,7 @@ pub struct SidecarTls {
 
 impl SidecarTls {
     /// Used by startup and by `check-config`, so that both report the same file problems.
-    pub fn load(config: &SidecarConfig) -> Result<Self, ConfigError> {
+    pub fn load(config: &SidecarSettings) -> Result<Self, ConfigError> {
         let server = config.tls.as_ref().map(server_config).transpose()?;
         let upstream = upstream_client_config(config.upstream_tls.as_ref())?;
         Ok(Self { server, upstream })

@@ -40,7 +40,7 @@ async fn status_shows_the_cluster_and_a_key() {
     let endpoints = c.urls().join(",");
     let lease = c
         .client()
-        .acquire("rack/9", fencegate::client::AcquireOptions::new(Duration::from_secs(30)).holder("ops-1"))
+        .acquire("rack/9", fencegate_client::AcquireOptions::new(Duration::from_secs(30)).holder("ops-1"))
         .await
         .unwrap();
     let (code, out, err) = fencegate(&["status", "--endpoints", &endpoints]);
@@ -100,10 +100,10 @@ async fn dev_smoke() {
         false
     });
     assert!(ready.await.unwrap(), "dev did not start");
-    let client = fencegate::client::Client::new(vec![fencegate::client::DEFAULT_ENDPOINT.into()]).unwrap();
+    let client = fencegate_client::Client::new(vec![fencegate_client::DEFAULT_ENDPOINT.into()]).unwrap();
     let lease =
-        client.acquire("rack/42", fencegate::client::AcquireOptions::new(Duration::from_secs(10))).await.unwrap();
-    let http = fencegate::http::HttpClient::new(1 << 20);
+        client.acquire("rack/42", fencegate_client::AcquireOptions::new(Duration::from_secs(10))).await.unwrap();
+    let http = fencegate_client::http::HttpClient::new(1 << 20);
     let req = hyper::Request::put("http://127.0.0.1:8080/racks/42")
         .header("x-fence-token", lease.token().to_string())
         .body(http_body_util::Full::new(bytes::Bytes::from_static(br#"{"state":"drained"}"#)))

@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::Cluster;
-use fencegate::client::AcquireOptions;
+use fencegate_client::AcquireOptions;
 use tokio::process::Command;
 use tokio::time::Instant;
 

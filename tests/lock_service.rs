@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{raw, Cluster};
-use fencegate::client::{AcquireOptions, ClientError, LostReason};
+use fencegate_client::{AcquireOptions, ClientError, LostReason};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -172,7 +172,7 @@ async fn isolated_leader_cannot_grant_and_its_holders_lose_in_time() {
     // The majority elects a leader and, once the lease expires there, grants.
     let rest: Vec<u64> = c.ids().into_iter().filter(|i| *i != old).collect();
     c.wait_for_leader_among(&rest, Duration::from_secs(10)).await;
-    let majority = fencegate::client::Client::new(rest.iter().map(|i| c.url(*i)).collect()).unwrap();
+    let majority = fencegate_client::Client::new(rest.iter().map(|i| c.url(*i)).collect()).unwrap();
     let next = majority.acquire("iso", ttl(2000).wait(Duration::from_secs(10))).await.unwrap();
     let granted_at = Instant::now();
     assert!(next.token() > lease.token());

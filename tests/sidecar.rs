@@ -297,7 +297,7 @@ async fn bad_tokens_and_bad_framing_never_reach_the_upstream() {
 
 /// A request body the test sends itself, with a Content-Length.
 async fn raw_to(base: &str, method: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, Value) {
-    let http = fencegate::http::HttpClient::new(1 << 20);
+    let http = fencegate_client::http::HttpClient::new(1 << 20);
     let mut b = hyper::Request::builder().method(method).uri(format!("{base}{path}"));
     for (k, v) in headers {
         b = b.header(*k, *v);

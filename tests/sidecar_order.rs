@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::sidecar::SidecarProc;
 use common::upstream::Upstream;
 use common::Cluster;
-use fencegate::client::AcquireOptions;
+use fencegate_client::AcquireOptions;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
@@ -124,7 +124,7 @@ async fn writes_reach_the_upstream_in_token_order_under_concurrency() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_order_checker_fails_without_the_sidecar() {
     let up = Upstream::start().await;
-    let http = fencegate::http::HttpClient::new(1 << 20);
+    let http = fencegate_client::http::HttpClient::new(1 << 20);
     let mut tasks = vec![];
     for (token, delay) in [(1u64, 300u64), (2, 0)] {
         let (http, url) = (http.clone(), format!("{}/racks/x", up.url()));

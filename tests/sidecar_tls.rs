@@ -66,7 +66,7 @@ async fn https_requests_are_fenced_and_forwarded_with_proto_https() {
     let e = https(&stranger.client(None), sc.port, "localhost", false, "GET", "/x", None).await.unwrap_err();
     assert!(e.contains("certificate"), "{e}");
     // Plain HTTP on the HTTPS port gets no HTTP answer.
-    let http = fencegate::http::HttpClient::new(1 << 20);
+    let http = fencegate_client::http::HttpClient::new(1 << 20);
     let plain = http.call(hyper::Method::GET, &sc.url(), None, Duration::from_secs(5)).await;
     assert!(plain.is_err(), "{plain:?}");
     assert_eq!(up.seen().len(), 1);

@@ -28,7 +28,7 @@ use checker::Report;
 use common::sidecar::SidecarProc;
 use common::upstream::Upstream;
 use common::Cluster;
-use fencegate::client::AcquireOptions;
+use fencegate_client::AcquireOptions;
 use history::{History, Kind, Outcome};
 use nemesis::Fault;
 use tokio::time::Instant;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use fencegate::client::Client;
+use fencegate_client::Client;
 use tokio::time::Instant;
 
 use super::procs::Proc;

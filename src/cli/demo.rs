@@ -10,8 +10,8 @@ use hyper::Method;
 use tokio::time::Instant;
 
 use super::stack::{Stack, ANY_PORTS};
-use crate::client::{AcquireOptions, Client};
-use crate::http::HttpClient;
+use fencegate_client::http::HttpClient;
+use fencegate_client::{AcquireOptions, Client, TOKEN_HEADER};
 
 pub struct DemoArgs {
     pub ttl: Duration,
@@ -139,7 +139,7 @@ async fn put(
     let req = hyper::Request::builder()
         .method(Method::PUT)
         .uri(format!("{base}/racks/{rack}"))
-        .header("x-fence-token", token.to_string())
+        .header(TOKEN_HEADER, token.to_string())
         .header("content-type", "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from(format!("{{\"state\":\"{state}\"}}"))))?;
     let a = http.send(req, Duration::from_secs(10)).await?;

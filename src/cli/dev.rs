@@ -1,18 +1,19 @@
 //! `fencegate dev`: the embedded default — everything on one machine on the
 //! well-known local ports: lock nodes 7401–7403, the sidecar on 8080 (metrics
-//! 9464) in front of the built-in inventory API on 9000.
+//! 9464) in front of the built-in inventory API on 9000 (`--free-ports`: on
+//! ports the OS picks).
 
 use std::path::Path;
 
 use anyhow::Context;
 
-use super::stack::{Stack, DEV_PORTS};
+use super::stack::{Stack, ANY_PORTS, DEV_PORTS};
 
-pub async fn run(data: &Path, fresh: bool) -> anyhow::Result<i32> {
+pub async fn run(data: &Path, fresh: bool, free_ports: bool) -> anyhow::Result<i32> {
     if fresh && data.exists() {
         std::fs::remove_dir_all(data).with_context(|| format!("removing {}", data.display()))?;
     }
-    let stack = Stack::start(DEV_PORTS, data).await?;
+    let stack = Stack::start(if free_ports { ANY_PORTS } else { DEV_PORTS }, data).await?;
     print_banner(&stack, data);
     super::server::shutdown_signal().await;
     eprintln!("\nstopping …");

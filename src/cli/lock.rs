@@ -20,7 +20,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::client::{AcquireOptions, Client, ClientError, Lease};
+use fencegate_client::{AcquireOptions, Client, ClientError, Lease};
 
 /// The lock was not obtained within `--wait`.
 pub const EXIT_NOT_OBTAINED: i32 = 75;

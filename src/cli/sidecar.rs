@@ -28,7 +28,7 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
         tracing::info!(listen = %l.local_addr()?, "sidecar metrics");
         tokio::spawn(serve_metrics(l, sidecar.registry.clone(), wait(stopped.clone())));
     }
-    let (upstream, tls) = (&sidecar.config.upstream, sidecar.config.tls.is_some());
+    let (upstream, tls) = (&sidecar.settings.upstream, sidecar.settings.tls.is_some());
     tracing::info!(listen = %listener.local_addr()?, %upstream, tls, "fencegate sidecar serving");
     let proxy = tokio::spawn(serve(listener, sidecar, wait(stopped)));
     super::server::shutdown_signal().await;

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::node::{LeaseConfig, NodeConfig, RaftConfig};
 use crate::config::sidecar::{LockServiceConfig, SidecarConfig};
-use crate::config::ConfigFile;
+use crate::config::{parse_yaml, ConfigFile};
 use crate::inventory::Inventory;
 use crate::server::Node;
 use crate::sidecar::Sidecar;
@@ -32,7 +32,7 @@ pub struct Ports {
     pub metrics: u16,
 }
 
-/// The well-known local ports of DESIGN.md.
+/// The well-known local ports of docs/DESIGN.md.
 pub const DEV_PORTS: Ports = Ports { nodes: [7401, 7402, 7403], inventory: 9000, sidecar: 8080, metrics: 9464 };
 /// Any free ports.
 pub const ANY_PORTS: Ports = Ports { nodes: [0; 3], inventory: 0, sidecar: 0, metrics: 0 };
@@ -88,8 +88,8 @@ impl Stack {
                 peers: peers.clone(),
                 lease: LeaseConfig::default(),
                 raft: RaftConfig::default(),
-            };
-            config.validate()?;
+            }
+            .validate()?;
             let node = Node::start(config).await?;
             tasks.push(tokio::spawn(crate::server::serve(listener, node.clone(), until_stopped())));
             nodes.push(node);
@@ -98,14 +98,13 @@ impl Stack {
         let inventory = Arc::new(Inventory::default());
         tasks.push(tokio::spawn(crate::inventory::serve(inv_listener, inventory.clone(), until_stopped())));
 
-        let mut sc: SidecarConfig = SidecarConfig::from_yaml(DEV_SIDECAR)?;
+        let mut sc: SidecarConfig = parse_yaml(DEV_SIDECAR)?;
         sc.listen = sc_addr;
         sc.metrics_listen = Some(metrics_addr);
         sc.upstream = format!("http://{inv_addr}");
         sc.lock_service = Some(LockServiceConfig { endpoints: endpoints.clone() });
         sc.state_dir = data.join("sidecar");
-        sc.validate()?;
-        let sidecar = Sidecar::new(sc)?;
+        let sidecar = Sidecar::new(sc.validate()?)?;
         tasks.push(tokio::spawn(crate::sidecar::serve_metrics(
             metrics_listener,
             sidecar.registry.clone(),
@@ -113,7 +112,7 @@ impl Stack {
         )));
         tasks.push(tokio::spawn(crate::sidecar::serve(sc_listener, sidecar, until_stopped())));
 
-        let client = crate::client::Client::new(endpoints.clone())?;
+        let client = fencegate_client::Client::new(endpoints.clone())?;
         client.read("dev/ready").await.context("the lock cluster did not elect a leader")?;
         Ok(Stack {
             endpoints,

@@ -1,6 +1,6 @@
 //! `fencegate status [KEY]`: the cluster or one key, for a person to read.
 
-use crate::client::Client;
+use fencegate_client::Client;
 
 pub async fn run(key: Option<String>, endpoints: Vec<String>) -> anyhow::Result<i32> {
     let client = Client::new(endpoints)?;

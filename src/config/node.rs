@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{check_base_url, ConfigError, ConfigFile};
+use super::{endpoint_url, ConfigError, ConfigFile};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,7 +83,9 @@ impl Default for RaftConfig {
 }
 
 impl ConfigFile for NodeConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
+    type Valid = NodeConfig;
+
+    fn validate(self) -> Result<NodeConfig, ConfigError> {
         if self.peers.is_empty() || self.peers.len() > 9 {
             return Err(ConfigError::invalid("peers", "must list 1 to 9 nodes (3 or 5 in production)"));
         }
@@ -94,7 +96,7 @@ impl ConfigFile for NodeConfig {
             return Err(ConfigError::invalid("id", "must be a positive integer"));
         }
         for (id, url) in &self.peers {
-            check_base_url(&format!("peers.{id}"), url)?;
+            endpoint_url(&format!("peers.{id}"), url)?;
         }
         let l = &self.lease;
         if l.min_ttl.is_zero() || l.min_ttl > l.default_ttl || l.default_ttl > l.max_ttl {
@@ -113,7 +115,7 @@ impl ConfigFile for NodeConfig {
         if r.propose_timeout < r.election_timeout_max {
             return Err(ConfigError::invalid("raft.propose_timeout", "must be at least election_timeout_max"));
         }
-        Ok(())
+        Ok(self)
     }
 }
 

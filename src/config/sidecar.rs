@@ -7,11 +7,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use hyper::Uri;
 use serde::de::{self, MapAccess, Unexpected, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use super::{check_base_url, check_upstream_url, ConfigError, ConfigFile};
-use crate::sidecar::routes::Routes;
+use super::{endpoint_url, upstream_url, ConfigError, ConfigFile};
+use crate::sidecar::fence::{Consistency, Fence, FenceMode, MissingToken};
+use crate::sidecar::routes::{Route, RouteSpec, Routes};
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
@@ -97,8 +99,8 @@ pub struct RouteConfig {
     /// Template of the key whose tokens fence this route, e.g. `rack/{rack}`.
     pub lock_key: Option<String>,
     /// Absent means `strict`: forgetting the line must not leave writes unfenced.
-    #[serde(default)]
-    pub fence: FenceConfig,
+    #[serde(default, deserialize_with = "fence")]
+    pub fence: Fence,
     #[serde(default)]
     pub missing_token: MissingToken,
     pub upstream: Option<String>,
@@ -110,63 +112,6 @@ pub struct RouteConfig {
 
 fn default_route_timeout() -> Duration {
     DEFAULT_ROUTE_TIMEOUT
-}
-
-/// `fence: off`, or `fence: { mode, consistency }`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FenceConfig {
-    Off,
-    On { mode: FenceMode, consistency: Consistency },
-}
-
-impl Default for FenceConfig {
-    fn default() -> Self {
-        Self::On { mode: FenceMode::default(), consistency: Consistency::default() }
-    }
-}
-
-impl FenceConfig {
-    pub fn is_fenced(&self) -> bool {
-        matches!(self, Self::On { .. })
-    }
-
-    /// `observed` keeps its own high-water marks; the other modes verify
-    /// tokens with the lock service (S3, S4).
-    pub fn needs_lock_service(&self) -> bool {
-        matches!(self, Self::On { mode: FenceMode::Strict | FenceMode::Monotonic, .. })
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FenceMode {
-    /// S2 + S3 + S4: also refuse a token whose lease is known to have ended.
-    #[default]
-    Strict,
-    /// S2 + S3: refuse only tokens below the latest grant.
-    Monotonic,
-    /// Durable high-water mark of accepted tokens, no lock service.
-    Observed,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Consistency {
-    /// Check against what the watch stream has delivered so far.
-    #[default]
-    Cached,
-    /// S5: one (coalesced) quorum read per check.
-    Linearizable,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MissingToken {
-    /// 428 `missing_token`.
-    #[default]
-    Reject,
-    /// Forward requests without a token unchecked (tokened ones are still checked).
-    Allow,
 }
 
 /// The mapping form of `fence`; kept apart so that it gets serde's
@@ -182,30 +127,28 @@ struct FenceOn {
 
 // Hand-written rather than `#[serde(untagged)]`: an untagged enum's error is
 // "data did not match any variant", which hides both the typo and the field.
-impl<'de> Deserialize<'de> for FenceConfig {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct FenceVisitor;
-        impl<'de> Visitor<'de> for FenceVisitor {
-            type Value = FenceConfig;
+fn fence<'de, D: Deserializer<'de>>(d: D) -> Result<Fence, D::Error> {
+    struct FenceVisitor;
+    impl<'de> Visitor<'de> for FenceVisitor {
+        type Value = Fence;
 
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("`off` or a mapping like `{ mode: strict, consistency: cached }`")
-            }
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("`off` or a mapping like `{ mode: strict, consistency: cached }`")
+        }
 
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<FenceConfig, E> {
-                match s {
-                    "off" => Ok(FenceConfig::Off),
-                    _ => Err(E::invalid_value(Unexpected::Str(s), &self)),
-                }
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<FenceConfig, A::Error> {
-                let on = FenceOn::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(FenceConfig::On { mode: on.mode, consistency: on.consistency })
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Fence, E> {
+            match s {
+                "off" => Ok(Fence::Off),
+                _ => Err(E::invalid_value(Unexpected::Str(s), &self)),
             }
         }
-        d.deserialize_any(FenceVisitor)
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Fence, A::Error> {
+            let on = FenceOn::deserialize(de::value::MapAccessDeserializer::new(map))?;
+            Ok(Fence::On { mode: on.mode, consistency: on.consistency })
+        }
     }
+    d.deserialize_any(FenceVisitor)
 }
 
 /// A byte count: a plain integer, or a string like `64KiB` (units B, KiB, MiB, GiB).
@@ -248,10 +191,31 @@ fn parse_byte_size(s: &str) -> Option<u64> {
     number.parse::<u64>().ok()?.checked_mul(multiplier)
 }
 
+/// A sidecar configuration that passed validation, with what the sidecar
+/// runs on built once: the compiled route table (each route with its parsed
+/// upstream) and the checked lock service endpoints. TLS files are loaded
+/// from `tls` and `upstream_tls` by `tls::SidecarTls::load`.
+#[derive(Debug, Clone)]
+pub struct SidecarSettings {
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    /// The default upstream (routes carry their own, resolved).
+    pub upstream: Uri,
+    /// `None` when no route checks tokens with the lock service and none was configured.
+    pub lock_endpoints: Option<Vec<String>>,
+    pub state_dir: PathBuf,
+    pub limits: Limits,
+    pub tls: Option<TlsConfig>,
+    pub upstream_tls: Option<UpstreamTls>,
+    pub routes: Routes,
+}
+
 impl ConfigFile for SidecarConfig {
+    type Valid = SidecarSettings;
+
     /// Everything the sidecar will need at startup, route templates included,
     /// so that a typo is reported by `check-config` and not on the first request.
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(self) -> Result<SidecarSettings, ConfigError> {
         self.validate_limits()?;
         if let Some(metrics) = self.metrics_listen {
             // Port 0 twice is two different OS-assigned ports.
@@ -262,7 +226,7 @@ impl ConfigFile for SidecarConfig {
         if self.state_dir.as_os_str().is_empty() {
             return Err(ConfigError::invalid("state_dir", "must not be empty"));
         }
-        check_upstream_url("upstream", &self.upstream)?;
+        let upstream = upstream_url("upstream", &self.upstream)?;
         if self.routes.is_empty() {
             return Err(ConfigError::invalid("routes", "must list at least one route"));
         }
@@ -272,22 +236,56 @@ impl ConfigFile for SidecarConfig {
             if !names.insert(r.name.as_str()) {
                 return Err(ConfigError::invalid(format!("routes[{i}].name"), format!("{:?} is used twice", r.name)));
             }
-            if let Some(url) = &r.upstream {
-                check_upstream_url(&format!("routes[{i}].upstream"), url)?;
-            }
             if r.timeout.is_zero() || r.timeout > MAX_ROUTE_TIMEOUT {
                 return Err(ConfigError::invalid(format!("routes[{i}].timeout"), "must be above 0 and at most 1h"));
             }
-            if let FenceConfig::On { mode: FenceMode::Observed, consistency: Consistency::Linearizable } = r.fence {
+            if let Fence::On { mode: FenceMode::Observed, consistency: Consistency::Linearizable } = r.fence {
                 return Err(ConfigError::invalid(
                     format!("routes[{i}].fence.consistency"),
                     "linearizable reads the lock service, which observed mode does not use",
                 ));
             }
         }
-        Routes::build(&self.routes)?;
-        self.validate_lock_service()
+        let routes = compile_routes(&self.routes, &upstream)?;
+        self.validate_lock_service()?;
+        Ok(SidecarSettings {
+            listen: self.listen,
+            metrics_listen: self.metrics_listen,
+            upstream,
+            lock_endpoints: self.lock_service.map(|l| l.endpoints),
+            state_dir: self.state_dir,
+            limits: self.limits,
+            tls: self.tls,
+            upstream_tls: self.upstream_tls,
+            routes,
+        })
     }
+}
+
+/// Compile the route table: templates, methods and upstreams, each parsed
+/// once. Errors name the field (`routes[2].lock_key`).
+pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri) -> Result<Routes, ConfigError> {
+    let mut compiled = Vec::with_capacity(routes.len());
+    for (i, r) in routes.iter().enumerate() {
+        let upstream = match &r.upstream {
+            Some(url) => upstream_url(&format!("routes[{i}].upstream"), url)?,
+            None => default_upstream.clone(),
+        };
+        let spec = RouteSpec {
+            name: &r.name,
+            methods: r.methods.as_deref(),
+            path: &r.path,
+            lock_key: r.lock_key.as_deref(),
+            fence: r.fence,
+            missing_token: r.missing_token,
+            upstream,
+            timeout: r.timeout,
+        };
+        let route =
+            Route::build(spec).map_err(|e| ConfigError::invalid(format!("routes[{i}].{}", e.field), e.message))?;
+        compiled.push(route);
+    }
+    Ok(Routes::new(compiled))
 }
 
 impl SidecarConfig {
@@ -326,7 +324,7 @@ impl SidecarConfig {
         }
         for (i, url) in endpoints.iter().enumerate() {
             let field = format!("lock_service.endpoints[{i}]");
-            check_base_url(&field, url)?;
+            endpoint_url(&field, url)?;
             if endpoints[..i].contains(url) {
                 return Err(ConfigError::invalid(field, format!("{url:?} is listed twice")));
             }
@@ -352,7 +350,7 @@ fn check_route_name(field: &str, name: &str) -> Result<(), ConfigError> {
 mod tests {
     use super::*;
 
-    /// DESIGN.md's example with every optional section filled in.
+    /// docs/DESIGN.md's example with every optional section filled in.
     const FULL: &str = "
 listen: 127.0.0.1:8080
 upstream: http://127.0.0.1:9000
@@ -400,9 +398,16 @@ routes:
         SidecarConfig::from_yaml(yaml).unwrap_err().to_string()
     }
 
+    /// The file as written, after checking that it validates.
+    fn parsed(yaml: &str) -> SidecarConfig {
+        let c: SidecarConfig = crate::config::parse_yaml(yaml).unwrap();
+        c.clone().validate().unwrap();
+        c
+    }
+
     #[test]
     fn parses_the_full_example() {
-        let c = SidecarConfig::from_yaml(FULL).unwrap();
+        let c = parsed(FULL);
         assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
         assert_eq!(c.upstream, "http://127.0.0.1:9000");
         assert_eq!(c.lock_service.as_ref().unwrap().endpoints.len(), 3);
@@ -422,7 +427,7 @@ routes:
         assert_eq!(writes.methods.as_deref(), Some(&["PUT", "POST", "PATCH", "DELETE"].map(String::from)[..]));
         assert_eq!(writes.path, "/racks/{rack}");
         assert_eq!(writes.lock_key.as_deref(), Some("rack/{rack}"));
-        assert_eq!(writes.fence, FenceConfig::On { mode: FenceMode::Strict, consistency: Consistency::Cached });
+        assert_eq!(writes.fence, Fence::On { mode: FenceMode::Strict, consistency: Consistency::Cached });
         assert_eq!(writes.missing_token, MissingToken::Reject);
         assert_eq!(writes.upstream.as_deref(), Some("http://127.0.0.1:9001"));
         assert_eq!(writes.timeout, Duration::from_secs(30));
@@ -431,13 +436,13 @@ routes:
         assert_eq!(rest.methods, None);
         assert_eq!(rest.path, "/{*rest}");
         assert_eq!(rest.lock_key, None);
-        assert_eq!(rest.fence, FenceConfig::Off);
+        assert_eq!(rest.fence, Fence::Off);
         assert!(!rest.fence.is_fenced() && !rest.fence.needs_lock_service());
     }
 
     #[test]
     fn defaults() {
-        let c = SidecarConfig::from_yaml(MINIMAL).unwrap();
+        let c = parsed(MINIMAL);
         assert_eq!(c.metrics_listen, None);
         assert!(c.tls.is_none() && c.upstream_tls.is_none());
         assert_eq!(c.limits.max_body, 10 * MIB);
@@ -449,12 +454,12 @@ routes:
         assert_eq!(r.missing_token, MissingToken::Reject);
         assert_eq!(r.timeout, DEFAULT_ROUTE_TIMEOUT);
         // No `fence` line is the safe choice, not "off".
-        assert_eq!(r.fence, FenceConfig::On { mode: FenceMode::Strict, consistency: Consistency::Cached });
+        assert_eq!(r.fence, Fence::On { mode: FenceMode::Strict, consistency: Consistency::Cached });
         assert!(r.fence.needs_lock_service());
 
-        let c = SidecarConfig::from_yaml(&MINIMAL.replace("lock_key", "fence: {}\n    lock_key")).unwrap();
-        assert_eq!(c.routes[0].fence, FenceConfig::default());
-        let c = SidecarConfig::from_yaml(&format!("{MINIMAL}limits: {{ max_body: 1KiB }}\n")).unwrap();
+        let c = parsed(&MINIMAL.replace("lock_key", "fence: {}\n    lock_key"));
+        assert_eq!(c.routes[0].fence, Fence::default());
+        let c = parsed(&format!("{MINIMAL}limits: {{ max_body: 1KiB }}\n"));
         assert_eq!((c.limits.max_body, c.limits.max_header_bytes), (KIB, 64 * KIB));
     }
 
@@ -466,13 +471,13 @@ routes:
             ("{ consistency: linearizable }", FenceMode::Strict, Consistency::Linearizable),
             ("{ mode: observed, consistency: cached }", FenceMode::Observed, Consistency::Cached),
         ] {
-            let c = SidecarConfig::from_yaml(&with(fence)).unwrap();
-            assert_eq!(c.routes[0].fence, FenceConfig::On { mode, consistency }, "{fence}");
+            let c = parsed(&with(fence));
+            assert_eq!(c.routes[0].fence, Fence::On { mode, consistency }, "{fence}");
         }
         let off = MINIMAL.replace("lock_key: rack/{rack}", "fence: off");
-        assert_eq!(SidecarConfig::from_yaml(&off).unwrap().routes[0].fence, FenceConfig::Off);
+        assert_eq!(parsed(&off).routes[0].fence, Fence::Off);
         let off = MINIMAL.replace("lock_key: rack/{rack}", "fence: \"off\"");
-        assert_eq!(SidecarConfig::from_yaml(&off).unwrap().routes[0].fence, FenceConfig::Off);
+        assert_eq!(parsed(&off).routes[0].fence, Fence::Off);
 
         for (fence, says) in [
             ("on", "`off` or a mapping"),
@@ -526,7 +531,7 @@ routes:
         ] {
             assert_eq!(parse_byte_size(text), bytes, "{text:?}");
         }
-        let c = SidecarConfig::from_yaml(&FULL.replace("max_body: 10MiB", "max_body: 4096")).unwrap();
+        let c = parsed(&FULL.replace("max_body: 10MiB", "max_body: 4096"));
         assert_eq!(c.limits.max_body, 4096);
         for bad in ["max_body: -5", "max_body: 10MB", "max_body: 1.5", "max_body: [1]"] {
             let e = err(&FULL.replace("max_body: 10MiB", bad));
@@ -610,7 +615,7 @@ routes:
         let e = err(&without.replace("lock_key", "fence: { mode: monotonic }\n    lock_key"));
         assert!(e.contains("`lock_service`"), "{e}");
         let observed = without.replace("lock_key", "fence: { mode: observed }\n    lock_key");
-        assert!(SidecarConfig::from_yaml(&observed).unwrap().lock_service.is_none());
+        assert!(parsed(&observed).lock_service.is_none());
         let off = without.replace("lock_key: rack/{rack}", "fence: off");
         assert!(SidecarConfig::from_yaml(&off).is_ok());
         // Present but unused is still checked.
@@ -633,7 +638,7 @@ routes:
             "http://[::1]:9000",
             "http://inventory",
         ] {
-            assert!(check_upstream_url("u", ok).is_ok(), "{ok}");
+            assert!(upstream_url("u", ok).is_ok(), "{ok}");
         }
         for bad in [
             "",
@@ -648,7 +653,7 @@ routes:
             "http://inventory:",
             "http://[::1]:x",
         ] {
-            let Err(e) = check_upstream_url("routes[3].upstream", bad) else { panic!("{bad:?} accepted") };
+            let Err(e) = upstream_url("routes[3].upstream", bad) else { panic!("{bad:?} accepted") };
             let e = e.to_string();
             assert!(e.contains("routes[3].upstream"), "{bad}: {e}");
         }
@@ -659,7 +664,7 @@ routes:
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sidecar.yaml");
         std::fs::write(&path, FULL).unwrap();
-        assert_eq!(SidecarConfig::load(&path).unwrap().routes.len(), 2);
+        assert_eq!(SidecarConfig::load(&path).unwrap().routes.iter().count(), 2);
         let e = SidecarConfig::load(&dir.path().join("missing.yaml")).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e}");
     }

@@ -19,8 +19,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-/// A fencing token. Strictly increasing over all grants of all keys.
-pub type Token = u64;
+/// A fencing token (defined with the wire protocol): strictly increasing
+/// over all grants of all keys.
+pub use fencegate_client::wire::Token;
 
 /// How many acquire request ids are remembered for deduplicating retries.
 /// Deterministic (part of the replicated state), so every replica agrees.
@@ -87,32 +88,23 @@ pub enum Outcome {
 }
 
 /// A change to a key, in log order; what the watch stream and the lease clock
-/// are fed with. Lease ids never appear here: they stay with the holder.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// are fed with. Watchers get it as a `wire::WatchLine`, without the lease id.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     /// This event's revision: unique and increasing; watchers resume from it.
     pub rev: u64,
     pub key: String,
     pub token: Token,
     /// The lease the event is about; used by the lease clock, never sent out.
-    #[serde(skip)]
     pub lease_id: String,
-    #[serde(flatten)]
     pub kind: EventKind,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventKind {
-    Granted {
-        holder: String,
-        ttl_ms: u64,
-    },
+    Granted { holder: String, ttl_ms: u64 },
     Released,
-    Expired {
-        #[serde(skip)]
-        lock_delay_ms: u64,
-    },
+    Expired { lock_delay_ms: u64 },
 }
 
 /// A live lease.
@@ -179,18 +171,38 @@ impl LockState {
         self.revision
     }
 
-    fn acquire(&mut self, a: &AcquireCmd) -> (Outcome, Option<Event>) {
-        if let Some(grant) = a.request_id.as_ref().and_then(|r| self.requests.get(r)) {
-            return (Outcome::Granted(grant.clone()), None);
+    /// What an acquire of `key` with `request_id` would get if applied now:
+    /// the one "already granted / free / held" decision, used by `apply` and
+    /// by the leader to keep proposals that would be refused out of the log.
+    pub fn admission(&self, key: &str, request_id: Option<&str>) -> Outcome {
+        if let Some(grant) = request_id.and_then(|r| self.requests.get(r)) {
+            return Outcome::Granted(grant.clone());
         }
-        let k = self.keys.entry(a.key.clone()).or_default();
-        if k.lease_id.is_some() || k.delay.is_some() || self.leases.contains_key(&a.lease_id) {
-            let holder = k.lease_id.as_ref().and_then(|id| self.leases.get(id)).map(|l| l.holder.clone());
-            let held = Outcome::Held { key: a.key.clone(), holder, token: k.token, lock_delay: k.delay.is_some() };
-            return (held, None);
+        match self.keys.get(key) {
+            Some(k) if k.lease_id.is_some() || k.delay.is_some() => Outcome::Held {
+                key: key.to_string(),
+                holder: self.holder_of(key).map(|(_, l)| l.holder.clone()),
+                token: k.token,
+                lock_delay: k.delay.is_some(),
+            },
+            // Free: the answer is decided by applying.
+            _ => Outcome::Nothing,
+        }
+    }
+
+    fn acquire(&mut self, a: &AcquireCmd) -> (Outcome, Option<Event>) {
+        match self.admission(&a.key, a.request_id.as_deref()) {
+            Outcome::Nothing if !self.leases.contains_key(&a.lease_id) => {}
+            Outcome::Nothing => {
+                // A lease id drawn twice (never in practice: 128 random bits).
+                let token = self.keys.get(&a.key).map_or(0, |k| k.token);
+                return (Outcome::Held { key: a.key.clone(), holder: None, token, lock_delay: false }, None);
+            }
+            refused_or_repeated => return (refused_or_repeated, None),
         }
         self.revision += 1;
         let token = self.revision;
+        let k = self.keys.entry(a.key.clone()).or_default();
         k.token = token;
         k.lease_id = Some(a.lease_id.clone());
         let lease = Lease {

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::types::{NodeId, TypeConfig};
-use crate::http::HttpClient;
+use fencegate_client::http::HttpClient;
 
 pub const APPEND_PATH: &str = "/raft/append";
 pub const VOTE_PATH: &str = "/raft/vote";

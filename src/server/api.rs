@@ -1,4 +1,5 @@
-//! The Lock API v1 (DESIGN.md): routing and handlers.
+//! The Lock API v1 (docs/DESIGN.md): routing and handlers. Request and
+//! answer bodies are the `fencegate_client::wire` types.
 //!
 //! Calls that must see the leader's state (acquire, keepalive, release, the
 //! linearizable read) are handled on the leader; any other node forwards them
@@ -8,11 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencegate_client::wire::{self, AcquireRequest, ClusterInfo, Granted, KeepaliveAck, LockInfo, Member, Released};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use serde::Deserialize;
-use serde_json::json;
 use tokio::time::Instant;
 
 use super::error::ApiError;
@@ -35,8 +35,8 @@ async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>
     match path.as_str() {
         "/healthz" => return only(&method, Method::GET).map(|_| text("ok\n", "text/plain")),
         "/metrics" => return only(&method, Method::GET).map(|_| crate::metrics::exposition(&node.registry)),
-        "/v1/cluster" => return only(&method, Method::GET).map(|_| cluster(&node)),
-        "/v1/watch" => {
+        wire::CLUSTER_PATH => return only(&method, Method::GET).map(|_| cluster(&node)),
+        wire::WATCH_PATH => {
             only(&method, Method::GET)?;
             return watch::stream(node, req.uri().query());
         }
@@ -49,14 +49,14 @@ async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>
     }
 
     // Leader calls.
-    let call = if let Some(key) = path.strip_prefix("/v1/locks/") {
+    let call = if let Some(key) = path.strip_prefix(wire::LOCKS_PATH) {
         validate::key(key)?;
         match method {
             Method::POST => Call::Acquire(key.to_string()),
             Method::GET => Call::Read(key.to_string()),
             _ => return Err(ApiError::MethodNotAllowed),
         }
-    } else if let Some(rest) = path.strip_prefix("/v1/leases/") {
+    } else if let Some(rest) = path.strip_prefix(wire::LEASES_PATH) {
         match (method, rest.strip_suffix("/keepalive")) {
             (Method::POST, Some(id)) if lease_id_ok(id) => Call::Keepalive(id.to_string()),
             (Method::DELETE, None) if lease_id_ok(rest) => Call::Release(rest.to_string()),
@@ -111,31 +111,19 @@ fn text(body: impl Into<bytes::Bytes>, content_type: &'static str) -> Response<B
 
 fn cluster(node: &Node) -> Response<Body> {
     let m = node.raft.metrics().borrow().clone();
-    let members: Vec<_> = node.members().into_iter().map(|id| json!({"id": id, "url": node.peers.get(&id)})).collect();
-    json(
-        StatusCode::OK,
-        &json!({
-            "id": node.id,
-            "leader": m.current_leader,
-            "term": m.current_term,
-            "state": format!("{:?}", m.state),
-            "members": members,
-            "commit_index": m.last_applied.map(|l| l.index).unwrap_or(0),
-            "last_log_index": m.last_log_index.unwrap_or(0),
-            "snapshot_index": m.snapshot.map(|l| l.index),
-            "purged_index": m.purged.map(|l| l.index),
-        }),
-    )
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AcquireBody {
-    ttl_ms: Option<u64>,
-    wait_ms: Option<u64>,
-    holder: Option<String>,
-    request_id: Option<String>,
-    lock_delay_ms: Option<u64>,
+    let members = node.members().into_iter().map(|id| Member { id, url: node.peers.get(&id).cloned() }).collect();
+    let info = ClusterInfo {
+        id: node.id,
+        leader: m.current_leader,
+        term: m.current_term,
+        state: format!("{:?}", m.state),
+        members,
+        commit_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+        last_log_index: m.last_log_index.unwrap_or(0),
+        snapshot_index: m.snapshot.map(|l| l.index),
+        purged_index: m.purged.map(|l| l.index),
+    };
+    json(StatusCode::OK, &info)
 }
 
 fn new_lease_id() -> String {
@@ -143,7 +131,12 @@ fn new_lease_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-async fn acquire(node: &Node, key: String, body: AcquireBody, received: Instant) -> Result<Response<Body>, ApiError> {
+async fn acquire(
+    node: &Node,
+    key: String,
+    body: AcquireRequest,
+    received: Instant,
+) -> Result<Response<Body>, ApiError> {
     let limits = &node.config.lease;
     let ttl_ms = body.ttl_ms.unwrap_or(limits.default_ttl.as_millis() as u64);
     validate::ttl(ttl_ms, limits.min_ttl.as_millis() as u64, limits.max_ttl.as_millis() as u64)?;
@@ -160,7 +153,7 @@ async fn acquire(node: &Node, key: String, body: AcquireBody, received: Instant)
     let result = wait_for_grant(node, cmd, received + Duration::from_millis(wait_ms)).await;
     node.lock_metrics.acquire_duration.observe(received.elapsed().as_secs_f64());
     let g = result?;
-    Ok(json(StatusCode::OK, &json!({"key": g.key, "token": g.token, "lease_id": g.lease_id, "ttl_ms": g.ttl_ms})))
+    Ok(json(StatusCode::OK, &Granted { key: g.key, token: g.token, lease_id: g.lease_id, ttl_ms: g.ttl_ms }))
 }
 
 /// Queue behind earlier waiters for the key, then propose when the key looks
@@ -175,7 +168,15 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
         head_moved.as_mut().enable();
         // A retry of a granted request goes straight through: queued behind
         // a waiter for the key its own grant holds, it would never get out.
-        if already_granted(node, &cmd) || (node.waitlist.is_head(&ticket) && key_free(node, &cmd.key)) {
+        // Otherwise only the head of the queue proposes, and only when the
+        // key looks free: proposals the state would refuse stay out of the log.
+        let admission = node.applied.lock().locks.admission(&cmd.key, cmd.request_id.as_deref());
+        let try_now = match admission {
+            Outcome::Granted(_) => true,
+            Outcome::Nothing => node.waitlist.is_head(&ticket),
+            _ => false,
+        };
+        if try_now {
             match propose(node, Command::Acquire(cmd.clone())).await? {
                 Outcome::Granted(g) => return Ok(g),
                 Outcome::Held { .. } => {} // lost a race with the log; wait for the next change
@@ -198,26 +199,13 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
     }
 }
 
-/// Proposals on a key the applied state says is taken would be refused:
-/// skipping them keeps waiting and try-acquires on a busy key out of the log.
-fn key_free(node: &Node, key: &str) -> bool {
-    node.applied.lock().locks.key(key).is_none_or(|k| k.lease_id.is_none() && k.delay.is_none())
-}
-
-/// A retried request id that was already granted: the state machine answers
-/// its proposal with the original grant.
-fn already_granted(node: &Node, cmd: &AcquireCmd) -> bool {
-    cmd.request_id.as_deref().is_some_and(|r| node.applied.lock().locks.granted_for_request(r).is_some())
-}
-
 fn held(node: &Node, key: &str) -> ApiError {
     let s = node.applied.lock();
-    let k = s.locks.key(key);
-    ApiError::Held {
-        key: key.to_string(),
-        holder: s.locks.holder_of(key).map(|(_, l)| l.holder.clone()),
-        token: k.map(|k| k.token).unwrap_or(0),
-        lock_delay: k.is_some_and(|k| k.delay.is_some()),
+    let token = s.locks.key(key).map_or(0, |k| k.token);
+    match s.locks.admission(key, None) {
+        Outcome::Held { key, holder, token, lock_delay } => ApiError::Held { key, holder, token, lock_delay },
+        // Freed since the deadline passed: still not granted to this caller.
+        _ => ApiError::Held { key: key.to_string(), holder: None, token, lock_delay: false },
     }
 }
 
@@ -258,14 +246,15 @@ async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {
     linearizable(node).await?;
     let s = node.applied.lock();
     let token = s.locks.key(key).map(|k| k.token).unwrap_or(0);
-    let body = match s.locks.holder_of(key) {
-        Some((id, lease)) => json!({
-            "key": key, "held": true, "token": token, "holder": lease.holder,
-            "expires_in_ms": s.clock.remaining(id, Instant::now()).map(|d| d.as_millis() as u64),
-        }),
-        None => json!({"key": key, "held": false, "token": token, "holder": null, "expires_in_ms": null}),
+    let holder = s.locks.holder_of(key);
+    let info = LockInfo {
+        key: key.to_string(),
+        held: holder.is_some(),
+        token,
+        holder: holder.map(|(_, lease)| lease.holder.clone()),
+        expires_in_ms: holder.and_then(|(id, _)| s.clock.remaining(id, Instant::now())).map(|d| d.as_millis() as u64),
     };
-    Ok(json(StatusCode::OK, &body))
+    Ok(json(StatusCode::OK, &info))
 }
 
 /// L3: acknowledged only after a quorum confirmed this node is still leader,
@@ -279,8 +268,8 @@ async fn keepalive(node: &Node, lease_id: &str, received: Instant) -> Result<Res
     if !s.clock.keepalive(&s.locks, lease_id, received) {
         return Err(ApiError::LeaseNotFound);
     }
-    let ttl_ms = s.locks.lease(lease_id).map(|l| l.ttl_ms);
-    Ok(json(StatusCode::OK, &json!({ "ttl_ms": ttl_ms })))
+    let ttl_ms = s.locks.lease(lease_id).map(|l| l.ttl_ms).ok_or(ApiError::LeaseNotFound)?;
+    Ok(json(StatusCode::OK, &KeepaliveAck { ttl_ms }))
 }
 
 async fn release(node: &Node, lease_id: &str) -> Result<Response<Body>, ApiError> {
@@ -291,9 +280,7 @@ async fn release(node: &Node, lease_id: &str) -> Result<Response<Body>, ApiError
         return Err(ApiError::LeaseNotFound);
     }
     match propose(node, Command::Release { lease_id: lease_id.to_string() }).await? {
-        Outcome::Ended { key, token } => {
-            Ok(json(StatusCode::OK, &json!({"key": key, "token": token, "released": true})))
-        }
+        Outcome::Ended { key, token } => Ok(json(StatusCode::OK, &Released { key, token, released: true })),
         Outcome::NoSuchLease => Err(ApiError::LeaseNotFound),
         other => Err(ApiError::Internal(format!("release produced {other:?}"))),
     }

@@ -1,11 +1,10 @@
 //! The Lock API's errors, and the one place that maps them to HTTP answers.
 
-use hyper::header::{HeaderValue, RETRY_AFTER};
-use hyper::{Response, StatusCode};
-use serde_json::json;
+use fencegate_client::wire::{self, ErrorCode, HeldBy};
+use hyper::Response;
 use thiserror::Error;
 
-use crate::http::{json, Body, BodyError};
+use crate::http::{refusal, Body, BodyError, Cause};
 use crate::lock::state::Token;
 use crate::lock::validate::InvalidInput;
 
@@ -36,39 +35,30 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    pub fn into_response(self) -> Response<Body> {
-        let message = self.to_string();
-        let (status, body) = match self {
-            ApiError::Invalid(_) | ApiError::BadRequest(_) => {
-                (StatusCode::BAD_REQUEST, json!({"error": "bad_request", "message": message}))
-            }
-            ApiError::Body(BodyError::TooLarge(_)) => {
-                (StatusCode::PAYLOAD_TOO_LARGE, json!({"error": "body_too_large", "message": message}))
-            }
-            ApiError::Body(_) => (StatusCode::BAD_REQUEST, json!({"error": "bad_request", "message": message})),
-            ApiError::NotFound => (StatusCode::NOT_FOUND, json!({"error": "not_found", "message": message})),
-            ApiError::MethodNotAllowed => {
-                (StatusCode::METHOD_NOT_ALLOWED, json!({"error": "method_not_allowed", "message": message}))
-            }
-            ApiError::LeaseNotFound => (StatusCode::NOT_FOUND, json!({"error": "lease_not_found", "message": message})),
-            ApiError::Held { key, holder, token, lock_delay } => (
-                StatusCode::CONFLICT,
-                json!({"error": "held", "key": key, "holder": holder, "token": token, "lock_delay": lock_delay}),
-            ),
-            ApiError::NoLeader(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, json!({"error": "no_leader", "message": message}))
-            }
-            ApiError::Unavailable(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, json!({"error": "unavailable", "message": message}))
-            }
-            ApiError::Internal(_) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, json!({"error": "internal", "message": message}))
-            }
-        };
-        let mut resp = json(status, &body);
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    /// The wire code, and who caused the failure.
+    fn code(&self) -> (ErrorCode, Cause) {
+        match self {
+            ApiError::Invalid(_) | ApiError::BadRequest(_) => (ErrorCode::BadRequest, Cause::Client),
+            ApiError::Body(BodyError::TooLarge(_)) => (ErrorCode::BodyTooLarge, Cause::Client),
+            ApiError::Body(_) => (ErrorCode::BadRequest, Cause::Client),
+            ApiError::NotFound => (ErrorCode::NotFound, Cause::Client),
+            ApiError::MethodNotAllowed => (ErrorCode::MethodNotAllowed, Cause::Client),
+            ApiError::LeaseNotFound => (ErrorCode::LeaseNotFound, Cause::Client),
+            ApiError::Held { .. } => (ErrorCode::Held, Cause::Client),
+            ApiError::NoLeader(_) => (ErrorCode::NoLeader, Cause::LockService),
+            ApiError::Unavailable(_) => (ErrorCode::Unavailable, Cause::LockService),
+            ApiError::Internal(_) => (ErrorCode::Internal, Cause::Internal),
         }
-        resp
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let (code, cause) = self.code();
+        let body = match self {
+            ApiError::Held { key, holder, token, lock_delay } => {
+                wire::ApiError { error: code, message: None, held: Some(HeldBy { key, holder, token, lock_delay }) }
+            }
+            other => wire::ApiError { error: code, message: Some(other.to_string()), held: None },
+        };
+        refusal(code.status(), cause, &body)
     }
 }

@@ -15,14 +15,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use fencegate_client::wire::WatchLine;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::Response;
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::Node;
 use crate::http::{channel_body, Body};
+use crate::lock::state::{Event, EventKind};
 use crate::raft::state_machine::AppliedState;
 
 const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -51,44 +52,56 @@ pub fn stream(node: Arc<Node>, query: Option<&str>) -> Result<Response<Body>, Ap
     Ok(resp)
 }
 
-fn line(v: serde_json::Value) -> Bytes {
-    let mut b = serde_json::to_vec(&v).expect("serialising JSON cannot fail");
+fn line(l: &WatchLine) -> Bytes {
+    let mut b = serde_json::to_vec(l).expect("wire types serialise");
     b.push(b'\n');
     Bytes::from(b)
+}
+
+/// An applied event as watchers see it (lease ids stay with the holder).
+fn event_line(e: &Event) -> WatchLine {
+    let (rev, key, token) = (e.rev, e.key.clone(), e.token);
+    match &e.kind {
+        EventKind::Granted { holder, ttl_ms } => {
+            WatchLine::Granted { rev, key, token, holder: holder.clone(), ttl_ms: *ttl_ms }
+        }
+        EventKind::Released => WatchLine::Released { rev, key, token },
+        EventKind::Expired { .. } => WatchLine::Expired { rev, key, token },
+    }
 }
 
 fn state_lines(s: &AppliedState, prefix: &str, out: &mut Vec<Bytes>) {
     let rev = s.locks.revision();
     for (key, k) in s.locks.keys_with_prefix(prefix) {
         let holder = s.locks.holder_of(key).map(|(_, l)| l.holder.clone());
-        out.push(line(json!({
-            "event": "state", "key": key, "held": holder.is_some(), "token": k.token,
-            "holder": holder, "rev": rev,
-        })));
+        out.push(line(&WatchLine::State { key: key.clone(), held: holder.is_some(), token: k.token, holder, rev }));
     }
 }
 
 async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Sender<Bytes>) {
     let mut applied = node.applied.subscribe();
     let mut cursor = after;
+    // Where the stream is complete up to: what a heartbeat reports.
+    let mut complete = after.unwrap_or(0);
     loop {
         let mut lines = Vec::new();
         {
             let s = node.applied.lock();
             let resumed = cursor.and_then(|c| s.events.after(c)).map(|events| {
                 for e in events.filter(|e| e.key.starts_with(&prefix)) {
-                    lines.push(line(serde_json::to_value(e).expect("events serialise")));
+                    lines.push(line(&event_line(e)));
                 }
             });
             if resumed.is_none() {
                 if cursor.is_some() {
-                    lines.push(line(json!({"event": "resync", "rev": s.locks.revision()})));
+                    lines.push(line(&WatchLine::Resync { rev: s.locks.revision() }));
                 }
                 state_lines(&s, &prefix, &mut lines);
             }
             // Never backwards: a watcher resuming on a node that lags what it
             // has already seen must not get those events twice.
-            cursor = Some(cursor.unwrap_or(0).max(s.locks.revision()));
+            complete = complete.max(s.locks.revision());
+            cursor = Some(complete);
         }
         for l in lines {
             if tx.send(l).await.is_err() {
@@ -103,11 +116,34 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
                     // moves to a node that still follows the log.
                     return;
                 }
-                let beat = line(json!({"event": "heartbeat", "rev": cursor}));
+                let beat = line(&WatchLine::Heartbeat { rev: complete });
                 if tx.send(beat).await.is_err() {
                     return;
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::state::{AcquireCmd, Command, LockState};
+
+    #[test]
+    fn watch_lines_never_carry_lease_ids() {
+        let mut s = LockState::default();
+        let cmd = AcquireCmd {
+            key: "k".into(),
+            holder: "h".into(),
+            ttl_ms: 1000,
+            lock_delay_ms: 0,
+            lease_id: "secret-lease".into(),
+            request_id: None,
+        };
+        let (_, ev) = s.apply(&Command::Acquire(cmd));
+        let json = String::from_utf8(line(&event_line(&ev.unwrap())).to_vec()).unwrap();
+        assert!(!json.contains("secret-lease"), "{json}");
+        assert!(json.contains(r#""event":"granted""#), "{json}");
     }
 }

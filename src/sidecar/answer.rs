@@ -1,18 +1,15 @@
 //! The sidecar's answers of its own (never the upstream's): the rejection
-//! table of DESIGN.md plus proxy failures, and the one place that maps them
-//! to status codes, JSON bodies, metrics labels and log lines.
+//! table of docs/DESIGN.md plus proxy failures, and the one place that maps
+//! them to status codes, `wire` bodies, metric labels and who caused them.
 //!
 //! Every error says who caused it: the downstream client (bad token, bad
 //! framing, too large), the lock service (unavailable), the upstream (timeout,
 //! failure) or the sidecar itself.
 
-use hyper::header::{HeaderValue, RETRY_AFTER};
+use fencegate_client::wire::{self, Problem, ProblemBody, Reason, Token};
 use hyper::{Response, StatusCode};
-use serde_json::json;
 
-use super::fence::Reason;
-use crate::http::{json, Body};
-use crate::lock::state::Token;
+use crate::http::{refusal, Body, Cause};
 
 /// A refused request: the fence said no.
 #[derive(Debug, Clone)]
@@ -29,7 +26,7 @@ pub enum Answer {
     Rejected(Rejection),
     /// Path not canonical, lock key invalid, ambiguous framing, header trouble.
     BadRequest {
-        error: &'static str,
+        error: Problem,
         message: String,
     },
     NoRoute,
@@ -47,50 +44,64 @@ pub enum Answer {
 impl Answer {
     pub fn status(&self) -> StatusCode {
         match self {
-            Answer::Rejected(r) => match r.reason {
-                Reason::StaleToken | Reason::LeaseExpired | Reason::UnknownToken => StatusCode::CONFLICT,
-                Reason::MissingToken => StatusCode::PRECONDITION_REQUIRED,
-                Reason::MalformedToken => StatusCode::BAD_REQUEST,
-                Reason::LockServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            },
-            Answer::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Answer::NoRoute => StatusCode::NOT_FOUND,
-            Answer::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Answer::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Answer::UpstreamFailed(_) | Answer::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
-            Answer::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Answer::Rejected(r) => r.reason.status(),
+            Answer::BadRequest { error, .. } => error.status(),
+            Answer::NoRoute => Problem::NoRoute.status(),
+            Answer::TooLarge { .. } => Problem::BodyTooLarge.status(),
+            Answer::UpstreamTimeout => Problem::UpstreamTimeout.status(),
+            Answer::UpstreamFailed(_) | Answer::UpstreamUnreachable(_) => Problem::UpstreamError.status(),
+            Answer::Internal(_) => Problem::Internal.status(),
         }
     }
 
-    /// The `outcome` label of `fencegate_sidecar_requests_total`.
-    pub fn outcome(&self) -> &'static str {
+    /// Who caused it.
+    pub fn cause(&self) -> Cause {
         match self {
-            Answer::UpstreamTimeout | Answer::UpstreamFailed(_) | Answer::UpstreamUnreachable(_) => "upstream_error",
-            _ => "rejected",
+            Answer::Rejected(r) if r.reason == Reason::LockServiceUnavailable => Cause::LockService,
+            Answer::Rejected(_) | Answer::BadRequest { .. } | Answer::NoRoute | Answer::TooLarge { .. } => {
+                Cause::Client
+            }
+            Answer::UpstreamTimeout | Answer::UpstreamFailed(_) | Answer::UpstreamUnreachable(_) => Cause::Upstream,
+            Answer::Internal(_) => Cause::Internal,
+        }
+    }
+
+    /// The `outcome` label of `fencegate_sidecar_requests_total`: the
+    /// sidecar's own failures are `internal`, not refusals.
+    pub fn outcome(&self) -> &'static str {
+        match self.cause() {
+            Cause::Upstream => "upstream_error",
+            Cause::Internal => "internal",
+            Cause::Client | Cause::LockService => "rejected",
         }
     }
 
     pub fn into_response(self, route: &str) -> Response<Body> {
-        let status = self.status();
-        let body = match self {
-            Answer::Rejected(r) => json!({
-                "error": r.reason.as_str(), "route": route, "key": r.key, "token": r.token, "current": r.current,
-            }),
-            Answer::BadRequest { error, message } => json!({"error": error, "route": route, "message": message}),
-            Answer::NoRoute => json!({"error": "no_route", "message": "no route matches this method and path"}),
-            Answer::TooLarge { limit } => {
-                json!({"error": "body_too_large", "route": route, "message": format!("the body limit is {limit} bytes")})
-            }
-            Answer::UpstreamTimeout => json!({"error": "upstream_timeout", "route": route}),
-            Answer::UpstreamFailed(m) | Answer::UpstreamUnreachable(m) => {
-                json!({"error": "upstream_error", "route": route, "message": m})
-            }
-            Answer::Internal(m) => json!({"error": "internal", "route": route, "message": m}),
+        let (status, cause) = (self.status(), self.cause());
+        let problem = |error, message| {
+            let route = (error != Problem::NoRoute).then(|| route.to_string());
+            ProblemBody { error, route, message }
         };
-        let mut resp = json(status, &body);
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        resp
+        let body = match self {
+            Answer::Rejected(r) => {
+                let body = wire::Rejection {
+                    error: r.reason,
+                    route: route.to_string(),
+                    key: r.key,
+                    token: r.token,
+                    current: r.current,
+                };
+                return refusal(status, cause, &body);
+            }
+            Answer::BadRequest { error, message } => problem(error, Some(message)),
+            Answer::NoRoute => problem(Problem::NoRoute, Some("no route matches this method and path".into())),
+            Answer::TooLarge { limit } => {
+                problem(Problem::BodyTooLarge, Some(format!("the body limit is {limit} bytes")))
+            }
+            Answer::UpstreamTimeout => problem(Problem::UpstreamTimeout, None),
+            Answer::UpstreamFailed(m) | Answer::UpstreamUnreachable(m) => problem(Problem::UpstreamError, Some(m)),
+            Answer::Internal(m) => problem(Problem::Internal, Some(m)),
+        };
+        refusal(status, cause, &body)
     }
 }

@@ -17,12 +17,11 @@ use hyper::HeaderMap;
 use tokio::time::Instant;
 
 use super::answer::{Answer, Rejection};
-use super::fence::{decide, parse_token, Knowledge, Reason, Verdict};
+use super::fence::{decide, parse_token, Consistency, Fence, FenceMode, Knowledge, MissingToken, Reason, Verdict};
 use super::floors::Floors;
 use super::knowledge::LockView;
 use super::order::{Order, Permit};
 use super::routes::Route;
-use crate::config::sidecar::{Consistency, FenceConfig, FenceMode, MissingToken};
 use crate::lock::state::Token;
 
 pub struct Fencer {
@@ -43,7 +42,7 @@ impl Fencer {
         headers: &HeaderMap,
         arrived: Instant,
     ) -> Result<Option<Permit>, Answer> {
-        let FenceConfig::On { mode, consistency } = route.fence else { return Ok(None) };
+        let Fence::On { mode, consistency } = route.fence else { return Ok(None) };
         let reject =
             |reason, token, current| Answer::Rejected(Rejection { reason, key: key.to_string(), token, current });
         let token = match parse_token(headers) {

@@ -1,40 +1,72 @@
 //! The fence decision: a pure function of the presented token, the route's
-//! mode and what the sidecar knows about the key. No clock, no IO; the caller
-//! (`sidecar::check`) fetches knowledge and asks again when told to.
+//! fence and what the sidecar knows about the key. No clock, no IO, no
+//! config file; the caller (`sidecar::check`) fetches knowledge and asks
+//! again when told to.
 
+use fencegate_client::wire::{Token, TOKEN_HEADER};
 use hyper::header::HeaderMap;
-use serde::Serialize;
+use serde::Deserialize;
 
-use crate::config::sidecar::FenceMode;
-use crate::lock::state::Token;
+pub use fencegate_client::wire::Reason;
 
-/// The header that carries the fencing token.
-pub const TOKEN_HEADER: &str = "x-fence-token";
-
-/// Why a request was refused; the `error` of the JSON answer and the
-/// `reason` label of `fencegate_sidecar_rejections_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    StaleToken,
-    LeaseExpired,
-    UnknownToken,
-    MissingToken,
-    MalformedToken,
-    LockServiceUnavailable,
+/// How a route is fenced: `fence: off`, or `fence: { mode, consistency }`.
+/// (Read from YAML by `config::sidecar`.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    Off,
+    On { mode: FenceMode, consistency: Consistency },
 }
 
-impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::StaleToken => "stale_token",
-            Reason::LeaseExpired => "lease_expired",
-            Reason::UnknownToken => "unknown_token",
-            Reason::MissingToken => "missing_token",
-            Reason::MalformedToken => "malformed_token",
-            Reason::LockServiceUnavailable => "lock_service_unavailable",
-        }
+impl Default for Fence {
+    /// Fenced, strict, cached: forgetting the line must not leave writes unfenced.
+    fn default() -> Self {
+        Self::On { mode: FenceMode::default(), consistency: Consistency::default() }
     }
+}
+
+impl Fence {
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::On { .. })
+    }
+
+    /// `observed` keeps its own high-water marks; the other modes verify
+    /// tokens with the lock service (S3, S4).
+    pub fn needs_lock_service(&self) -> bool {
+        matches!(self, Self::On { mode: FenceMode::Strict | FenceMode::Monotonic, .. })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FenceMode {
+    /// S2 + S3 + S4: also refuse a token whose lease is known to have ended.
+    #[default]
+    Strict,
+    /// S2 + S3: refuse only tokens below the latest grant.
+    Monotonic,
+    /// Durable high-water mark of accepted tokens, no lock service.
+    Observed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Consistency {
+    /// Check against what the watch stream has delivered so far.
+    #[default]
+    Cached,
+    /// S5: one (coalesced) quorum read per check.
+    Linearizable,
+}
+
+/// What a fenced route does with a request that carries no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingToken {
+    /// 428 `missing_token`.
+    #[default]
+    Reject,
+    /// Forward requests without a token unchecked (tokened ones are still checked).
+    Allow,
 }
 
 /// S6: exactly one `X-Fence-Token` header whose value is a plain decimal u64

@@ -17,14 +17,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use serde::Deserialize;
+use fencegate_client::backoff::Backoff;
+use fencegate_client::http::{HttpClient, LineReader};
+use fencegate_client::wire::{self, Token, WatchLine};
+use fencegate_client::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::fence::Knowledge;
-use crate::client::Client;
-use crate::http::{HttpClient, LineReader};
-use crate::lock::state::Token;
 use crate::metrics::SidecarMetrics;
 
 /// A watch stream silent for this long is considered dead (the lock service
@@ -65,19 +65,11 @@ pub struct LockView {
     reads: Mutex<HashMap<String, InflightRead>>,
 }
 
-#[derive(Deserialize)]
-struct Line {
-    event: String,
-    key: Option<String>,
-    token: Option<Token>,
-    held: Option<bool>,
-    rev: Option<u64>,
-}
-
 impl LockView {
     /// Start watching the lock service behind `client`, whose endpoints are
     /// also used for the stream.
-    pub fn start(client: Client, endpoints: Vec<String>, metrics: SidecarMetrics) -> Arc<Self> {
+    pub fn start(client: Client, metrics: SidecarMetrics) -> Arc<Self> {
+        let endpoints = client.endpoints().to_vec();
         let view = Arc::new(Self {
             keys: DashMap::new(),
             client,
@@ -158,23 +150,31 @@ impl LockView {
 async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>) {
     let http = HttpClient::new(MAX_LINE);
     let mut after: Option<u64> = None;
+    // Jittered, so that the sidecars of one failed node do not all reconnect
+    // in the same instant; reset once a stream delivered something.
+    let mut backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_floor(Duration::from_millis(20));
     for endpoint in endpoints.iter().cycle() {
         let Some(v) = view.upgrade() else { return };
+        let resumed_from = after;
         match follow(&v, &http, endpoint, &mut after).await {
             Ok(()) => tracing::info!(%endpoint, "watch stream ended; reconnecting"),
             Err(e) => tracing::warn!(%endpoint, "watch stream: {e}"),
         }
         v.set_up(false);
         drop(v);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if after != resumed_from {
+            backoff.reset();
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
 /// Follow one stream from `endpoint`, resuming after revision `after`.
 async fn follow(view: &LockView, http: &HttpClient, endpoint: &str, after: &mut Option<u64>) -> Result<(), String> {
     let url = match after {
-        Some(rev) => format!("{endpoint}/v1/watch?prefix=&after={rev}"),
-        None => format!("{endpoint}/v1/watch?prefix="),
+        Some(rev) => format!("{endpoint}{}?prefix=&after={rev}", wire::WATCH_PATH),
+        None => format!("{endpoint}{}?prefix=", wire::WATCH_PATH),
     };
     let resp = http.open(&url, Duration::from_secs(3)).await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
@@ -187,18 +187,22 @@ async fn follow(view: &LockView, http: &HttpClient, endpoint: &str, after: &mut 
             .map_err(|_| format!("no line for {STREAM_SILENCE:?}"))?
             .map_err(|e| e.to_string())?;
         let Some(line) = line else { return Ok(()) };
-        let l: Line = serde_json::from_slice(&line).map_err(|e| format!("bad watch line: {e}"))?;
-        match (l.event.as_str(), l.key, l.token) {
-            ("state", Some(key), Some(token)) => view.learn(&key, token, l.held.unwrap_or(false)),
-            ("granted", Some(key), Some(token)) => view.learn(&key, token, true),
-            ("released" | "expired", Some(key), Some(token)) => view.learn(&key, token, false),
-            _ => {} // heartbeat, resync, and lines from newer servers
-        }
+        let l: WatchLine = serde_json::from_slice(&line).map_err(|e| format!("bad watch line: {e}"))?;
         // Resume only from a point the stream is complete up to: an event,
         // or a heartbeat (sent after everything before it). Not from a state
         // line: a stream cut in the middle of the state dump must resync.
-        if matches!(l.event.as_str(), "granted" | "released" | "expired" | "heartbeat") && l.rev.is_some() {
-            *after = l.rev;
+        match l {
+            WatchLine::State { key, token, held, .. } => view.learn(&key, token, held),
+            WatchLine::Granted { key, token, rev, .. } => {
+                view.learn(&key, token, true);
+                *after = Some(rev);
+            }
+            WatchLine::Released { key, token, rev } | WatchLine::Expired { key, token, rev } => {
+                view.learn(&key, token, false);
+                *after = Some(rev);
+            }
+            WatchLine::Heartbeat { rev } => *after = Some(rev),
+            WatchLine::Resync { .. } | WatchLine::Unknown => {}
         }
         view.set_up(true);
     }
@@ -255,7 +259,7 @@ mod tests {
         let count = Arc::new(AtomicUsize::new(0));
         let url = slow_reads(count.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view = LockView::start(Client::new(vec![url.clone()]).unwrap(), vec![url], metrics);
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics);
         let arrived = Instant::now();
         let readers: Vec<_> = (0..10)
             .map(|_| {

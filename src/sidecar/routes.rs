@@ -1,15 +1,15 @@
 //! The sidecar's route table: which route a request takes, and which lock key
-//! (if any) fences it. Pure: built from the config, queried per request.
+//! (if any) fences it. Pure: built once by `config::sidecar` from the file's
+//! routes (it knows nothing of YAML), queried per request.
 //!
 //! Only canonical request paths are matched; `canonical` says why.
 
 use std::time::Duration;
 
-use hyper::Method;
+use hyper::{Method, Uri};
 use thiserror::Error;
 
-use crate::config::sidecar::{FenceConfig, MissingToken, RouteConfig};
-use crate::config::ConfigError;
+use super::fence::{Fence, MissingToken};
 use crate::lock::validate;
 
 /// Routes in config order; the first one that matches a request wins.
@@ -23,10 +23,10 @@ pub struct Route {
     pub name: String,
     /// `None`: every method.
     pub methods: Option<Vec<Method>>,
-    pub fence: FenceConfig,
+    pub fence: Fence,
     pub missing_token: MissingToken,
-    /// `None`: the sidecar's default upstream.
-    pub upstream: Option<String>,
+    /// Where the route's requests go (its own upstream or the default one).
+    pub upstream: Uri,
     pub timeout: Duration,
     path: PathTemplate,
     /// `Some` exactly when the route is fenced.
@@ -51,12 +51,32 @@ pub enum MatchError {
     NoRoute,
 }
 
+/// One route as configured, before its templates and methods are parsed.
+#[derive(Debug, Clone)]
+pub struct RouteSpec<'a> {
+    pub name: &'a str,
+    pub methods: Option<&'a [String]>,
+    pub path: &'a str,
+    pub lock_key: Option<&'a str>,
+    pub fence: Fence,
+    pub missing_token: MissingToken,
+    pub upstream: Uri,
+    pub timeout: Duration,
+}
+
+/// Why a route cannot be built: which of its fields, and what is wrong.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("invalid `{field}`: {message}")]
+pub struct RouteError {
+    /// `path`, `methods` or `lock_key`.
+    pub field: &'static str,
+    pub message: String,
+}
+
 impl Routes {
-    /// Parse every route's path and lock key templates and methods. Errors name
-    /// the field (`routes[2].lock_key`), so this runs as part of config validation.
-    pub fn build(routes: &[RouteConfig]) -> Result<Routes, ConfigError> {
-        let routes = routes.iter().enumerate().map(|(i, r)| Route::build(i, r)).collect::<Result<_, _>>()?;
-        Ok(Routes { routes })
+    /// The table, in order: the first route that matches a request wins.
+    pub fn new(routes: Vec<Route>) -> Routes {
+        Routes { routes }
     }
 
     /// The first route matching `method` and `path` (the URI's path as
@@ -89,32 +109,28 @@ impl Routes {
 }
 
 impl Route {
-    fn build(i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
-        let path = PathTemplate::parse(&r.path)
-            .map_err(|m| ConfigError::invalid(format!("routes[{i}].path"), format!("{:?} {m}", r.path)))?;
-        let methods = parse_methods(&format!("routes[{i}].methods"), r.methods.as_deref())?;
-        let key_field = format!("routes[{i}].lock_key");
-        let lock_key = match (&r.lock_key, r.fence.is_fenced()) {
-            (Some(k), true) => {
-                Some(KeyTemplate::parse(k, &path).map_err(|m| ConfigError::invalid(&key_field, format!("{k:?} {m}")))?)
-            }
+    /// Parse the route's path and lock key templates and its methods.
+    pub fn build(r: RouteSpec<'_>) -> Result<Route, RouteError> {
+        let error = |field, message| RouteError { field, message };
+        let path = PathTemplate::parse(r.path).map_err(|m| error("path", format!("{:?} {m}", r.path)))?;
+        let methods = parse_methods(r.methods).map_err(|m| error("methods", m))?;
+        let lock_key = match (r.lock_key, r.fence.is_fenced()) {
+            (Some(k), true) => Some(KeyTemplate::parse(k, &path).map_err(|m| error("lock_key", format!("{k:?} {m}")))?),
             (None, false) => None,
             (None, true) => {
-                return Err(ConfigError::invalid(
-                    key_field,
-                    "is required on a fenced route (fencing is on unless the route says `fence: off`)",
+                return Err(error(
+                    "lock_key",
+                    "is required on a fenced route (fencing is on unless the route says `fence: off`)".into(),
                 ))
             }
-            (Some(_), false) => {
-                return Err(ConfigError::invalid(key_field, "must not be set on a route with `fence: off`"))
-            }
+            (Some(_), false) => return Err(error("lock_key", "must not be set on a route with `fence: off`".into())),
         };
         Ok(Route {
-            name: r.name.clone(),
+            name: r.name.to_string(),
             methods,
             fence: r.fence,
             missing_token: r.missing_token,
-            upstream: r.upstream.clone(),
+            upstream: r.upstream,
             timeout: r.timeout,
             path,
             lock_key,
@@ -134,10 +150,10 @@ impl Route {
 
 /// Methods are case-sensitive (RFC 9110): `put` would be a different, custom
 /// method, and in a config it is surely a typo that leaves PUT unfenced.
-fn parse_methods(field: &str, names: Option<&[String]>) -> Result<Option<Vec<Method>>, ConfigError> {
+fn parse_methods(names: Option<&[String]>) -> Result<Option<Vec<Method>>, String> {
     let Some(names) = names else { return Ok(None) };
     if names.is_empty() {
-        return Err(ConfigError::invalid(field, "must not be empty (leave it out to match every method)"));
+        return Err("must not be empty (leave it out to match every method)".into());
     }
     let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
     let mut methods: Vec<Method> = Vec::with_capacity(names.len());
@@ -145,9 +161,9 @@ fn parse_methods(field: &str, names: Option<&[String]>) -> Result<Option<Vec<Met
         let method = Some(name)
             .filter(|n| !n.is_empty() && n.bytes().all(|b| is_tchar(b) && !b.is_ascii_lowercase()))
             .and_then(|n| Method::from_bytes(n.as_bytes()).ok())
-            .ok_or_else(|| ConfigError::invalid(field, format!("{name:?} is not an upper-case HTTP method")))?;
+            .ok_or_else(|| format!("{name:?} is not an upper-case HTTP method"))?;
         if methods.contains(&method) {
-            return Err(ConfigError::invalid(field, format!("{name} is listed twice")));
+            return Err(format!("{name} is listed twice"));
         }
         methods.push(method);
     }
@@ -437,14 +453,22 @@ fn hex_byte(pair: Option<&[u8]>) -> Option<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::sidecar::{Consistency, FenceMode};
+    use crate::sidecar::fence::{Consistency, FenceMode};
+    // Tables are written as users write them, in the config's YAML.
+    use crate::config::sidecar::{compile_routes, RouteConfig};
+
+    const DEFAULT_UPSTREAM: &str = "http://127.0.0.1:9000";
+
+    fn compile(yaml: &str) -> Result<Routes, crate::config::ConfigError> {
+        compile_routes(&serde_yaml_ng::from_str::<Vec<RouteConfig>>(yaml).unwrap(), &DEFAULT_UPSTREAM.parse().unwrap())
+    }
 
     fn routes(yaml: &str) -> Routes {
-        Routes::build(&serde_yaml_ng::from_str::<Vec<RouteConfig>>(yaml).unwrap()).unwrap()
+        compile(yaml).unwrap()
     }
 
     fn build_err(yaml: &str) -> String {
-        Routes::build(&serde_yaml_ng::from_str::<Vec<RouteConfig>>(yaml).unwrap()).unwrap_err().to_string()
+        compile(yaml).unwrap_err().to_string()
     }
 
     const TABLE: &str = "
@@ -494,14 +518,15 @@ mod tests {
         assert_eq!(all.len(), 6);
         assert_eq!(all[0].name, "rack-writes");
         assert_eq!(all[0].methods, Some(vec![Method::PUT, Method::POST, Method::PATCH, Method::DELETE]));
-        assert_eq!(all[0].fence, FenceConfig::On { mode: FenceMode::Strict, consistency: Consistency::Linearizable });
+        assert_eq!(all[0].fence, Fence::On { mode: FenceMode::Strict, consistency: Consistency::Linearizable });
         assert_eq!((all[0].path(), all[0].lock_key()), ("/racks/{rack}", Some("rack/{rack}")));
         assert_eq!(all[1].methods, None);
         assert_eq!(all[1].missing_token, MissingToken::Allow);
-        assert_eq!(all[1].upstream.as_deref(), Some("http://127.0.0.1:9001"));
+        assert_eq!(all[1].upstream, "http://127.0.0.1:9001");
+        assert_eq!(all[0].upstream, DEFAULT_UPSTREAM, "routes without their own upstream get the default");
         assert_eq!(all[1].timeout, Duration::from_secs(5));
         assert_eq!((all[5].path(), all[5].lock_key()), ("/{*rest}", None));
-        assert_eq!(all[5].fence, FenceConfig::Off);
+        assert_eq!(all[5].fence, Fence::Off);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fencegate::client::{Client, ClientOptions, ClusterInfo};
+use fencegate_client::{Client, ClientOptions, ClusterInfo};
 use relay::Relay;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -241,14 +241,14 @@ impl Drop for Cluster {
 
 /// GET a URL and parse its JSON, `None` on any failure.
 pub async fn get_json(url: &str) -> Option<Value> {
-    let http = fencegate::http::HttpClient::new(1 << 20);
+    let http = fencegate_client::http::HttpClient::new(1 << 20);
     let a = http.call(hyper::Method::GET, url, None, Duration::from_secs(2)).await.ok()?;
     serde_json::from_slice(&a.body).ok()
 }
 
 /// Send a raw request and return the whole answer.
-pub async fn raw_answer(method: &str, url: &str, body: Option<&str>) -> fencegate::http::Answer {
-    let http = fencegate::http::HttpClient::new(1 << 20);
+pub async fn raw_answer(method: &str, url: &str, body: Option<&str>) -> fencegate_client::http::Answer {
+    let http = fencegate_client::http::HttpClient::new(1 << 20);
     let m = hyper::Method::from_bytes(method.as_bytes()).unwrap();
     http.call(m, url, body.map(|b| b.as_bytes().to_vec()), Duration::from_secs(10))
         .await
@@ -262,7 +262,7 @@ pub async fn raw(method: &str, url: &str, body: Option<&str>) -> (u16, Value) {
 }
 
 pub async fn get_text(url: &str) -> String {
-    let http = fencegate::http::HttpClient::new(8 << 20);
+    let http = fencegate_client::http::HttpClient::new(8 << 20);
     let a = http.call(hyper::Method::GET, url, None, Duration::from_secs(2)).await.unwrap();
     String::from_utf8_lossy(&a.body).into_owned()
 }

@@ -97,7 +97,7 @@ impl SidecarProc {
         token: Option<u64>,
         extra: &[(&str, &str)],
     ) -> (u16, serde_json::Value) {
-        let http = fencegate::http::HttpClient::new(1 << 20);
+        let http = fencegate_client::http::HttpClient::new(1 << 20);
         let mut b = hyper::Request::builder().method(method).uri(format!("{}{path}", self.url()));
         if let Some(t) = token {
             b = b.header("x-fence-token", t.to_string());

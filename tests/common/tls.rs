@@ -164,5 +164,5 @@ where
 
 /// An error and all its sources, for assertions on what went wrong.
 fn chain(e: impl std::error::Error) -> String {
-    fencegate::http::error_chain(&e)
+    fencegate_client::http::error_chain(&e)
 }

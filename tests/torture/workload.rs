@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencegate::client::{AcquireOptions, Client, ClientError};
-use fencegate::http::HttpClient;
+use fencegate_client::http::HttpClient;
+use fencegate_client::{AcquireOptions, Client, ClientError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;

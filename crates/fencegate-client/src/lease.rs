@@ -15,17 +15,23 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{Client, ClientError};
-use crate::lock::state::Token;
+use crate::backoff::Backoff;
+use crate::client::{Client, ClientError};
+use crate::wire::Token;
 
-/// Why a lease stopped being valid.
+/// Why a lease stopped being valid, as [`Lease::lost`] reports it. In every
+/// case: stop using the token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LostReason {
-    /// The service said the lease no longer exists.
+    /// The service answered a keepalive with `lease_not_found`: the lease
+    /// expired or was released there. Another holder may already have the key.
     NotFound,
-    /// No keepalive was acknowledged in time: validity can't be guaranteed.
+    /// The local validity deadline (L4) passed without an acknowledged
+    /// keepalive, e.g. the lock service is unreachable or this process was
+    /// paused. The service may still hold the lease, but can no longer be
+    /// counted on to.
     Expired,
-    /// This process released it.
+    /// This process gave it back with [`Lease::release`].
     Released,
 }
 
@@ -105,8 +111,14 @@ impl Shared {
     }
 }
 
-/// A granted lease. Keepalives run in the background every `ttl/3` until the
-/// lease is released, dropped or lost.
+/// A granted lease, from [`Client::acquire`]. Keepalives run in the background
+/// every `ttl/3` (retried soon after a failure) until the lease is released,
+/// dropped or lost.
+///
+/// Use the lease only while [`Lease::is_valid`] is true, and stop as soon as
+/// [`Lease::lost`] resolves. Dropping it without [`Lease::release`] stops the
+/// keepalives only: the service expires the lease after its TTL, and the
+/// key's lock-delay then applies.
 pub struct Lease {
     key: String,
     token: Token,
@@ -115,7 +127,7 @@ pub struct Lease {
 }
 
 impl Lease {
-    pub(super) fn start(
+    pub(crate) fn start(
         client: Client,
         key: String,
         token: Token,
@@ -130,11 +142,13 @@ impl Lease {
         Lease { key, token, shared, keeper }
     }
 
+    /// The key this lease holds.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The fencing token: send it with every write to the protected resource.
+    /// The fencing token: send it with every write to the protected resource
+    /// (in the [`TOKEN_HEADER`](crate::TOKEN_HEADER) header, for the sidecar).
     pub fn token(&self) -> Token {
         self.token
     }
@@ -144,16 +158,19 @@ impl Lease {
         &self.shared.lease_id
     }
 
+    /// The TTL the service granted; each acknowledged keepalive renews it.
     pub fn ttl(&self) -> Duration {
         self.shared.ttl
     }
 
-    /// True while the lease is guaranteed to be held (L4).
+    /// True while the lease is guaranteed to be held (L4): before
+    /// `t_sent + ttl × (1 − drift) − margin` for the latest acknowledged
+    /// request, and not lost. Check it before each write.
     pub fn is_valid(&self) -> bool {
         self.shared.validity().lost.is_none()
     }
 
-    /// How long the lease is guaranteed for, from now.
+    /// How long the lease is guaranteed for, from now; zero once lost.
     pub fn remaining(&self) -> Duration {
         let v = self.shared.validity();
         if v.lost.is_some() {
@@ -162,12 +179,14 @@ impl Lease {
         v.until.saturating_duration_since(Instant::now())
     }
 
-    pub(super) async fn keepalive_now(&self) -> Result<(), ClientError> {
+    pub(crate) async fn keepalive_now(&self) -> Result<(), ClientError> {
         self.shared.keepalive_now().await
     }
 
     /// Resolves as soon as the lease may be lost: the service said so, or the
     /// local validity deadline passed without an acknowledged keepalive.
+    /// Race it against the work with `tokio::select!`; it may be called (and
+    /// dropped) any number of times.
     pub async fn lost(&self) -> LostReason {
         let mut rx = self.shared.validity.subscribe();
         loop {
@@ -182,7 +201,13 @@ impl Lease {
         }
     }
 
-    /// Give the lease back. The key is free for the next holder at once.
+    /// Give the lease back. The key is free for the next holder at once, with
+    /// no lock-delay. The keepalives stop first, so the lease counts as lost
+    /// whatever the answer.
+    ///
+    /// [`ClientError::LeaseNotFound`] means it had already ended;
+    /// [`ClientError::Unavailable`] means the outcome is unknown; if the
+    /// service still has the lease, it expires it after its TTL.
     pub async fn release(self) -> Result<(), ClientError> {
         self.keeper.abort();
         self.shared.lose(LostReason::Released);
@@ -198,6 +223,10 @@ impl Drop for Lease {
 
 async fn keep_alive(shared: Arc<Shared>) {
     let interval = shared.ttl / 3;
+    // Retries come soon (the validity is running out), jittered so that the
+    // holders of one failed leader do not all retry in the same instant.
+    let mut retry = Backoff::new(Duration::from_millis(50), (interval / 4).min(Duration::from_millis(250)))
+        .with_floor(Duration::from_millis(10));
     let mut next = Instant::now() + interval;
     loop {
         tokio::time::sleep_until(next).await;
@@ -206,12 +235,15 @@ async fn keep_alive(shared: Arc<Shared>) {
             return;
         }
         match shared.keepalive_now().await {
-            Ok(()) => next = Instant::now() + interval,
+            Ok(()) => {
+                retry.reset();
+                next = Instant::now() + interval;
+            }
             Err(ClientError::LeaseNotFound) => return,
             Err(e) => {
                 tracing::warn!(lease = %shared.lease_id, "keepalive failed: {e}");
                 // Retry soon; `lost()` fires on its own when validity runs out.
-                next = Instant::now() + (interval / 4).min(Duration::from_millis(250));
+                next = Instant::now() + retry.next_delay();
             }
         }
     }

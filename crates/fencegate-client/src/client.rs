@@ -1,0 +1,364 @@
+//! [`Client`]: talks to any node of a cluster, finds the leader, fails over,
+//! acquires leases and keeps them alive.
+
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use thiserror::Error;
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
+use crate::http::{Answer, HttpClient};
+use crate::lease::Lease;
+use crate::wire::{self, AcquireRequest, ClusterInfo, ErrorCode, Granted, KeepaliveAck, LockInfo, Released, Token};
+
+/// Default endpoint when neither `--endpoints` nor `$FENCEGATE_ENDPOINTS` is set.
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7401";
+
+/// Why a [`Client`] or [`Lease`] call failed.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// [`Client::new`] got an empty list of endpoints.
+    #[error("no endpoints given")]
+    NoEndpoints,
+    /// An endpoint is not `http://host:port`: the endpoint as given, and why.
+    #[error("invalid endpoint {0:?}: {1}")]
+    BadEndpoint(String, String),
+    /// The key was not granted within [`AcquireOptions::wait`](field@AcquireOptions::wait): someone else
+    /// holds it, or it is in lock-delay (L6). Retry later, or wait longer.
+    #[error("{key} is held by {holder:?} (token {token}){}", if *lock_delay { ", in lock-delay" } else { "" })]
+    Held {
+        /// The key asked for.
+        key: String,
+        /// The current holder's name; `None` while the key is in lock-delay
+        /// and nobody holds it.
+        holder: Option<String>,
+        /// The key's latest grant: the current holder's token, or in
+        /// lock-delay the token of the lease that expired.
+        token: Token,
+        /// `true` if the key is free but in lock-delay after an expiry (L6).
+        lock_delay: bool,
+    },
+    /// The service does not have the lease (any more): it was released, it
+    /// expired, or it was never granted. Someone else may hold the key now;
+    /// stop using the token.
+    #[error("lease not found (released, expired or never granted)")]
+    LeaseNotFound,
+    /// The service answered with an error other than the above (an invalid
+    /// key, a TTL outside the service's range, a bug). Retrying the same
+    /// request will usually fail the same way.
+    #[error("the lock service refused the request ({status}): {error:?}: {message}")]
+    Refused {
+        /// The HTTP status of the answer (never 503: those are retried).
+        status: StatusCode,
+        /// The Lock API error code; [`ErrorCode::Unknown`] if the body was not
+        /// a Lock API error (for example, not a fencegate node).
+        error: ErrorCode,
+        /// The service's explanation, or the start of a body that was not a
+        /// Lock API error.
+        message: String,
+    },
+    /// No node answered in time: every attempt timed out, failed to connect
+    /// or got 503 until the failover budget (about 5 s, plus an acquire's
+    /// wait) ran out. For a write (acquire, keepalive, release) the outcome
+    /// is unknown: it may have taken effect. The string is the last failure.
+    #[error("lock service unavailable: {0}")]
+    Unavailable(String),
+    /// A success answer whose body could not be decoded (a different protocol
+    /// version, or not a fencegate node). The string is the decoding error.
+    #[error("unexpected answer from the lock service: {0}")]
+    Protocol(String),
+}
+
+/// Tunables for L4 (client conservatism) and request timing.
+///
+/// A lease counts as lost at `t_sent + ttl × (1 − drift) − margin`.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Upper bound on the rate difference between this host's clock and the
+    /// leader's, as a fraction in `[0, 1)` (default `0.01`, i.e. 1 %).
+    pub drift: f64,
+    /// Safety margin subtracted from every validity deadline (default 100 ms).
+    pub margin: Duration,
+    /// Deadline for one request to one node (default 3 s); an acquire's wait
+    /// is added to it.
+    pub request_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self { drift: 0.01, margin: Duration::from_millis(100), request_timeout: Duration::from_secs(3) }
+    }
+}
+
+/// What to ask for when acquiring (see [`Client::acquire`]).
+///
+/// Durations are sent in whole milliseconds.
+#[derive(Debug, Clone)]
+pub struct AcquireOptions {
+    /// The lease's time to live, renewed by every acknowledged keepalive. The
+    /// service refuses values outside its `[min_ttl, max_ttl]` (by default
+    /// 500 ms to 1 h) with [`ClientError::Refused`].
+    pub ttl: Duration,
+    /// How long the service may queue the request (FIFO per key) while the
+    /// key is held or in lock-delay. Zero (the default) fails at once with
+    /// [`ClientError::Held`]. At most the service's `lease.max_wait`.
+    pub wait: Duration,
+    /// The name shown as the key's holder (`fencegate status KEY`, watch
+    /// lines, [`ClientError::Held`]): 1–128 printable ASCII characters. The
+    /// service uses `anonymous` when `None`.
+    pub holder: Option<String>,
+    /// Per-request lock-delay (L6): how long the key stays ungranted after
+    /// this lease *expires* (not after a release). The server's
+    /// `lease.lock_delay` applies when `None`.
+    pub lock_delay: Option<Duration>,
+}
+
+impl AcquireOptions {
+    /// A lease of `ttl`, no waiting, no holder name, the server's lock-delay.
+    pub fn new(ttl: Duration) -> Self {
+        Self { ttl, wait: Duration::ZERO, holder: None, lock_delay: None }
+    }
+    /// Wait up to `wait` for the key if it is taken.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+    /// Name the holder (see [`AcquireOptions::holder`](field@AcquireOptions::holder)).
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = Some(holder.into());
+        self
+    }
+    /// Set this lease's lock-delay (see [`AcquireOptions::lock_delay`](field@AcquireOptions::lock_delay)).
+    pub fn lock_delay(mut self, d: Duration) -> Self {
+        self.lock_delay = Some(d);
+        self
+    }
+}
+
+/// A handle on a cluster. Cheap to clone; clones share the connection pool
+/// and the knowledge of which node leads.
+///
+/// Leader calls go to the known leader first and fail over to the other
+/// endpoints through elections. Its calls must run inside a Tokio runtime
+/// with timers enabled.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Vec<String>,
+    /// Index of the endpoint to try first: the known leader, else the last
+    /// one that answered.
+    preferred: AtomicUsize,
+    /// Whether a leader lookup is due (at first use and after failures).
+    rediscover: AtomicBool,
+    http: HttpClient,
+    options: ClientOptions,
+}
+
+/// How long to keep retrying a call that found no leader, beyond its own wait.
+const FAILOVER_BUDGET: Duration = Duration::from_secs(5);
+
+impl Client {
+    /// A client for the cluster behind `endpoints` (`http://host:port`; any
+    /// nodes of the cluster will do), with the default [`ClientOptions`].
+    ///
+    /// Fails with [`ClientError::NoEndpoints`] or [`ClientError::BadEndpoint`];
+    /// nothing is contacted yet.
+    pub fn new(endpoints: Vec<String>) -> Result<Self, ClientError> {
+        Self::with_options(endpoints, ClientOptions::default())
+    }
+
+    /// A client with explicit L4 and timing tunables; otherwise as [`Client::new`].
+    pub fn with_options(endpoints: Vec<String>, options: ClientOptions) -> Result<Self, ClientError> {
+        if endpoints.is_empty() {
+            return Err(ClientError::NoEndpoints);
+        }
+        let endpoints: Vec<String> = endpoints.into_iter().map(|e| e.trim_end_matches('/').to_string()).collect();
+        for e in &endpoints {
+            crate::url::parse_endpoint(e).map_err(|err| ClientError::BadEndpoint(e.clone(), err))?;
+        }
+        let inner = Inner {
+            endpoints,
+            preferred: AtomicUsize::new(0),
+            rediscover: AtomicBool::new(true),
+            http: HttpClient::new(1 << 20),
+            options,
+        };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// The options this client was made with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    /// The endpoints, as given (without a trailing `/`).
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    /// Send `method path` to the cluster: the preferred node first, then the
+    /// others, retrying through elections until `budget` runs out. Answers
+    /// other than 503 are returned as they are.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        extra: Duration,
+    ) -> Result<Answer, ClientError> {
+        let deadline = Instant::now() + extra + FAILOVER_BUDGET;
+        let n = self.inner.endpoints.len();
+        let bytes = body.map(|b| serde_json::to_vec(b).expect("wire types serialise"));
+        let mut backoff = election_backoff();
+        let mut last_error;
+        let mut attempt = 0usize;
+        loop {
+            if self.inner.rediscover.swap(false, Ordering::Relaxed) {
+                self.discover_leader().await;
+            }
+            let i = (self.inner.preferred.load(Ordering::Relaxed) + attempt) % n;
+            let url = format!("{}{path}", self.inner.endpoints[i]);
+            let timeout = self.inner.options.request_timeout + extra;
+            match self.inner.http.call(method.clone(), &url, bytes.clone(), timeout).await {
+                Ok(a) if a.status != StatusCode::SERVICE_UNAVAILABLE => {
+                    self.inner.preferred.store(i, Ordering::Relaxed);
+                    return Ok(a);
+                }
+                Ok(a) => last_error = format!("{url}: {}", String::from_utf8_lossy(&a.body).trim()),
+                Err(e) => last_error = e.to_string(),
+            }
+            attempt += 1;
+            self.inner.rediscover.store(true, Ordering::Relaxed);
+            if Instant::now() >= deadline {
+                return Err(ClientError::Unavailable(last_error));
+            }
+            if attempt % n == 0 {
+                // Every node said no: give the cluster an election's time,
+                // jittered so that many clients do not come back in lockstep.
+                tokio::time::sleep(backoff.next_delay().min(deadline - Instant::now())).await;
+            }
+        }
+    }
+
+    /// Point `preferred` at the leader, if some node names one that is among
+    /// our endpoints. Followers forward anyway; this only saves a hop.
+    async fn discover_leader(&self) {
+        let endpoints = &self.inner.endpoints;
+        for e in endpoints {
+            let url = format!("{e}{}", wire::CLUSTER_PATH);
+            let Ok(a) = self.inner.http.call(Method::GET, &url, None, Duration::from_millis(500)).await else {
+                continue;
+            };
+            let Ok(info) = serde_json::from_slice::<ClusterInfo>(&a.body) else { continue };
+            let leader_url = info.leader.and_then(|l| info.members.into_iter().find(|m| m.id == l)).and_then(|m| m.url);
+            if let Some(j) = leader_url.and_then(|u| endpoints.iter().position(|x| *x == u.trim_end_matches('/'))) {
+                self.inner.preferred.store(j, Ordering::Relaxed);
+            }
+            return;
+        }
+    }
+
+    /// Take `key`, waiting up to `opts.wait` behind earlier holders (FIFO on
+    /// the leader). Retries after a lost answer reuse one request id, so the
+    /// service never grants twice for one call.
+    ///
+    /// The returned [`Lease`] is kept alive in the background. Its validity
+    /// runs from when the first attempt was sent (L4); if a long wait left
+    /// less than half the TTL, it is renewed before this returns.
+    ///
+    /// # Errors
+    ///
+    /// - [`ClientError::Held`]: not granted within `opts.wait`.
+    /// - [`ClientError::Refused`]: e.g. an invalid key, or a `ttl`, `wait` or
+    ///   `lock_delay` the service does not accept.
+    /// - [`ClientError::Unavailable`]: the outcome is unknown. The key may
+    ///   have been granted; such a lease expires after its TTL (and then its
+    ///   lock-delay runs).
+    /// - [`ClientError::LeaseNotFound`]: granted, but already gone when
+    ///   renewed after a long wait.
+    /// - [`ClientError::Protocol`].
+    pub async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Lease, ClientError> {
+        let first_sent = Instant::now();
+        let wait_until = first_sent + opts.wait;
+        let remaining = wait_until.saturating_duration_since(Instant::now());
+        let body = AcquireRequest {
+            ttl_ms: Some(opts.ttl.as_millis() as u64),
+            wait_ms: Some(remaining.as_millis() as u64),
+            holder: opts.holder,
+            request_id: Some(format!("{:032x}", rand::random::<u128>())),
+            lock_delay_ms: opts.lock_delay.map(|d| d.as_millis() as u64),
+        };
+        let path = format!("{}{key}", wire::LOCKS_PATH);
+        let g: Granted = decode(self.call(Method::POST, &path, Some(&body), remaining).await?)?;
+        // L4: the grant happened after `first_sent` (the earliest attempt that
+        // could have produced it), so validity is measured from there.
+        let lease = Lease::start(self.clone(), g.key, g.token, g.lease_id, Duration::from_millis(g.ttl_ms), first_sent);
+        if !lease.is_valid() || lease.remaining() < lease.ttl() / 2 {
+            // A long wait ate the validity: anchor it afresh with a keepalive.
+            lease.keepalive_now().await?;
+        }
+        Ok(lease)
+    }
+
+    /// Linearizable read of a key: its latest token (0 if never granted) and
+    /// holder. Fails with [`ClientError::Refused`] for an invalid key and
+    /// [`ClientError::Unavailable`] without a quorum.
+    pub async fn read(&self, key: &str) -> Result<LockInfo, ClientError> {
+        let path = format!("{}{key}", wire::LOCKS_PATH);
+        decode(self.call(Method::GET, &path, None::<&()>, Duration::ZERO).await?)
+    }
+
+    /// The cluster as the answering node sees it (the known leader is asked
+    /// first). Not a leader call: any live node answers.
+    pub async fn cluster(&self) -> Result<ClusterInfo, ClientError> {
+        decode(self.call(Method::GET, wire::CLUSTER_PATH, None::<&()>, Duration::ZERO).await?)
+    }
+
+    /// One keepalive. `Ok(ttl)` only when the leader acknowledged it.
+    pub(crate) async fn keepalive(&self, lease_id: &str, timeout: Duration) -> Result<Duration, ClientError> {
+        let path = format!("{}{lease_id}/keepalive", wire::LEASES_PATH);
+        let call = self.call(Method::POST, &path, None::<&()>, Duration::ZERO);
+        let answer = tokio::time::timeout(timeout, call)
+            .await
+            .map_err(|_| ClientError::Unavailable(format!("keepalive not acknowledged within {timeout:?}")))??;
+        let ack: KeepaliveAck = decode(answer)?;
+        Ok(Duration::from_millis(ack.ttl_ms))
+    }
+
+    pub(crate) async fn release(&self, lease_id: &str) -> Result<(), ClientError> {
+        let path = format!("{}{lease_id}", wire::LEASES_PATH);
+        decode::<Released>(self.call(Method::DELETE, &path, None::<&()>, Duration::ZERO).await?).map(|_| ())
+    }
+}
+
+/// Waits between rounds in which every node said no: about an election.
+fn election_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(1)).with_floor(Duration::from_millis(20))
+}
+
+/// Map an answer to its body, or to the error it carries.
+fn decode<T: DeserializeOwned>(a: Answer) -> Result<T, ClientError> {
+    if a.status == StatusCode::OK {
+        return serde_json::from_slice(&a.body).map_err(|e| ClientError::Protocol(e.to_string()));
+    }
+    let Ok(refusal) = serde_json::from_slice::<wire::ApiError>(&a.body) else {
+        let body = String::from_utf8_lossy(&a.body).chars().take(200).collect();
+        return Err(ClientError::Refused { status: a.status, error: ErrorCode::Unknown, message: body });
+    };
+    match (refusal.error, refusal.held) {
+        (ErrorCode::Held, Some(h)) => {
+            Err(ClientError::Held { key: h.key, holder: h.holder, token: h.token, lock_delay: h.lock_delay })
+        }
+        (ErrorCode::LeaseNotFound, _) => Err(ClientError::LeaseNotFound),
+        (error, _) => Err(ClientError::Refused { status: a.status, error, message: refusal.message.unwrap_or_default() }),
+    }
+}

@@ -1,0 +1,39 @@
+//! Base URLs: the lock service's endpoints, peers and upstreams, which
+//! request paths are appended to. Parsed once, where they are configured.
+
+use hyper::Uri;
+
+/// A URL that paths are appended to: absolute, without a path or query.
+pub fn parse_base(url: &str) -> Result<Uri, String> {
+    let uri: Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!("{url:?} must not have a path or query"));
+    }
+    Ok(uri)
+}
+
+/// A lock service node: `http://host:port`, nothing after it.
+pub fn parse_endpoint(url: &str) -> Result<Uri, String> {
+    let uri = parse_base(url)?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!("{url:?} must start with http://"));
+    }
+    if uri.authority().is_none() || uri.port_u16().is_none() {
+        return Err(format!("{url:?} must name a host and a port"));
+    }
+    Ok(uri)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert!(parse_endpoint("http://127.0.0.1:7401").is_ok());
+        assert!(parse_endpoint("http://127.0.0.1:7401/").is_ok());
+        for bad in ["127.0.0.1:7401", "https://127.0.0.1:7401", "http://127.0.0.1", "http://h:1/x", "http://h:1?q", ""] {
+            assert!(parse_endpoint(bad).is_err(), "{bad:?}");
+        }
+    }
+}
