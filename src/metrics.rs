@@ -34,7 +34,7 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T
     Ok(c)
 }
 
-/// Lock service families (DESIGN.md), counted as commands are applied.
+/// Lock service families (docs/DESIGN.md), counted as commands are applied.
 #[derive(Clone)]
 pub struct LockMetrics {
     pub grants: IntCounter,
@@ -66,7 +66,7 @@ impl LockMetrics {
     }
 }
 
-/// Raft families (DESIGN.md), plus the log's fsync counters.
+/// Raft families (docs/DESIGN.md), plus the log's fsync counters.
 #[derive(Clone)]
 pub struct RaftMetrics {
     pub term: IntGauge,
@@ -94,10 +94,10 @@ impl RaftMetrics {
     }
 }
 
-/// Sidecar families (DESIGN.md).
+/// Sidecar families (docs/DESIGN.md).
 #[derive(Clone)]
 pub struct SidecarMetrics {
-    /// outcome: forwarded | rejected | upstream_error
+    /// outcome: forwarded | rejected | upstream_error | internal
     pub requests: IntCounterVec,
     /// reason: the `error` of the rejection answer
     pub rejections: IntCounterVec,

@@ -178,3 +178,6 @@ pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: impl Future
     let opts = crate::http::Listener::http1("lock API");
     crate::http::serve(listener, opts, shutdown, move |req, _| api::handle(node.clone(), req)).await
 }
+
+#[cfg(test)]
+mod tests;

@@ -209,8 +209,9 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
         // but the request (and its ordering permit, S1) must live until the
         // upstream has answered or timed out.
         let task = tokio::spawn(sidecar.clone().handle(req, peer));
+        let sc = sidecar.clone();
         async move {
-            task.await.unwrap_or_else(|e| Answer::Internal(format!("request task failed: {e}")).into_response("-"))
+            task.await.unwrap_or_else(|e| sc.answer("-", None, Answer::Internal(format!("request task failed: {e}"))))
         }
     })
     .await

@@ -1,4 +1,4 @@
-//! `fencegate demo`: DESIGN.md's walkthrough, replayed on real components
+//! `fencegate demo`: docs/DESIGN.md's walkthrough, replayed on real components
 //! (a 3-node cluster, the inventory API, the sidecar — on ports of their own,
 //! so it runs beside `fencegate dev`), then the same without the sidecar.
 

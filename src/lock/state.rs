@@ -12,7 +12,7 @@
 //! revision of its grant event (L1). Every replica applies the same commands
 //! in the same order, so they agree on it; it is in the snapshot, so it only
 //! ever grows across leader changes, crashes, restarts and snapshots. (Not the
-//! Raft log index, as DESIGN.md recommends: one log entry carries a batch of
+//! Raft log index, as the first design recommended: one log entry carries a batch of
 //! commands — see `server::proposer` — so several grants share an index.)
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -105,3 +105,55 @@ impl Answer {
         refusal(status, cause, &body)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejected(reason: Reason) -> Answer {
+        Answer::Rejected(Rejection { reason, key: "rack/1".into(), token: Some(3), current: Some(4) })
+    }
+
+    /// Each answer's status, `outcome` label, cause and body `error`.
+    #[test]
+    fn every_answer_has_one_status_outcome_and_cause() {
+        let bad = |error| Answer::BadRequest { error, message: "m".into() };
+        for (answer, status, outcome, cause, error) in [
+            (rejected(Reason::StaleToken), 409, "rejected", Cause::Client, "stale_token"),
+            (rejected(Reason::MissingToken), 428, "rejected", Cause::Client, "missing_token"),
+            (rejected(Reason::MalformedToken), 400, "rejected", Cause::Client, "malformed_token"),
+            (rejected(Reason::LockServiceUnavailable), 503, "rejected", Cause::LockService, "lock_service_unavailable"),
+            (bad(Problem::MalformedPath), 400, "rejected", Cause::Client, "malformed_path"),
+            (bad(Problem::AmbiguousFraming), 400, "rejected", Cause::Client, "ambiguous_framing"),
+            (Answer::NoRoute, 404, "rejected", Cause::Client, "no_route"),
+            (Answer::TooLarge { limit: 9 }, 413, "rejected", Cause::Client, "body_too_large"),
+            (Answer::UpstreamTimeout, 504, "upstream_error", Cause::Upstream, "upstream_timeout"),
+            (Answer::UpstreamFailed("x".into()), 502, "upstream_error", Cause::Upstream, "upstream_error"),
+            (Answer::UpstreamUnreachable("x".into()), 502, "upstream_error", Cause::Upstream, "upstream_error"),
+            (Answer::Internal("x".into()), 500, "internal", Cause::Internal, "internal"),
+        ] {
+            assert_eq!(
+                (answer.status().as_u16(), answer.outcome(), answer.cause()),
+                (status, outcome, cause),
+                "{answer:?}"
+            );
+            let resp = answer.into_response("r");
+            assert_eq!(resp.status().as_u16(), status);
+            assert_eq!(
+                resp.headers().contains_key(hyper::header::RETRY_AFTER),
+                status == 503,
+                "Retry-After on 503 only"
+            );
+            let body = futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(resp.into_body()))
+                .unwrap()
+                .unwrap()
+                .to_bytes();
+            let parsed: wire::SidecarAnswer = serde_json::from_slice(&body).unwrap();
+            let code = match parsed {
+                wire::SidecarAnswer::Rejected(r) => r.error.as_str().to_string(),
+                wire::SidecarAnswer::Problem(p) => serde_json::to_value(p.error).unwrap().as_str().unwrap().to_string(),
+            };
+            assert_eq!(code, error);
+        }
+    }
+}

@@ -41,7 +41,8 @@ async fn run() -> Result<(), String> {
         .filter(|e| !e.is_empty())
         .collect();
 
-    let client = Client::new(endpoints.clone()).map_err(|e| format!("{e} (set $FENCEGATE_ENDPOINTS to http://host:port,...)"))?;
+    let client = Client::new(endpoints.clone())
+        .map_err(|e| format!("{e} (set $FENCEGATE_ENDPOINTS to http://host:port,...)"))?;
     let opts = AcquireOptions::new(TTL).wait(WAIT).holder(format!("hold_lock:{}", std::process::id()));
     let lease = client.acquire(&key, opts).await.map_err(|e| acquire_error(&key, &endpoints, e))?;
     println!("acquired {} with token {} (ttl {:?})", lease.key(), lease.token(), lease.ttl());

@@ -49,7 +49,8 @@ mod tests {
 
     #[test]
     fn grows_to_the_cap_with_jitter_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_floor(Duration::from_millis(10));
+        let mut b =
+            Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_floor(Duration::from_millis(10));
         let ceilings = [100, 200, 400, 800, 1600, 2000, 2000];
         for ceiling in ceilings {
             let d = b.next_delay();

@@ -1,7 +1,6 @@
 //! [`Client`]: talks to any node of a cluster, finds the leader, fails over,
 //! acquires leases and keeps them alive.
 
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,8 +28,9 @@ pub enum ClientError {
     /// An endpoint is not `http://host:port`: the endpoint as given, and why.
     #[error("invalid endpoint {0:?}: {1}")]
     BadEndpoint(String, String),
-    /// The key was not granted within [`AcquireOptions::wait`](field@AcquireOptions::wait): someone else
-    /// holds it, or it is in lock-delay (L6). Retry later, or wait longer.
+    /// The key was not granted within the acquire's
+    /// [`wait`](field@AcquireOptions::wait): someone else holds it, or it is
+    /// in lock-delay (L6). Retry later, or wait longer.
     #[error("{key} is held by {holder:?} (token {token}){}", if *lock_delay { ", in lock-delay" } else { "" })]
     Held {
         /// The key asked for.
@@ -129,12 +129,13 @@ impl AcquireOptions {
         self.wait = wait;
         self
     }
-    /// Name the holder (see [`AcquireOptions::holder`](field@AcquireOptions::holder)).
+    /// Name the holder (see the [`holder`](field@AcquireOptions::holder) field).
     pub fn holder(mut self, holder: impl Into<String>) -> Self {
         self.holder = Some(holder.into());
         self
     }
-    /// Set this lease's lock-delay (see [`AcquireOptions::lock_delay`](field@AcquireOptions::lock_delay)).
+    /// Set this lease's lock-delay (see the
+    /// [`lock_delay`](field@AcquireOptions::lock_delay) field).
     pub fn lock_delay(mut self, d: Duration) -> Self {
         self.lock_delay = Some(d);
         self
@@ -359,6 +360,8 @@ fn decode<T: DeserializeOwned>(a: Answer) -> Result<T, ClientError> {
             Err(ClientError::Held { key: h.key, holder: h.holder, token: h.token, lock_delay: h.lock_delay })
         }
         (ErrorCode::LeaseNotFound, _) => Err(ClientError::LeaseNotFound),
-        (error, _) => Err(ClientError::Refused { status: a.status, error, message: refusal.message.unwrap_or_default() }),
+        (error, _) => {
+            Err(ClientError::Refused { status: a.status, error, message: refusal.message.unwrap_or_default() })
+        }
     }
 }

@@ -67,7 +67,17 @@ impl Shared {
     /// Record an acknowledgement of a request sent at `sent`.
     fn acknowledged(&self, sent: Instant) {
         let until = self.deadline(sent);
+        let now = Instant::now();
         self.validity.send_if_modified(|v| {
+            if v.lost.is_none() && now >= v.until && v.until > sent {
+                // The deadline passed before this answer came back: the lease
+                // already counted as lost (`lost()` may have fired), and loss
+                // is final, so a late acknowledgement does not revive it.
+                // (A request sent at or after the deadline is the anchor of a
+                // lease not yet handed out: `start`, or `acquire` re-anchoring.)
+                v.lost = Some(LostReason::Expired);
+                return true;
+            }
             let extend = v.lost.is_none() && until > v.until;
             if extend {
                 v.until = until;
@@ -283,5 +293,20 @@ mod tests {
         lease.shared.lose(LostReason::NotFound);
         lease.shared.acknowledged(t0 + Duration::from_secs(6));
         assert_eq!(lease.lost().await, LostReason::NotFound, "a lost lease stays lost");
+    }
+
+    /// A keepalive answered after the local deadline passed does not make a
+    /// lease that already counted as lost valid again.
+    #[tokio::test(start_paused = true)]
+    async fn an_acknowledgement_after_the_deadline_does_not_revive_the_lease() {
+        let client = Client::new(vec!["http://127.0.0.1:1".into()]).unwrap();
+        let t0 = Instant::now();
+        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), t0);
+        let sent = t0 + Duration::from_secs(9);
+        tokio::time::sleep_until(t0 + Duration::from_secs(11)).await;
+        assert!(!lease.is_valid());
+        lease.shared.acknowledged(sent);
+        assert!(!lease.is_valid(), "loss is final");
+        assert_eq!(lease.lost().await, LostReason::Expired);
     }
 }

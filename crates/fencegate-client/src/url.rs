@@ -32,7 +32,8 @@ mod tests {
     fn endpoints() {
         assert!(parse_endpoint("http://127.0.0.1:7401").is_ok());
         assert!(parse_endpoint("http://127.0.0.1:7401/").is_ok());
-        for bad in ["127.0.0.1:7401", "https://127.0.0.1:7401", "http://127.0.0.1", "http://h:1/x", "http://h:1?q", ""] {
+        for bad in ["127.0.0.1:7401", "https://127.0.0.1:7401", "http://127.0.0.1", "http://h:1/x", "http://h:1?q", ""]
+        {
             assert!(parse_endpoint(bad).is_err(), "{bad:?}");
         }
     }

@@ -499,12 +499,24 @@ mod tests {
 
     #[test]
     fn sidecar_answers() {
-        let r = Rejection { error: Reason::StaleToken, route: "racks".into(), key: "rack/1".into(), token: Some(3), current: Some(4) };
+        let r = Rejection {
+            error: Reason::StaleToken,
+            route: "racks".into(),
+            key: "rack/1".into(),
+            token: Some(3),
+            current: Some(4),
+        };
         pinned(
             SidecarAnswer::Rejected(r),
             json!({"error": "stale_token", "route": "racks", "key": "rack/1", "token": 3, "current": 4}),
         );
-        let r = Rejection { error: Reason::MissingToken, route: "racks".into(), key: "rack/1".into(), token: None, current: None };
+        let r = Rejection {
+            error: Reason::MissingToken,
+            route: "racks".into(),
+            key: "rack/1".into(),
+            token: None,
+            current: None,
+        };
         pinned(
             SidecarAnswer::Rejected(r),
             json!({"error": "missing_token", "route": "racks", "key": "rack/1", "token": null, "current": null}),
@@ -514,7 +526,11 @@ mod tests {
             json!({"error": "no_route", "message": "m"}),
         );
         pinned(
-            SidecarAnswer::Problem(ProblemBody { error: Problem::UpstreamTimeout, route: Some("r".into()), message: None }),
+            SidecarAnswer::Problem(ProblemBody {
+                error: Problem::UpstreamTimeout,
+                route: Some("r".into()),
+                message: None,
+            }),
             json!({"error": "upstream_timeout", "route": "r"}),
         );
         for reason in [Reason::StaleToken, Reason::LockServiceUnavailable, Reason::MalformedToken] {

@@ -202,7 +202,14 @@ proptest! {
                 Step::Acquire { key, ttl, delay, retry_of } => {
                     let lease_id = format!("L{}", leases.len());
                     let req = retry_of.map(|r| format!("req{r}"));
+                    // The leader decides whether to propose from `admission`:
+                    // it must predict exactly what applying will answer.
+                    let predicted = s.admission(&format!("k{key}"), req.as_deref());
                     let (o, events) = apply(&mut s, &mut c, now, acquire(&format!("k{key}"), &lease_id, ttl, delay, req.as_deref()));
+                    match &predicted {
+                        Outcome::Nothing => prop_assert!(events.is_some(), "admitted as free, then {:?}", o),
+                        other => prop_assert_eq!(other, &o, "admission disagrees with apply"),
+                    }
                     if let Outcome::Granted(g) = &o {
                         if let Some(r) = retry_of {
                             if let Some(orig) = requests.get(&r) {

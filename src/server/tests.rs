@@ -1,0 +1,95 @@
+//! Every Lock API answer of a real node, decoded with the client's wire
+//! types: a single-node cluster in this process, on 127.0.0.1:0.
+
+use std::time::Duration;
+
+use fencegate_client::http::HttpClient;
+use fencegate_client::wire::{self, ApiError, ErrorCode, KeepaliveAck, Released, WatchLine};
+use fencegate_client::{AcquireOptions, Client, ClientError};
+use hyper::{Method, StatusCode};
+
+use super::*;
+use crate::config::{parse_yaml, ConfigFile};
+
+async fn one_node(dir: &std::path::Path) -> (String, Arc<Node>, tokio::sync::oneshot::Sender<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let yaml = format!("id: 1\nlisten: {addr}\ndata_dir: {}\npeers:\n  1: http://{addr}\n", dir.display());
+    let config = parse_yaml::<NodeConfig>(&yaml).unwrap().validate().unwrap();
+    let node = Node::start(config).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(listener, node.clone(), async move {
+        let _ = stopped.await;
+    }));
+    (format!("http://{addr}"), node, stop)
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> T {
+    serde_json::from_slice(body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_decodes_with_the_wire_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, node, stop) = one_node(dir.path()).await;
+    let client = Client::new(vec![url.clone()]).unwrap();
+    let http = HttpClient::new(1 << 20);
+    let t = Duration::from_secs(5);
+
+    // Granted, LockInfo, the held refusal and ClusterInfo, through the client.
+    let lease = client.acquire("wire/k", AcquireOptions::new(Duration::from_secs(5)).holder("a")).await.unwrap();
+    let info = client.read("wire/k").await.unwrap();
+    assert!(info.held && info.token == lease.token() && info.holder.as_deref() == Some("a"), "{info:?}");
+    assert!(info.expires_in_ms.is_some_and(|ms| ms <= 5000));
+    match client.acquire("wire/k", AcquireOptions::new(Duration::from_secs(1))).await {
+        Err(ClientError::Held { key, holder, token, lock_delay }) => {
+            assert_eq!(
+                (key.as_str(), holder.as_deref(), token, lock_delay),
+                ("wire/k", Some("a"), lease.token(), false)
+            )
+        }
+        other => panic!("expected held, got {:?}", other.map(|l| l.token())),
+    }
+    let c = client.cluster().await.unwrap();
+    assert_eq!((c.id, c.leader, c.state.as_str()), (1, Some(1), "Leader"));
+    assert_eq!(c.members, vec![wire::Member { id: 1, url: Some(url.clone()) }]);
+    assert!(c.term > 0 && c.commit_index > 0 && c.last_log_index >= c.commit_index, "{c:?}");
+
+    // KeepaliveAck, raw.
+    let keepalive = format!("{url}{}{}/keepalive", wire::LEASES_PATH, lease.lease_id());
+    let a = http.call(Method::POST, &keepalive, None, t).await.unwrap();
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(decode::<KeepaliveAck>(&a.body), KeepaliveAck { ttl_ms: 5000 });
+
+    // The watch stream's first line: the state of the key.
+    let watch = format!("{url}{}?prefix=wire/", wire::WATCH_PATH);
+    let mut lines = fencegate_client::http::LineReader::new(http.open(&watch, t).await.unwrap().into_body());
+    let first = tokio::time::timeout(t, lines.next_line(1 << 16)).await.unwrap().unwrap().unwrap();
+    match decode::<WatchLine>(&first) {
+        WatchLine::State { key, held: true, token, holder: Some(h), .. } => {
+            assert_eq!((key.as_str(), token, h.as_str()), ("wire/k", lease.token(), "a"))
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Released, then the refusals: lease_not_found, bad_request, not_found.
+    let release = format!("{url}{}{}", wire::LEASES_PATH, lease.lease_id());
+    let token = lease.token();
+    drop(lease);
+    let a = http.call(Method::DELETE, &release, None, t).await.unwrap();
+    assert_eq!(decode::<Released>(&a.body), Released { key: "wire/k".into(), token, released: true });
+    let a = http.call(Method::DELETE, &release, None, t).await.unwrap();
+    let e: ApiError = decode(&a.body);
+    assert_eq!((a.status, e.error), (StatusCode::NOT_FOUND, ErrorCode::LeaseNotFound));
+    assert_eq!(e.error.status(), a.status, "the status is the one the wire code names");
+    let acquire = format!("{url}{}wire/x", wire::LOCKS_PATH);
+    let a = http.call(Method::POST, &acquire, Some(br#"{"ttl":1}"#.to_vec()), t).await.unwrap();
+    let e: ApiError = decode(&a.body);
+    assert_eq!((a.status, e.error), (StatusCode::BAD_REQUEST, ErrorCode::BadRequest));
+    assert!(e.message.is_some_and(|m| m.contains("ttl")), "the message names the unknown field");
+    let a = http.call(Method::GET, &format!("{url}/v2/nothing"), None, t).await.unwrap();
+    assert_eq!((a.status, decode::<ApiError>(&a.body).error), (StatusCode::NOT_FOUND, ErrorCode::NotFound));
+
+    let _ = stop.send(());
+    node.shutdown().await;
+}
