@@ -184,7 +184,9 @@ impl Sidecar {
                 let current = r.current.unwrap_or_else(|| self.fencer.current(&r.key));
                 tracing::warn!(route, key = %r.key, presented = ?r.token, current, reason = r.reason.as_str(), "rejected");
             }
-            other => tracing::info!(route, key = ?key, status = %other.status(), "refused: {other:?}"),
+            other => {
+                tracing::info!(route, key = ?key, status = %other.status(), cause = other.cause().as_str(), "refused: {other:?}")
+            }
         }
         a.into_response(route)
     }

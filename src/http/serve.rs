@@ -126,3 +126,84 @@ where
         tracing::debug!(listener = opts.name, "connection from {peer}: {e}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use fencegate_client::http::HttpClient;
+    use hyper::Method;
+    use tokio::sync::{oneshot, Notify};
+
+    use super::*;
+
+    struct SlowServer {
+        url: String,
+        /// Told when a request reaches the handler.
+        arrived: Arc<Notify>,
+        /// Set when the handler has finished its answer.
+        answered: Arc<AtomicBool>,
+        stop: oneshot::Sender<()>,
+        server: tokio::task::JoinHandle<()>,
+    }
+
+    /// A listener whose handler answers after `delay`.
+    async fn slow_server(delay: Duration, drain: Duration) -> SlowServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (arrived, answered) = (Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let opts = Listener { drain, ..Listener::http1("test") };
+        let (signal, done) = (arrived.clone(), answered.clone());
+        let server = tokio::spawn(serve(
+            listener,
+            opts,
+            async move {
+                let _ = stopped.await;
+            },
+            move |_req, _peer| {
+                signal.notify_one();
+                let done = done.clone();
+                async move {
+                    tokio::time::sleep(delay).await;
+                    done.store(true, Ordering::SeqCst);
+                    Response::new(crate::http::full("done"))
+                }
+            },
+        ));
+        SlowServer { url, arrived, answered, stop, server }
+    }
+
+    #[tokio::test]
+    async fn shutdown_drains_requests_in_flight_and_refuses_new_connections() {
+        let s = slow_server(Duration::from_millis(300), Duration::from_secs(5)).await;
+        let url = s.url.clone();
+        let in_flight =
+            tokio::spawn(
+                async move { HttpClient::new(1024).call(Method::GET, &url, None, Duration::from_secs(5)).await },
+            );
+        s.arrived.notified().await;
+        s.stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(2), s.server).await.expect("serve returns once drained").unwrap();
+        // A process exits when `serve` returns: it must not return first.
+        assert!(s.answered.load(Ordering::SeqCst), "serve returned before the request in flight was answered");
+        let answer = in_flight.await.unwrap().expect("the request in flight is answered, not cut");
+        assert_eq!(&answer.body[..], b"done");
+        let fresh = HttpClient::new(1024);
+        assert!(fresh.call(Method::GET, &s.url, None, Duration::from_secs(1)).await.is_err(), "no longer accepting");
+    }
+
+    #[tokio::test]
+    async fn the_drain_is_bounded_by_its_deadline() {
+        let s = slow_server(Duration::from_secs(30), Duration::from_millis(200)).await;
+        let url = s.url.clone();
+        tokio::spawn(async move { HttpClient::new(1024).call(Method::GET, &url, None, Duration::from_secs(60)).await });
+        s.arrived.notified().await;
+        let t = tokio::time::Instant::now();
+        s.stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(2), s.server).await.expect("serve gives up after the drain").unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(200), "it waited for the drain deadline");
+        assert!(!s.answered.load(Ordering::SeqCst));
+    }
+}
