@@ -33,12 +33,13 @@ const STREAM_SILENCE: Duration = Duration::from_secs(12);
 const MAX_LINE: usize = 64 << 10;
 
 #[derive(Debug, Clone, Copy, Default)]
-struct KeyState {
+/// What is known of one key from the lock service.
+struct Known {
     latest: Token,
     live: bool,
 }
 
-impl KeyState {
+impl Known {
     fn merge(&mut self, token: Token, held: bool) {
         if token > self.latest {
             self.latest = token;
@@ -58,7 +59,7 @@ struct InflightRead {
 }
 
 pub struct LockView {
-    keys: DashMap<String, KeyState>,
+    keys: DashMap<String, Known>,
     client: Client,
     up: AtomicBool,
     metrics: SidecarMetrics,
@@ -282,7 +283,7 @@ mod tests {
 
     #[test]
     fn knowledge_only_moves_forward() {
-        let mut k = KeyState::default();
+        let mut k = Known::default();
         k.merge(33, true);
         k.merge(34, true);
         k.merge(33, true);

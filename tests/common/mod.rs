@@ -247,7 +247,7 @@ pub async fn get_json(url: &str) -> Option<Value> {
 }
 
 /// Send a raw request and return the whole answer.
-pub async fn raw_answer(method: &str, url: &str, body: Option<&str>) -> fencegate_client::http::Answer {
+pub async fn raw_answer(method: &str, url: &str, body: Option<&str>) -> fencegate_client::http::Reply {
     let http = fencegate_client::http::HttpClient::new(1 << 20);
     let m = hyper::Method::from_bytes(method.as_bytes()).unwrap();
     http.call(m, url, body.map(|b| b.as_bytes().to_vec()), Duration::from_secs(10))

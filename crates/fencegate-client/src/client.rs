@@ -12,7 +12,7 @@ use thiserror::Error;
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
-use crate::http::{Answer, HttpClient};
+use crate::http::{Reply, HttpClient};
 use crate::lease::Lease;
 use crate::wire::{self, AcquireRequest, ClusterInfo, ErrorCode, Granted, KeepaliveAck, LockInfo, Released, Token};
 
@@ -215,7 +215,7 @@ impl Client {
         path: &str,
         body: Option<&impl Serialize>,
         extra: Duration,
-    ) -> Result<Answer, ClientError> {
+    ) -> Result<Reply, ClientError> {
         let deadline = Instant::now() + extra + FAILOVER_BUDGET;
         let n = self.inner.endpoints.len();
         let bytes = body.map(|b| serde_json::to_vec(b).expect("wire types serialise"));
@@ -347,7 +347,7 @@ fn election_backoff() -> Backoff {
 }
 
 /// Map an answer to its body, or to the error it carries.
-fn decode<T: DeserializeOwned>(a: Answer) -> Result<T, ClientError> {
+fn decode<T: DeserializeOwned>(a: Reply) -> Result<T, ClientError> {
     if a.status == StatusCode::OK {
         return serde_json::from_slice(&a.body).map_err(|e| ClientError::Protocol(e.to_string()));
     }

@@ -82,7 +82,7 @@ pub enum HttpError {
 
 /// A buffered HTTP answer.
 #[derive(Debug)]
-pub struct Answer {
+pub struct Reply {
     /// The response status.
     pub status: StatusCode,
     /// The response headers.
@@ -110,14 +110,14 @@ impl HttpClient {
     }
 
     /// Send a request and buffer the whole answer, all within `timeout`.
-    pub async fn send(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Answer, HttpError> {
+    pub async fn send(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Reply, HttpError> {
         let url = req.uri().to_string();
         let transport = |source: BoxError| HttpError::Transport { url: url.clone(), source };
         let work = async {
             let resp: Response<Incoming> = self.inner.request(req).await.map_err(|e| transport(e.into()))?;
             let (parts, body) = resp.into_parts();
             let body = read_body(body, self.max_body).await.map_err(|e| transport(e.into()))?;
-            Ok(Answer { status: parts.status, headers: parts.headers, body })
+            Ok(Reply { status: parts.status, headers: parts.headers, body })
         };
         tokio::time::timeout(timeout, work).await.map_err(|_| HttpError::Timeout { url: url.clone(), timeout })?
     }
@@ -130,7 +130,7 @@ impl HttpClient {
         url: &str,
         body: Option<Vec<u8>>,
         timeout: Duration,
-    ) -> Result<Answer, HttpError> {
+    ) -> Result<Reply, HttpError> {
         let mut b = Request::builder().method(method).uri(url);
         if body.is_some() {
             b = b.header(CONTENT_TYPE, "application/json");
