@@ -32,8 +32,8 @@ use crate::metrics::SidecarMetrics;
 const STREAM_SILENCE: Duration = Duration::from_secs(12);
 const MAX_LINE: usize = 64 << 10;
 
-#[derive(Debug, Clone, Copy, Default)]
 /// What is known of one key from the lock service.
+#[derive(Debug, Clone, Copy, Default)]
 struct Known {
     latest: Token,
     live: bool,
