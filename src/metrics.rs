@@ -25,7 +25,11 @@ pub fn respond(r: &Registry, path: &str) -> hyper::Response<crate::http::Body> {
     match path {
         "/metrics" => exposition(r),
         "/healthz" => hyper::Response::new(crate::http::full("ok\n")),
-        _ => crate::http::json(hyper::StatusCode::NOT_FOUND, &serde_json::json!({"error": "not_found"})),
+        _ => crate::http::refusal(
+            hyper::StatusCode::NOT_FOUND,
+            crate::http::Cause::Client,
+            &serde_json::json!({"error": "not_found"}),
+        ),
     }
 }
 
