@@ -81,7 +81,8 @@ enum Command {
         #[arg(long)]
         fresh: bool,
         /// Listen on ports the OS picks instead of the well-known ones (the
-        /// banner shows them): for a second `dev`, or when those ports are taken.
+        /// banner shows them), for when those are taken. A second `dev` also
+        /// needs its own --data.
         #[arg(long)]
         free_ports: bool,
     },

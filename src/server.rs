@@ -51,6 +51,10 @@ pub struct Node {
     /// The term whose leadership the lease clock was reset for (0: none yet).
     /// Keepalives wait for it: before the reset, deadlines may be stale.
     clock_term: std::sync::atomic::AtomicU64,
+    /// Set when the node stops serving: watch streams end (watchers resume
+    /// elsewhere) and parked acquires are answered 503, so that the drain of
+    /// the listener is not held up by requests that never finish.
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Node {
@@ -112,6 +116,7 @@ impl Node {
             raft_metrics,
             waitlist: waitlist::WaitList::default(),
             clock_term: std::sync::atomic::AtomicU64::new(0),
+            stopping: tokio::sync::watch::Sender::new(false),
         });
         tokio::spawn(keeper::run(node.clone()));
         Ok(node)
@@ -124,6 +129,17 @@ impl Node {
 
     pub fn members(&self) -> BTreeSet<NodeId> {
         self.applied.lock().membership.membership().voter_ids().collect()
+    }
+
+    /// Stop serving long-lived requests: watch streams end and waiting
+    /// acquires get 503. Call before draining the listener.
+    pub fn stop_serving(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Resolves once `stop_serving` was called.
+    async fn stopped(&self) {
+        let _ = self.stopping.subscribe().wait_for(|s| *s).await;
     }
 
     /// Stop Raft; in-flight requests fail.
@@ -151,10 +167,20 @@ async fn should_bootstrap(id: NodeId, peers: &BTreeMap<NodeId, String>, http: &H
                 std::time::Duration::from_millis(500),
             )
             .await;
-        let info = answer.ok().and_then(|a| serde_json::from_slice::<ClusterInfo>(&a.body).ok());
-        if info.is_some_and(|c| c.term > 0 || c.leader.is_some()) {
-            tracing::info!(peer, "not bootstrapping: a peer already belongs to a cluster");
-            return false;
+        // No answer: the peer is not up yet, so it cannot be in a cluster
+        // of its own. An answer that is not a cluster view fails safe: a
+        // second cluster under the same ids would break every guarantee.
+        let Ok(answer) = answer else { continue };
+        match serde_json::from_slice::<ClusterInfo>(&answer.body) {
+            Ok(c) if c.term == 0 && c.leader.is_none() => {}
+            Ok(_) => {
+                tracing::info!(peer, "not bootstrapping: a peer already belongs to a cluster");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(peer, status = %answer.status, "not bootstrapping: {url} answered something else: {e}");
+                return false;
+            }
         }
     }
     true

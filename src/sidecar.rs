@@ -202,10 +202,12 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
         max_header_bytes: limits.max_header_bytes as usize,
         http2: true,
         tls: sidecar.acceptor.clone(),
-        // Requests in flight hold ordering permits until the upstream answers
-        // or the route times out: drain for as long as the longest route waits.
-        drain: sidecar.settings.routes.iter().map(|r| r.timeout).max().unwrap_or_default(),
+        // Long enough for answers to reach their clients; what S1 needs is
+        // waited for below.
+        drain: CONNECTION_DRAIN,
     };
+    let longest = sidecar.settings.routes.iter().map(|r| r.timeout).max().unwrap_or_default();
+    let order = sidecar.fencer.order.clone();
     crate::http::serve(listener, opts, shutdown, move |req, peer| {
         // Its own task: if the client goes away, hyper drops this future,
         // but the request (and its ordering permit, S1) must live until the
@@ -216,8 +218,21 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
             task.await.unwrap_or_else(|e| sc.answer("-", None, Answer::Internal(format!("request task failed: {e}"))))
         }
     })
-    .await
+    .await;
+    // Requests dispatched upstream hold ordering permits until the upstream
+    // answers or their route times out, even past a broken exchange: wait
+    // for them, so that no higher token can be dispatched (by a restarted
+    // sidecar) while an older write may still be applied.
+    if order.busy_keys() > 0 {
+        tracing::info!(keys = order.busy_keys(), "waiting for fenced requests in flight (at most {longest:?})");
+    }
+    if tokio::time::timeout(longest, order.idle()).await.is_err() {
+        tracing::warn!("fenced requests still in flight after {longest:?}; exiting anyway");
+    }
 }
+
+/// How long shutdown waits for connections to finish their answers.
+const CONNECTION_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serve `/metrics` (and `/healthz`) on the metrics listener.
 pub async fn serve_metrics(listener: TcpListener, registry: Registry, shutdown: impl Future<Output = ()>) {

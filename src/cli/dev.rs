@@ -31,6 +31,7 @@ fn print_banner(s: &Stack, data: &Path) {
   data           {} (kept between runs; --fresh wipes it)
 
 try, in another terminal:
+  export FENCEGATE_ENDPOINTS={}
   fencegate lock rack/42 -- sh -c 'curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" {}/racks/42 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"'
   curl -s -X PUT -H 'X-Fence-Token: 1' {}/racks/42 -d '{{\"state\":\"stale\"}}'     # refused: 409
   curl -s {}/writes
@@ -43,6 +44,7 @@ Ctrl-C stops everything.",
         s.sidecar_url,
         s.metrics_url,
         data.display(),
+        s.endpoints.join(","),
         s.sidecar_url,
         s.sidecar_url,
         s.inventory_url,

@@ -15,13 +15,20 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let node = Node::start(config).await?;
     tracing::info!(id = node.id, listen = %listener.local_addr()?, "fencegate node serving");
-    serve(listener, node.clone(), shutdown_signal()).await;
-    tracing::info!("shutting down");
+    let stopping = {
+        let node = node.clone();
+        async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: draining requests in flight (a second signal exits at once)");
+            node.stop_serving();
+        }
+    };
+    serve(listener, node.clone(), stopping).await;
     node.shutdown().await;
     Ok(0)
 }
 
-/// Ctrl-C or SIGTERM.
+/// Ctrl-C or SIGTERM. From then on, a second one exits at once.
 pub async fn shutdown_signal() {
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing SIGTERM handler");
@@ -29,4 +36,12 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("fencegate: second signal, exiting without draining");
+        std::process::exit(130);
+    });
 }

@@ -128,6 +128,9 @@ impl Stack {
 
     /// Stop serving and shut the nodes down.
     pub async fn stop(self) {
+        for n in &self.nodes {
+            n.stop_serving();
+        }
         self.stop.send_replace(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;

@@ -9,6 +9,9 @@ use serde::Deserialize;
 
 use super::{endpoint_url, ConfigError, ConfigFile};
 
+/// The longest `lease.max_wait`: a parked acquire is an open connection.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
@@ -85,7 +88,7 @@ impl Default for RaftConfig {
 impl ConfigFile for NodeConfig {
     type Valid = NodeConfig;
 
-    fn validate(self) -> Result<NodeConfig, ConfigError> {
+    fn validate(mut self) -> Result<NodeConfig, ConfigError> {
         if self.peers.is_empty() || self.peers.len() > 9 {
             return Err(ConfigError::invalid("peers", "must list 1 to 9 nodes (3 or 5 in production)"));
         }
@@ -102,6 +105,14 @@ impl ConfigFile for NodeConfig {
         if l.min_ttl.is_zero() || l.min_ttl > l.default_ttl || l.default_ttl > l.max_ttl {
             return Err(ConfigError::invalid("lease", "need 0 < min_ttl <= default_ttl <= max_ttl"));
         }
+        // An acquire's own lock_delay_ms may be at most max_ttl: a default
+        // above it would make every acquire that does not name one a 400.
+        if l.lock_delay > l.max_ttl {
+            return Err(ConfigError::invalid("lease.lock_delay", "must be at most lease.max_ttl"));
+        }
+        if l.max_wait > MAX_WAIT {
+            return Err(ConfigError::invalid("lease.max_wait", "must be at most 1h"));
+        }
         let r = &self.raft;
         if r.heartbeat.is_zero() || r.election_timeout_min < r.heartbeat * 2 {
             return Err(ConfigError::invalid("raft.election_timeout_min", "must be at least twice raft.heartbeat"));
@@ -114,6 +125,10 @@ impl ConfigFile for NodeConfig {
         }
         if r.propose_timeout < r.election_timeout_max {
             return Err(ConfigError::invalid("raft.propose_timeout", "must be at least election_timeout_max"));
+        }
+        // Paths are appended to peer URLs: `http://h:1/` must not give `//raft/...`.
+        for url in self.peers.values_mut() {
+            url.truncate(url.trim_end_matches('/').len());
         }
         Ok(self)
     }
@@ -150,6 +165,8 @@ lease: { default_ttl: 10s, lock_delay: 2s }
         assert_eq!(c.lease.min_ttl, Duration::from_millis(500));
         assert_eq!(c.raft.heartbeat, Duration::from_millis(100));
         assert_eq!(c.self_url(), "http://127.0.0.1:7402");
+        let c = NodeConfig::from_yaml(&GOOD.replace("7403", "7403/")).unwrap();
+        assert_eq!(c.peers[&3], "http://127.0.0.1:7403", "a trailing / is dropped: paths are appended");
     }
 
     #[test]
@@ -168,6 +185,8 @@ lease: { default_ttl: 10s, lock_delay: 2s }
             ("http://127.0.0.1:7403", "http://127.0.0.1:7403/x", "peers.3"),
             ("default_ttl: 10s", "default_ttl: 2h", "lease"),
             ("default_ttl: 10s", "default_ttl: 10 parsecs", "default_ttl"),
+            ("lock_delay: 2s", "lock_delay: 2h", "lease.lock_delay"),
+            ("lock_delay: 2s", "lock_delay: 2s, max_wait: 2h", "lease.max_wait"),
         ] {
             let e = NodeConfig::from_yaml(&GOOD.replace(from, to)).unwrap_err().to_string();
             assert!(e.contains(field), "{from} -> {to}: {e}");

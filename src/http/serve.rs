@@ -11,6 +11,10 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -18,14 +22,13 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::Body;
 
-/// How long a failed `accept` waits before the next: with no descriptors
-/// left, accepting again at once would spin a core and flood the log.
+/// How long `accept` waits after running out of descriptors or memory.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How one listener serves its connections.
@@ -74,8 +77,17 @@ where
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
                 Err(e) => {
+                    // Out of descriptors or memory: accepting again at once
+                    // would fail again, spinning a core. Other errors are the
+                    // pending connection's own (it was reset): go on.
+                    let exhausted = matches!(
+                        e.raw_os_error(),
+                        Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOBUFS | nix::libc::ENOMEM)
+                    );
                     tracing::warn!(listener = opts.name, "accept: {e}");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    if exhausted {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
                     continue;
                 }
             },
@@ -121,9 +133,74 @@ where
         .header_read_timeout(opts.header_timeout)
         .max_buf_size(opts.max_header_bytes);
     builder.http2().timer(TokioTimer::new()).max_header_list_size(opts.max_header_bytes as u32);
-    let builder = if opts.http2 { builder } else { builder.http1_only() };
-    if let Err(e) = watcher.watch(builder.serve_connection(TokioIo::new(io), service)).await {
-        tracing::debug!(listener = opts.name, "connection from {peer}: {e}");
+    if !opts.http2 {
+        // HTTP/1.1 alone: hyper's header timeout runs from the first byte on.
+        let builder = builder.http1_only();
+        let conn = builder.serve_connection(TokioIo::new(io), service);
+        if let Err(e) = watcher.watch(conn).await {
+            tracing::debug!(listener = opts.name, "connection from {peer}: {e}");
+        }
+        return;
+    }
+    // Telling HTTP/1.1 from HTTP/2 waits for the client's first bytes, with
+    // no timeout of hyper's: a client that sends nothing is dropped here.
+    let seen = Arc::new(AtomicBool::new(false));
+    let io = FirstByte { io, seen: seen.clone() };
+    let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), service));
+    let silent = async {
+        tokio::time::sleep(opts.header_timeout).await;
+        if seen.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        result = conn => if let Err(e) = result {
+            tracing::debug!(listener = opts.name, "connection from {peer}: {e}");
+        },
+        () = silent => tracing::debug!(listener = opts.name, "{peer} sent nothing within {:?}", opts.header_timeout),
+    }
+}
+
+/// An IO that notes when the first byte has been read from it.
+struct FirstByte<I> {
+    io: I,
+    seen: Arc<AtomicBool>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for FirstByte<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.seen.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for FirstByte<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -205,5 +282,22 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(2), s.server).await.expect("serve gives up after the drain").unwrap();
         assert!(t.elapsed() >= Duration::from_millis(200), "it waited for the drain deadline");
         assert!(!s.answered.load(Ordering::SeqCst));
+    }
+
+    /// With HTTP/2 on, hyper waits for the first bytes without a timeout of
+    /// its own; a connection that sends nothing must still be dropped.
+    #[tokio::test]
+    async fn a_silent_connection_is_dropped_after_the_header_timeout_with_http2_on() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let opts = Listener { http2: true, header_timeout: Duration::from_millis(200), ..Listener::http1("test") };
+        tokio::spawn(serve(listener, opts, std::future::pending(), |_req, _peer| async {
+            Response::new(crate::http::full("x"))
+        }));
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(2), silent.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "still open after 2 s: {read:?}");
     }
 }

@@ -195,6 +195,9 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {}
+            () = node.stopped() => {
+                return Err(ApiError::NoLeader("this node is shutting down; retry on another node".into()));
+            }
         }
     }
 }

@@ -11,17 +11,24 @@ use hyper::{Method, StatusCode};
 use super::*;
 use crate::config::{parse_yaml, ConfigFile};
 
-async fn one_node(dir: &std::path::Path) -> (String, Arc<Node>, tokio::sync::oneshot::Sender<()>) {
+struct OneNode {
+    url: String,
+    node: Arc<Node>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+async fn one_node(dir: &std::path::Path) -> OneNode {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let yaml = format!("id: 1\nlisten: {addr}\ndata_dir: {}\npeers:\n  1: http://{addr}\n", dir.display());
     let config = parse_yaml::<NodeConfig>(&yaml).unwrap().validate().unwrap();
     let node = Node::start(config).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, node.clone(), async move {
+    let server = tokio::spawn(serve(listener, node.clone(), async move {
         let _ = stopped.await;
     }));
-    (format!("http://{addr}"), node, stop)
+    OneNode { url: format!("http://{addr}"), node, stop, server }
 }
 
 fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> T {
@@ -31,7 +38,7 @@ fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> T {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answer_decodes_with_the_wire_types() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, node, stop) = one_node(dir.path()).await;
+    let OneNode { url, node, stop, .. } = one_node(dir.path()).await;
     let client = Client::new(vec![url.clone()]).unwrap();
     let http = HttpClient::new(1 << 20);
     let t = Duration::from_secs(5);
@@ -92,4 +99,52 @@ async fn every_answer_decodes_with_the_wire_types() {
 
     let _ = stop.send(());
     node.shutdown().await;
+}
+
+/// Watch streams and parked acquires never finish by themselves: stopping
+/// must end them, or every shutdown would wait out the whole drain while
+/// this node stays leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_ends_watch_streams_and_parked_acquires_so_the_drain_is_quick() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = one_node(dir.path()).await;
+    let client = Client::new(vec![n.url.clone()]).unwrap();
+    let _holder = client.acquire("stop/k", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    let http = HttpClient::new(1 << 20);
+    let watch = format!("{}{}?prefix=stop/", n.url, wire::WATCH_PATH);
+    let mut lines =
+        fencegate_client::http::LineReader::new(http.open(&watch, Duration::from_secs(5)).await.unwrap().into_body());
+    lines.next_line(1 << 16).await.unwrap().expect("the state line");
+    let waiting = {
+        let (http, url) = (http.clone(), format!("{}{}stop/k", n.url, wire::LOCKS_PATH));
+        tokio::spawn(async move {
+            http.call(Method::POST, &url, Some(br#"{"wait_ms":60000}"#.to_vec()), Duration::from_secs(60)).await
+        })
+    };
+    // Wait (bounded) until the acquire is parked: a probe is no longer first in line.
+    for _ in 0..500 {
+        let probe = n.node.waitlist.join("stop/k");
+        if !n.node.waitlist.is_head(&probe) {
+            break;
+        }
+        drop(probe);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t = tokio::time::Instant::now();
+    n.node.stop_serving();
+    let _ = n.stop.send(());
+    tokio::time::timeout(Duration::from_secs(3), n.server)
+        .await
+        .expect("drained well before the 5 s deadline")
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(1), lines.next_line(1 << 16)).await.unwrap().unwrap(),
+        None,
+        "the stream ended"
+    );
+    let parked = waiting.await.unwrap().unwrap();
+    assert_eq!(parked.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(decode::<ApiError>(&parked.body).error, ErrorCode::NoLeader);
+    n.node.shutdown().await;
 }

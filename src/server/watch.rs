@@ -110,6 +110,8 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
         }
         tokio::select! {
             changed = applied.changed() => if changed.is_err() { return },
+            // Shutting down: the watcher resumes on another node.
+            () = node.stopped() => return,
             _ = tokio::time::sleep(HEARTBEAT) => {
                 if node.leader().is_none() {
                     // Cut off from the cluster: end the stream so the watcher

@@ -157,22 +157,30 @@ async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>) 
         Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_floor(Duration::from_millis(20));
     for endpoint in endpoints.iter().cycle() {
         let Some(v) = view.upgrade() else { return };
-        let resumed_from = after;
-        match follow(&v, &http, endpoint, &mut after).await {
+        let mut delivered = 0u64;
+        match follow(&v, &http, endpoint, &mut after, &mut delivered).await {
             Ok(()) => tracing::info!(%endpoint, "watch stream ended; reconnecting"),
             Err(e) => tracing::warn!(%endpoint, "watch stream: {e}"),
         }
         v.set_up(false);
         drop(v);
-        if after != resumed_from {
+        if delivered > 0 {
+            // That stream worked: a fresh failure starts from short delays.
             backoff.reset();
         }
         tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
-/// Follow one stream from `endpoint`, resuming after revision `after`.
-async fn follow(view: &LockView, http: &HttpClient, endpoint: &str, after: &mut Option<u64>) -> Result<(), String> {
+/// Follow one stream from `endpoint`, resuming after revision `after`;
+/// `delivered` counts its lines.
+async fn follow(
+    view: &LockView,
+    http: &HttpClient,
+    endpoint: &str,
+    after: &mut Option<u64>,
+    delivered: &mut u64,
+) -> Result<(), String> {
     let url = match after {
         Some(rev) => format!("{endpoint}{}?prefix=&after={rev}", wire::WATCH_PATH),
         None => format!("{endpoint}{}?prefix=", wire::WATCH_PATH),
@@ -205,6 +213,7 @@ async fn follow(view: &LockView, http: &HttpClient, endpoint: &str, after: &mut 
             WatchLine::Heartbeat { rev } => *after = Some(rev),
             WatchLine::Resync { .. } | WatchLine::Unknown => {}
         }
+        *delivered += 1;
         view.set_up(true);
     }
 }

@@ -14,6 +14,8 @@ use crate::lock::state::Token;
 #[derive(Default)]
 pub struct Order {
     keys: Mutex<HashMap<String, Gate>>,
+    /// Told when the last permit of all is dropped.
+    emptied: Notify,
 }
 
 #[derive(Default)]
@@ -59,9 +61,24 @@ impl Order {
     }
 
     /// Keys with requests in flight.
-    #[cfg(test)]
     pub fn busy_keys(&self) -> usize {
         self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Resolves once no permit is held: every fenced request dispatched has
+    /// been answered, timed out, or provably never left. A shutting-down
+    /// sidecar waits for this, so that a restarted one cannot dispatch a
+    /// higher token while an older write may still be applied (S1).
+    pub async fn idle(&self) {
+        loop {
+            let emptied = self.emptied.notified();
+            tokio::pin!(emptied);
+            emptied.as_mut().enable();
+            if self.busy_keys() == 0 {
+                return;
+            }
+            emptied.await;
+        }
     }
 }
 
@@ -78,6 +95,9 @@ impl Drop for Permit {
         gate.changed.notify_waiters();
         if gate.inflight.is_empty() {
             keys.remove(&self.key);
+            if keys.is_empty() {
+                self.order.emptied.notify_waiters();
+            }
         }
     }
 }
@@ -111,5 +131,19 @@ mod tests {
         let _high = order.enter("k", 34).await.unwrap();
         assert_eq!(order.enter("k", 33).await.err(), Some(34));
         assert!(order.enter("other", 1).await.is_ok(), "keys are independent");
+    }
+
+    #[tokio::test]
+    async fn idle_waits_for_every_permit_of_every_key() {
+        let order = Arc::new(Order::default());
+        let (a, b) = (order.enter("a", 1).await.unwrap(), order.enter("b", 2).await.unwrap());
+        let o = order.clone();
+        let idle = tokio::spawn(async move { o.idle().await });
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!idle.is_finished(), "b is still in flight");
+        drop(b);
+        tokio::time::timeout(Duration::from_secs(1), idle).await.expect("idle once the last permit is gone").unwrap();
+        tokio::time::timeout(Duration::from_millis(10), order.idle()).await.expect("and at once when already idle");
     }
 }

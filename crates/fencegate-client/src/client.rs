@@ -12,7 +12,7 @@ use thiserror::Error;
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
-use crate::http::{Reply, HttpClient};
+use crate::http::{HttpClient, Reply};
 use crate::lease::Lease;
 use crate::wire::{self, AcquireRequest, ClusterInfo, ErrorCode, Granted, KeepaliveAck, LockInfo, Released, Token};
 
@@ -52,7 +52,7 @@ pub enum ClientError {
     /// The service answered with an error other than the above (an invalid
     /// key, a TTL outside the service's range, a bug). Retrying the same
     /// request will usually fail the same way.
-    #[error("the lock service refused the request ({status}): {error:?}: {message}")]
+    #[error("the lock service refused the request ({status}): {}: {message}", error.as_str())]
     Refused {
         /// The HTTP status of the answer (never 503: those are retried).
         status: StatusCode,
@@ -306,8 +306,13 @@ impl Client {
         if !lease.is_valid() || lease.remaining() < lease.ttl() / 2 {
             // A long wait ate the validity: anchor it afresh with a keepalive.
             lease.keepalive_now().await?;
+            if !lease.is_valid() {
+                // Even that answer came too late to leave any validity.
+                let _ = lease.release().await;
+                return Err(ClientError::Unavailable("the grant could not be kept alive in time".into()));
+            }
         }
-        Ok(lease)
+        Ok(lease.hand_out())
     }
 
     /// Linearizable read of a key: its latest token (0 if never granted) and

@@ -8,6 +8,7 @@
 //! client always gives up before the service can expire the lease.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,6 +57,8 @@ struct Shared {
     lease_id: String,
     ttl: Duration,
     validity: watch::Sender<Validity>,
+    /// Set once `acquire` has returned the lease: from then on loss is final.
+    handed_out: AtomicBool,
 }
 
 impl Shared {
@@ -68,13 +71,14 @@ impl Shared {
     fn acknowledged(&self, sent: Instant) {
         let until = self.deadline(sent);
         let now = Instant::now();
+        let handed_out = self.handed_out.load(Ordering::Acquire);
         self.validity.send_if_modified(|v| {
-            if v.lost.is_none() && now >= v.until && v.until > sent {
+            if handed_out && v.lost.is_none() && now >= v.until {
                 // The deadline passed before this answer came back: the lease
                 // already counted as lost (`lost()` may have fired), and loss
                 // is final, so a late acknowledgement does not revive it.
-                // (A request sent at or after the deadline is the anchor of a
-                // lease not yet handed out: `start`, or `acquire` re-anchoring.)
+                // Before the lease is handed out (`acquire` anchoring it),
+                // nobody can have seen it lost.
                 v.lost = Some(LostReason::Expired);
                 return true;
             }
@@ -133,7 +137,8 @@ pub struct Lease {
     key: String,
     token: Token,
     shared: Arc<Shared>,
-    keeper: JoinHandle<()>,
+    /// The background keepalive, started when the lease is handed out.
+    keeper: Option<JoinHandle<()>>,
 }
 
 impl Lease {
@@ -146,10 +151,17 @@ impl Lease {
         sent: Instant,
     ) -> Self {
         let (validity, _) = watch::channel(Validity { until: sent, lost: None });
-        let shared = Arc::new(Shared { client, lease_id, ttl, validity });
+        let shared = Arc::new(Shared { client, lease_id, ttl, validity, handed_out: AtomicBool::new(false) });
         shared.acknowledged(sent);
-        let keeper = tokio::spawn(keep_alive(shared.clone()));
-        Lease { key, token, shared, keeper }
+        Lease { key, token, shared, keeper: None }
+    }
+
+    /// The lease is the caller's from now on: keepalives start in the
+    /// background, and a loss is final.
+    pub(crate) fn hand_out(mut self) -> Self {
+        self.shared.handed_out.store(true, Ordering::Release);
+        self.keeper = Some(tokio::spawn(keep_alive(self.shared.clone())));
+        self
     }
 
     /// The key this lease holds.
@@ -218,16 +230,24 @@ impl Lease {
     /// [`ClientError::LeaseNotFound`] means it had already ended;
     /// [`ClientError::Unavailable`] means the outcome is unknown; if the
     /// service still has the lease, it expires it after its TTL.
-    pub async fn release(self) -> Result<(), ClientError> {
-        self.keeper.abort();
+    pub async fn release(mut self) -> Result<(), ClientError> {
+        self.stop_keeping();
         self.shared.lose(LostReason::Released);
         self.shared.client.release(&self.shared.lease_id).await
     }
 }
 
+impl Lease {
+    fn stop_keeping(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.keeper.abort();
+        self.stop_keeping();
     }
 }
 
@@ -270,7 +290,7 @@ mod tests {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let client = Client::new(vec![format!("http://127.0.0.1:{port}")]).unwrap();
         let sent = Instant::now();
-        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), sent);
+        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), sent).hand_out();
         tokio::time::sleep_until(sent + Duration::from_millis(9_799)).await;
         assert!(lease.is_valid());
         let reason = lease.lost().await;
@@ -284,7 +304,7 @@ mod tests {
     async fn an_acknowledgement_extends_from_its_own_send_time_and_loss_is_final() {
         let client = Client::new(vec!["http://127.0.0.1:1".into()]).unwrap();
         let t0 = Instant::now();
-        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), t0);
+        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), t0).hand_out();
         lease.shared.acknowledged(t0 + Duration::from_secs(5));
         assert_eq!(lease.shared.validity().until, t0 + Duration::from_millis(14_800));
         // An older acknowledgement never shortens it.
@@ -301,12 +321,27 @@ mod tests {
     async fn an_acknowledgement_after_the_deadline_does_not_revive_the_lease() {
         let client = Client::new(vec!["http://127.0.0.1:1".into()]).unwrap();
         let t0 = Instant::now();
-        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), t0);
+        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), t0).hand_out();
         let sent = t0 + Duration::from_secs(9);
         tokio::time::sleep_until(t0 + Duration::from_secs(11)).await;
         assert!(!lease.is_valid());
         lease.shared.acknowledged(sent);
         assert!(!lease.is_valid(), "loss is final");
         assert_eq!(lease.lost().await, LostReason::Expired);
+    }
+
+    /// Before `acquire` hands the lease out it re-anchors a grant whose
+    /// validity ran low; that answer may come back after the first deadline
+    /// and must anchor the lease, not lose it.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_anchor_before_the_lease_is_handed_out_extends_it() {
+        let client = Client::new(vec!["http://127.0.0.1:1".into()]).unwrap();
+        let t0 = Instant::now();
+        let lease = Lease::start(client, "k".into(), 7, "id".into(), Duration::from_secs(10), t0);
+        tokio::time::sleep_until(t0 + Duration::from_millis(9_900)).await;
+        lease.shared.acknowledged(t0 + Duration::from_millis(9_500));
+        let lease = lease.hand_out();
+        assert!(lease.is_valid());
+        assert_eq!(lease.shared.validity().until, t0 + Duration::from_millis(9_500 + 9_800));
     }
 }

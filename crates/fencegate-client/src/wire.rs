@@ -230,6 +230,22 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// The code as it appears in the body's `error`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::BodyTooLarge => "body_too_large",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::LeaseNotFound => "lease_not_found",
+            ErrorCode::Held => "held",
+            ErrorCode::NoLeader => "no_leader",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Internal => "internal",
+            ErrorCode::Unknown => "unknown",
+        }
+    }
+
     /// The HTTP status the lock service answers this code with.
     pub fn status(self) -> StatusCode {
         match self {
@@ -460,6 +476,19 @@ mod tests {
             ApiError { error: ErrorCode::Held, message: None, held: Some(held) },
             json!({"error": "held", "key": "k", "holder": null, "token": 7, "lock_delay": true}),
         );
+        for code in [
+            ErrorCode::BadRequest,
+            ErrorCode::BodyTooLarge,
+            ErrorCode::NotFound,
+            ErrorCode::MethodNotAllowed,
+            ErrorCode::LeaseNotFound,
+            ErrorCode::Held,
+            ErrorCode::NoLeader,
+            ErrorCode::Unavailable,
+            ErrorCode::Internal,
+        ] {
+            assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));
+        }
         let newer: ApiError = serde_json::from_value(json!({"error": "quota", "message": "m"})).unwrap();
         assert_eq!(newer.error, ErrorCode::Unknown);
         for (code, status) in [
