@@ -1,0 +1,339 @@
+//! A cluster of real `fencegate server` processes on loopback: killed with
+//! SIGKILL (no shutdown, nothing flushed beyond what was fsync'd), paused
+//! with SIGSTOP, restarted on the same data. In tests every peer link goes
+//! through a [`Relay`] that can be cut one way or both; benchmarks connect
+//! the nodes directly.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fencegate_client::{Client, ClientOptions, ClusterInfo};
+use tokio::time::Instant;
+
+use crate::process::{tail, Proc};
+use crate::relay::Relay;
+use crate::{http, wait, Bin, Sidecar};
+
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    bin: Bin,
+    urls: BTreeMap<u64, String>,
+    /// (from, to) -> the relay carrying from's requests to `to`; empty without relays.
+    relays: BTreeMap<(u64, u64), Relay>,
+    nodes: BTreeMap<u64, Proc>,
+    extra_yaml: String,
+    log_filter: String,
+}
+
+/// How a cluster is started ([`Cluster::start_with`]); the default is what
+/// tests use: 3 nodes, peer links through relays, data in the system's
+/// temporary directory, logs at `info,openraft=warn`.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub nodes: u64,
+    /// Appended to every node's config (a `raft:` section, say).
+    pub yaml: String,
+    /// Peer links through cuttable relays, or direct (benchmarks: nothing
+    /// between the nodes but the kernel).
+    pub relays: bool,
+    /// Where the data goes instead of the system's temporary directory
+    /// (benchmarks: the project's disk, so that fsync costs what it costs).
+    pub data_in: Option<PathBuf>,
+    /// `FENCEGATE_LOG` of the nodes.
+    pub log_filter: String,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            nodes: 3,
+            yaml: String::new(),
+            relays: true,
+            data_in: None,
+            log_filter: "info,openraft=warn".into(),
+        }
+    }
+}
+
+impl Cluster {
+    /// Start `n` nodes with relays; `extra_yaml` is appended to every node's config.
+    pub async fn start(bin: &Bin, n: u64, extra_yaml: &str) -> Cluster {
+        Self::start_with(bin, ClusterOptions { nodes: n, yaml: extra_yaml.into(), ..Default::default() }).await
+    }
+
+    /// Start every node of `bin`; returns once they agree on a leader and it
+    /// has committed its first entry (20 s at most).
+    pub async fn start_with(bin: &Bin, o: ClusterOptions) -> Cluster {
+        let n = o.nodes;
+        let dir = match &o.data_in {
+            Some(d) => tempfile::tempdir_in(d),
+            None => tempfile::tempdir(),
+        }
+        .unwrap();
+        // Hold the nodes' ports while the relays bind theirs, so that no
+        // relay can be handed a port a node is about to listen on (a relay
+        // there would loop a node's RPCs back to itself).
+        let held: Vec<std::net::TcpListener> =
+            (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let ports: Vec<u16> = held.iter().map(|l| l.local_addr().unwrap().port()).collect();
+        let urls: BTreeMap<u64, String> = (1..=n).zip(ports.iter().map(|p| format!("http://127.0.0.1:{p}"))).collect();
+        let mut relays = BTreeMap::new();
+        if o.relays {
+            for from in 1..=n {
+                for to in (1..=n).filter(|to| *to != from) {
+                    relays.insert((from, to), Relay::start(ports[to as usize - 1]).await);
+                }
+            }
+        }
+        drop(held);
+        let mut c = Cluster {
+            dir,
+            bin: bin.clone(),
+            urls,
+            relays,
+            nodes: BTreeMap::new(),
+            extra_yaml: o.yaml,
+            log_filter: o.log_filter,
+        };
+        c.start_all();
+        let within = Duration::from_secs(20);
+        let ready = Instant::now() + within;
+        c.wait_for_leader(within).await;
+        // A linearizable read returns once the leader has committed its first entry.
+        let client = c.client();
+        let left = ready.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+        wait::until_ok("cluster ready for reads", left, || client.read("testkit/ready")).await;
+        c
+    }
+
+    /// Where the configs, data directories and logs are.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn bin(&self) -> &Bin {
+        &self.bin
+    }
+
+    pub fn url(&self, id: u64) -> String {
+        self.urls[&id].clone()
+    }
+
+    /// Node `id`'s API port (to put a relay of one's own in front of it, say).
+    pub fn port(&self, id: u64) -> u16 {
+        self.urls[&id].rsplit(':').next().and_then(|p| p.parse().ok()).unwrap()
+    }
+
+    /// Every node's URL, by id.
+    pub fn urls(&self) -> Vec<String> {
+        self.urls.values().cloned().collect()
+    }
+
+    pub fn url_map(&self) -> &BTreeMap<u64, String> {
+        &self.urls
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.urls.keys().copied().collect()
+    }
+
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir().join(format!("data{id}"))
+    }
+
+    fn log_path(&self, id: u64) -> PathBuf {
+        self.dir().join(format!("node{id}.log"))
+    }
+
+    /// Node `id`'s stderr, across restarts.
+    pub fn log_of(&self, id: u64) -> String {
+        std::fs::read_to_string(self.log_path(id)).unwrap_or_default()
+    }
+
+    fn spawn(&mut self, id: u64) {
+        let peers: String = self
+            .ids()
+            .into_iter()
+            .map(|other| {
+                let url = match self.relays.get(&(id, other)) {
+                    Some(r) => r.url(),
+                    None => self.url(other),
+                };
+                format!("  {other}: {url}\n")
+            })
+            .collect();
+        let yaml = format!(
+            "id: {id}\nlisten: {}\ndata_dir: {}\npeers:\n{peers}{}",
+            self.urls[&id].trim_start_matches("http://"),
+            self.data_dir(id).display(),
+            self.extra_yaml
+        );
+        let config = self.dir().join(format!("node{id}.yaml"));
+        std::fs::write(&config, yaml).unwrap();
+        let mut cmd = self.bin.command(&["server", "--config"]);
+        cmd.arg(&config).env("FENCEGATE_LOG", &self.log_filter);
+        let proc = Proc::spawn(&format!("node{id}"), cmd, &self.log_path(id));
+        self.nodes.insert(id, proc);
+    }
+
+    /// SIGKILL node `id` (no-op if it is not running).
+    pub fn kill(&mut self, id: u64) {
+        self.nodes.remove(&id);
+    }
+
+    /// SIGKILL every node.
+    pub fn kill_all(&mut self) {
+        self.nodes.clear();
+    }
+
+    /// SIGKILL node `id` and start it again on the same data.
+    pub fn restart(&mut self, id: u64) {
+        self.kill(id);
+        self.spawn(id);
+    }
+
+    /// Start node `id` if it is not running.
+    pub fn start_node(&mut self, id: u64) {
+        if !self.nodes.contains_key(&id) {
+            self.spawn(id);
+        }
+    }
+
+    /// Start every node that is not running.
+    pub fn start_all(&mut self) {
+        for id in self.ids() {
+            self.start_node(id);
+        }
+    }
+
+    pub fn is_running(&self, id: u64) -> bool {
+        self.nodes.contains_key(&id)
+    }
+
+    /// Node `id`'s pid (it must be running).
+    pub fn pid(&self, id: u64) -> u32 {
+        self.nodes[&id].pid()
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`) node `id`.
+    pub fn freeze(&self, id: u64, frozen: bool) {
+        if let Some(p) = self.nodes.get(&id) {
+            p.freeze(frozen);
+        }
+    }
+
+    fn relay(&self, from: u64, to: u64) -> &Relay {
+        self.relays.get(&(from, to)).unwrap_or_else(|| panic!("no relay {from} -> {to}: started without relays?"))
+    }
+
+    /// Cut (or heal) only the direction `from` -> `to`: `from`'s requests to
+    /// `to` are lost, `to` still reaches `from`.
+    pub fn set_one_way(&self, from: u64, to: u64, cut: bool) {
+        self.relay(from, to).set_cut(cut);
+    }
+
+    /// Cut (or heal) both directions between `a` and `b`.
+    pub fn set_link(&self, a: u64, b: u64, cut: bool) {
+        self.set_one_way(a, b, cut);
+        self.set_one_way(b, a, cut);
+    }
+
+    /// Cut `id` off from every other node (clients can still reach it).
+    pub fn isolate(&self, id: u64, cut: bool) {
+        for other in self.ids().into_iter().filter(|o| *o != id) {
+            self.set_link(id, other, cut);
+        }
+    }
+
+    /// Heal every link.
+    pub fn heal_all(&self) {
+        for r in self.relays.values() {
+            r.set_cut(false);
+        }
+    }
+
+    /// A client of every node.
+    pub fn client(&self) -> Client {
+        Client::new(self.urls()).unwrap()
+    }
+
+    /// A client that can only talk to node `id` (which forwards leader calls).
+    pub fn client_of(&self, id: u64) -> Client {
+        Client::with_options(vec![self.url(id)], ClientOptions::default()).unwrap()
+    }
+
+    /// `GET /v1/cluster` of node `id` itself, `None` if it does not answer.
+    pub async fn cluster_info(&self, id: u64) -> Option<ClusterInfo> {
+        let v = http::get_json(&format!("{}/v1/cluster", self.url(id))).await?;
+        serde_json::from_value(v).ok()
+    }
+
+    /// The leader as the first answering running node sees it.
+    pub async fn leader(&self) -> Option<u64> {
+        for id in self.nodes.keys() {
+            if let Some(l) = self.cluster_info(*id).await.and_then(|c| c.leader) {
+                return Some(l);
+            }
+        }
+        None
+    }
+
+    /// Until the given nodes agree on a leader among them; returns it.
+    pub async fn wait_for_leader_among(&self, nodes: &[u64], within: Duration) -> u64 {
+        let what = format!("a leader all of {nodes:?} agree on");
+        wait::until_ok(&what, within, || async {
+            let mut leaders = vec![];
+            for id in nodes {
+                leaders.push(self.cluster_info(*id).await.and_then(|c| c.leader));
+            }
+            match leaders.first() {
+                Some(Some(l)) if nodes.contains(l) && leaders.iter().all(|x| *x == Some(*l)) => Ok(*l),
+                _ => Err(leaders),
+            }
+        })
+        .await
+    }
+
+    /// Until the running nodes agree on a leader; returns it.
+    pub async fn wait_for_leader(&self, within: Duration) -> u64 {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        self.wait_for_leader_among(&ids, within).await
+    }
+
+    /// Until node `id` has itself *applied* up to `index` (its own
+    /// `/v1/cluster` `commit_index`, which is its applied index; reads it
+    /// would forward to the leader say nothing about that); its info then.
+    pub async fn wait_for_applied(&self, id: u64, index: u64, within: Duration) -> ClusterInfo {
+        let what = format!("node {id} applying up to index {index}");
+        wait::until_ok(&what, within, || async {
+            match self.cluster_info(id).await {
+                Some(info) if info.commit_index >= index => Ok(info),
+                other => Err(other.map(|i| i.commit_index)),
+            }
+        })
+        .await
+    }
+
+    /// A sidecar in `dir()/name` asking this cluster, in front of `upstream`,
+    /// with `yaml` (its routes and any other sections).
+    pub async fn sidecar(&self, name: &str, upstream: &str, yaml: &str) -> Sidecar {
+        Sidecar::start(&self.bin, self.dir().join(name), upstream, &self.urls(), yaml).await
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for id in self.ids() {
+                eprintln!(
+                    "--- node {id} (last lines of {})\n{}",
+                    self.log_path(id).display(),
+                    tail(&self.log_of(id), 40)
+                );
+            }
+        }
+        // Killed before their directory goes (SIGKILL also ends a stopped process).
+        self.nodes.clear();
+    }
+}

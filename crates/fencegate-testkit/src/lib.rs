@@ -1,0 +1,54 @@
+//! The one test kit of fencegate's integration tests (`tests/`) and
+//! benchmarks (`bench/`): everything they start and talk to, on loopback and
+//! OS-assigned ports only.
+//!
+//! - [`Bin`]: the `fencegate` binary under test (`bin!()` in a test or a
+//!   benchmark), and running it to its exit with a bound.
+//! - [`Cluster`]: real `fencegate server` processes; peer links through
+//!   relays that a test can cut ([`relay`]); SIGKILL, SIGSTOP, restart on the
+//!   same data; waits for a leader or for a node's own applied state; the
+//!   nodes' logs printed when a test fails.
+//! - [`Sidecar`]: a real `fencegate sidecar` process; [`routes`]: its route
+//!   tables.
+//! - [`Upstream`]: the recording "legacy API" behind a sidecar, which checks
+//!   nothing and reports arrivals; or, for benchmarks, a counting one on its
+//!   own thread.
+//! - [`http`], [`watch`]: raw HTTP requests and answers, the NDJSON watch stream.
+//! - [`wait`]: bounded waits for a condition (no bare sleeps for order).
+//! - [`ports`], [`process`], [`tls`]: free ports, child processes killed on
+//!   drop (and when the test process dies), a throw-away PKI.
+//!
+//! Every wait in the kit is bounded in time, and a failed one says what it
+//! waited for.
+
+pub mod binary;
+pub mod cluster;
+pub mod http;
+pub mod ports;
+pub mod process;
+pub mod relay;
+pub mod routes;
+pub mod sidecar;
+pub mod tls;
+pub mod upstream;
+pub mod wait;
+pub mod watch;
+
+pub use binary::Bin;
+pub use cluster::Cluster;
+pub use ports::{free_port, free_ports};
+pub use process::Proc;
+pub use sidecar::Sidecar;
+pub use upstream::Upstream;
+pub use watch::Watch;
+
+/// The `fencegate` binary of the package being tested or benchmarked:
+/// `Bin::new(env!("CARGO_BIN_EXE_fencegate"))`, expanded where it is written
+/// (Cargo sets that variable for the integration tests and benches of the
+/// package that has the binary).
+#[macro_export]
+macro_rules! bin {
+    () => {
+        $crate::Bin::new(env!("CARGO_BIN_EXE_fencegate"))
+    };
+}

@@ -1,0 +1,107 @@
+//! A TCP relay for one directed link (a node's requests to a peer, or a
+//! sidecar's to the lock service), which a test can cut (drop live
+//! connections and refuse new ones) and heal, and which can hold back what
+//! comes back by a fixed delay.
+
+use std::time::Duration;
+
+use tokio::io::{copy, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+pub struct Relay {
+    pub port: u16,
+    cut: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    /// A relay on a free port to 127.0.0.1:`target_port`.
+    pub async fn start(target_port: u16) -> Relay {
+        Self::with_delay(target_port, Duration::ZERO).await
+    }
+
+    /// A relay whose answers (bytes from the target back to the client)
+    /// arrive `delay` late, in order; requests pass at once.
+    pub async fn with_delay(target_port: u16, delay: Duration) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = watch::Sender::new(false);
+        let task = tokio::spawn(accept(listener, target_port, cut.subscribe(), delay));
+        Relay { port, cut, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn accept(listener: TcpListener, target_port: u16, cut: watch::Receiver<bool>, delay: Duration) {
+    loop {
+        let Ok((inbound, _)) = listener.accept().await else {
+            // Out of descriptors, say: do not spin.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        if *cut.borrow() {
+            continue; // dropped: the connection is reset
+        }
+        let mut cut = cut.clone();
+        tokio::spawn(async move {
+            let Ok(outbound) = TcpStream::connect(("127.0.0.1", target_port)).await else { return };
+            let _ = inbound.set_nodelay(true);
+            let _ = outbound.set_nodelay(true);
+            tokio::select! {
+                _ = pipe(inbound, outbound, delay) => {}
+                _ = cut.wait_for(|c| *c) => {}
+            }
+        });
+    }
+}
+
+/// Both directions until either side closes; what comes back from `outbound`
+/// is held for `delay`.
+async fn pipe(inbound: TcpStream, outbound: TcpStream, delay: Duration) {
+    let (mut in_read, mut in_write) = inbound.into_split();
+    let (mut out_read, mut out_write) = outbound.into_split();
+    let requests = async {
+        let _ = copy(&mut in_read, &mut out_write).await;
+        let _ = out_write.shutdown().await;
+    };
+    let answers = async {
+        if delay.is_zero() {
+            let _ = copy(&mut out_read, &mut in_write).await;
+            return;
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+        let reader = async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = out_read.read(&mut buf).await {
+                if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                    break;
+                }
+            }
+        };
+        let writer = async {
+            while let Some((due, bytes)) = rx.recv().await {
+                tokio::time::sleep_until(due).await;
+                if in_write.write_all(&bytes).await.is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::join!(reader, writer);
+    };
+    tokio::join!(requests, answers);
+}

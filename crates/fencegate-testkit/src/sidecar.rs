@@ -1,0 +1,154 @@
+//! A real `fencegate sidecar` process on free ports, its state kept in a
+//! directory across restarts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::process::{tail, Proc};
+use crate::{free_ports, http, Bin};
+
+pub struct Sidecar {
+    pub port: u16,
+    pub metrics_port: u16,
+    /// Its config, log and `state/` (the floors).
+    pub dir: PathBuf,
+    bin: Bin,
+    log_filter: String,
+    proc: Option<Proc>,
+}
+
+/// What a sidecar is started with besides its upstream ([`Sidecar::start_with`]).
+#[derive(Debug, Clone)]
+pub struct SidecarOptions {
+    /// The lock service's endpoints (none: no `lock_service` section).
+    pub lock_service: Vec<String>,
+    /// The rest of the config: `routes:` and any other sections (`limits`,
+    /// `tls`, …).
+    pub yaml: String,
+    /// `FENCEGATE_LOG` (`info`: one line per refusal).
+    pub log_filter: String,
+}
+
+impl Default for SidecarOptions {
+    fn default() -> Self {
+        SidecarOptions { lock_service: vec![], yaml: String::new(), log_filter: "info".into() }
+    }
+}
+
+impl Sidecar {
+    /// A sidecar in `dir` in front of `upstream`, asking the lock service at
+    /// `endpoints`, with `yaml` (its routes and any other sections).
+    pub async fn start(
+        bin: &Bin,
+        dir: impl Into<PathBuf>,
+        upstream: &str,
+        endpoints: &[String],
+        yaml: &str,
+    ) -> Sidecar {
+        let o = SidecarOptions { lock_service: endpoints.to_vec(), yaml: yaml.into(), ..Default::default() };
+        Self::start_with(bin, dir, upstream, o).await
+    }
+
+    /// Start a sidecar with its config, log and state in `dir`, and wait
+    /// until it serves (10 s at most).
+    pub async fn start_with(bin: &Bin, dir: impl Into<PathBuf>, upstream: &str, o: SidecarOptions) -> Sidecar {
+        let dir = dir.into();
+        let [port, metrics_port] = free_ports();
+        let lock_service = if o.lock_service.is_empty() {
+            String::new()
+        } else {
+            format!("lock_service:\n  endpoints: [{}]\n", o.lock_service.join(", "))
+        };
+        let state = dir.join("state");
+        let yaml = format!(
+            "listen: 127.0.0.1:{port}\nupstream: {upstream}\n{lock_service}state_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n{}",
+            state.display(),
+            o.yaml
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("sidecar.yaml"), yaml).unwrap();
+        let mut s = Sidecar { port, metrics_port, dir, bin: bin.clone(), log_filter: o.log_filter, proc: None };
+        s.spawn().await;
+        s
+    }
+
+    async fn spawn(&mut self) {
+        let mut cmd = self.bin.command(&["sidecar", "--config"]);
+        cmd.arg(self.dir.join("sidecar.yaml")).env("FENCEGATE_LOG", &self.log_filter);
+        let proc = self.proc.insert(Proc::spawn("sidecar", cmd, &self.dir.join("sidecar.log")));
+        // The proxy's port is bound before the metrics port.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await.is_err() {
+            if let Some(status) = proc.exited() {
+                panic!("the sidecar exited ({status}) before serving:\n{}", proc.log());
+            }
+            assert!(Instant::now() < deadline, "the sidecar did not start within 10 s:\n{}", proc.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(Proc::pid)
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        self.proc = None;
+    }
+
+    /// SIGKILL, then start again on the same config and state.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+
+    /// Its stderr, across restarts.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sidecar.log")).unwrap_or_default()
+    }
+
+    /// Its `/metrics`.
+    pub async fn metrics(&self) -> String {
+        http::get_text(&format!("http://127.0.0.1:{}/metrics", self.metrics_port)).await
+    }
+
+    /// Until `series` (`name` or `name{labels}`) reads `value` on its `/metrics`.
+    pub async fn wait_for_metric(&self, series: &str, value: f64, within: Duration) {
+        let what = format!("sidecar metric {series} = {value}");
+        crate::wait::until(&what, within, || async { http::metric(&self.metrics().await, series) == Some(value) }).await
+    }
+
+    /// Send `method path` with an optional token, extra headers and the
+    /// usual small JSON body; (status, JSON body or Null).
+    pub async fn send(&self, method: &str, path: &str, token: Option<u64>, extra: &[(&str, &str)]) -> (u16, Value) {
+        self.send_body(method, path, token, extra, http::DRAINED).await
+    }
+
+    /// The same with a body of one's own.
+    pub async fn send_body(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<u64>,
+        extra: &[(&str, &str)],
+        body: impl Into<bytes::Bytes>,
+    ) -> (u16, Value) {
+        let req = http::request(method, &format!("{}{path}", self.url()), token, extra, body);
+        http::send(req, Duration::from_secs(20)).await
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- sidecar in {} (last lines of its log)\n{}", self.dir.display(), tail(&self.log(), 40));
+        }
+    }
+}
