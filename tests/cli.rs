@@ -1,16 +1,13 @@
 //! The `fencegate` command line as a user runs it.
 
-mod common;
-
-use std::process::Command;
 use std::time::Duration;
 
-use common::Cluster;
+use fencegate_testkit::{bin, free_port, http, Cluster};
 
+/// `fencegate args…`, which must exit within a minute: (exit status, stdout, stderr).
 fn fencegate(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fencegate")).args(args).output().unwrap();
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+    let out = bin!().run(args, Duration::from_secs(60));
+    (out.code, out.stdout, out.stderr)
 }
 
 #[test]
@@ -36,7 +33,7 @@ fn check_config_accepts_the_shipped_configs_and_rejects_bad_ones_with_64() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_the_cluster_and_a_key() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let endpoints = c.urls().join(",");
     let lease = c
         .client()
@@ -53,7 +50,7 @@ async fn status_shows_the_cluster_and_a_key() {
     assert_eq!(code, 1);
     assert!(err.contains("key must be"), "{err}");
     // Nothing listening: a clear error, not a hang.
-    let (code, _, err) = fencegate(&["status", "--endpoints", &format!("http://127.0.0.1:{}", common::free_port())]);
+    let (code, _, err) = fencegate(&["status", "--endpoints", &format!("http://127.0.0.1:{}", free_port())]);
     assert_eq!(code, 1);
     assert!(err.contains("unavailable"), "{err}");
 }
@@ -82,12 +79,11 @@ fn the_demo_shows_the_stale_write_refused_with_the_sidecar_and_landing_without()
 async fn dev_smoke() {
     use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
-        .args(["dev", "--data"])
+    let mut child = bin!()
+        .tokio_command(&["dev", "--data"])
         .arg(dir.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
@@ -109,7 +105,7 @@ async fn dev_smoke() {
         .body(http_body_util::Full::new(bytes::Bytes::from_static(br#"{"state":"drained"}"#)))
         .unwrap();
     assert_eq!(http.send(req, Duration::from_secs(5)).await.unwrap().status, 200);
-    let writes = common::get_json("http://127.0.0.1:9000/writes").await.unwrap();
+    let writes = http::get_json("http://127.0.0.1:9000/writes").await.unwrap();
     assert_eq!(writes[0]["state"], "drained");
     assert_eq!(writes[0]["token"], lease.token().to_string());
     lease.release().await.unwrap();

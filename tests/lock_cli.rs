@@ -1,22 +1,17 @@
 //! `fencegate lock KEY -- CMD` as a user runs it, against a real cluster.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::Cluster;
 use fencegate_client::AcquireOptions;
+use fencegate_testkit::{bin, wait, Cluster};
 use tokio::process::Command;
 use tokio::time::Instant;
 
+/// `fencegate lock args…` against `c` (killed if the test ends first).
 fn lock_cmd(c: &Cluster, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencegate"));
-    cmd.arg("lock")
-        .args(args)
-        .env("FENCEGATE_ENDPOINTS", c.urls().join(","))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = c.bin().tokio_command(&["lock"]);
+    cmd.args(args).env("FENCEGATE_ENDPOINTS", c.urls().join(",")).stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd
 }
 
@@ -27,7 +22,7 @@ fn alive(pid: i32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_the_command_with_the_token_and_releases_after() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let out = lock_cmd(&c, &["rack/1", "--", "sh", "-c", "echo $FENCE_KEY $FENCE_TOKEN ${#FENCE_LEASE_ID}; exit 3"])
         .output()
         .await
@@ -45,7 +40,7 @@ async fn runs_the_command_with_the_token_and_releases_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exits_75_when_the_lock_is_not_obtained_within_wait() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let held = c.client().acquire("rack/2", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
     let started = Instant::now();
     let out = lock_cmd(&c, &["rack/2", "--wait", "700ms", "--", "true"]).output().await.unwrap();
@@ -59,22 +54,18 @@ async fn exits_75_when_the_lock_is_not_obtained_within_wait() {
 /// the lease's validity bound, and `fencegate lock` exits 76.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stops_the_command_within_the_lease_bound_when_the_lease_is_lost() {
-    let mut c = Cluster::start(3, "").await;
+    let mut c = Cluster::start(&bin!(), 3, "").await;
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
     let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
     let mut child =
         lock_cmd(&c, &["rack/3", "--ttl", "2s", "--grace", "1s", "--", "sh", "-c", &script]).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !pidfile.exists() || std::fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
-        assert!(Instant::now() < deadline, "CMD did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let pid: i32 = wait::until_ok("CMD writing its pid", Duration::from_secs(10), || async {
+        std::fs::read_to_string(&pidfile).map_err(|e| e.to_string())?.trim().parse::<i32>().map_err(|e| e.to_string())
+    })
+    .await;
     assert!(alive(pid));
-    for id in c.ids() {
-        c.kill(id);
-    }
+    c.kill_all();
     let killed_at = Instant::now();
     let status =
         tokio::time::timeout(Duration::from_secs(10), child.wait()).await.expect("fencegate lock hung").unwrap();
@@ -89,14 +80,10 @@ async fn stops_the_command_within_the_lease_bound_when_the_lease_is_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_stops_the_command_and_releases_the_lease_at_once() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let mut child = lock_cmd(&c, &["rack/4", "--", "sleep", "60"]).spawn().unwrap();
     let client = c.client();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !client.read("rack/4").await.unwrap().held {
-        assert!(Instant::now() < deadline, "lock not taken");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::until("rack/4 taken", Duration::from_secs(10), || async { client.read("rack/4").await.unwrap().held }).await;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGINT)
         .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.unwrap().unwrap();

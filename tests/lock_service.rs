@@ -1,12 +1,11 @@
 //! The lock service end to end: three real `fencegate server` processes on
 //! loopback, peer links through cuttable relays, SIGKILL and restart.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{raw, Cluster};
 use fencegate_client::{AcquireOptions, ClientError, LostReason};
+use fencegate_testkit::http::{self, raw};
+use fencegate_testkit::{bin, wait, Cluster, Watch};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -16,7 +15,7 @@ fn ttl(ms: u64) -> AcquireOptions {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_keepalive_release_and_fifo_waiters() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let client = c.client();
     let a = client.acquire("rack/1", ttl(1000).holder("a")).await.unwrap();
     assert!(a.is_valid());
@@ -33,7 +32,9 @@ async fn acquire_keepalive_release_and_fifo_waiters() {
     assert!(a.is_valid(), "keepalives must hold the lease past its TTL");
     assert_eq!(client.read("rack/1").await.unwrap().holder.as_deref(), Some("a"));
 
-    // Two waiters queue in arrival order.
+    // Two waiters queue in arrival order. (The pauses give each time to
+    // join the queue: the service exposes nothing that says a waiter is
+    // queued, so there is no signal to wait for instead.)
     let (cb, cc) = (client.clone(), client.clone());
     let b =
         tokio::spawn(async move { cb.acquire("rack/1", ttl(1000).wait(Duration::from_secs(10)).holder("b")).await });
@@ -70,19 +71,17 @@ async fn acquire_keepalive_release_and_fifo_waiters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_expires_no_earlier_than_ttl_and_not_much_later() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let url = format!("{}/v1/locks/exp/1", c.url(1));
     let sent = Instant::now();
     let (status, body) = raw("POST", &url, Some(r#"{"ttl_ms":1500,"holder":"silent"}"#)).await;
     assert_eq!(status, 200, "{body}");
     // No keepalives: poll the linearizable read until the key is free.
-    let freed = loop {
-        let (_, info) = raw("GET", &url, None).await;
-        if info["held"] == Value::Bool(false) {
-            break sent.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    wait::until("exp/1 freed", Duration::from_secs(5), || async {
+        raw("GET", &url, None).await.1["held"] == Value::Bool(false)
+    })
+    .await;
+    let freed = sent.elapsed();
     assert!(freed >= Duration::from_millis(1500), "expired after {freed:?}, before its 1500 ms TTL");
     assert!(freed < Duration::from_millis(2500), "expired only after {freed:?}");
     // Keepalive of an expired lease: 404.
@@ -93,7 +92,7 @@ async fn lease_expires_no_earlier_than_ttl_and_not_much_later() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_delay_keeps_an_expired_key_ungrantable() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let url = format!("{}/v1/locks/delayed", c.url(1));
     raw("POST", &url, Some(r#"{"ttl_ms":500,"lock_delay_ms":1500}"#)).await;
     let sent = Instant::now();
@@ -105,7 +104,7 @@ async fn lock_delay_keeps_an_expired_key_ungrantable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_crash_keeps_leases_and_tokens_rise() {
-    let mut c = Cluster::start(3, "").await;
+    let mut c = Cluster::start(&bin!(), 3, "").await;
     let client = c.client();
     let held = client.acquire("survivor", ttl(3000)).await.unwrap();
     let before = client.acquire("other", ttl(3000)).await.unwrap();
@@ -130,7 +129,7 @@ async fn leader_crash_keeps_leases_and_tokens_rise() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_crash_does_not_stop_the_cluster() {
-    let mut c = Cluster::start(3, "").await;
+    let mut c = Cluster::start(&bin!(), 3, "").await;
     let leader = c.wait_for_leader(Duration::from_secs(5)).await;
     let follower = c.ids().into_iter().find(|i| *i != leader).unwrap();
     c.kill(follower);
@@ -149,7 +148,7 @@ async fn follower_crash_does_not_stop_the_cluster() {
 /// can hand the key to someone else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolated_leader_cannot_grant_and_its_holders_lose_in_time() {
-    let c = Cluster::start(3, "raft: { propose_timeout: 1s }\n").await;
+    let c = Cluster::start(&bin!(), 3, "raft: { propose_timeout: 1s }\n").await;
     let old = c.wait_for_leader(Duration::from_secs(5)).await;
     let via_old = c.client_of(old);
     let lease = via_old.acquire("iso", ttl(2000)).await.unwrap();
@@ -162,7 +161,7 @@ async fn isolated_leader_cannot_grant_and_its_holders_lose_in_time() {
     assert!(lost_at - cut_at < Duration::from_millis(2000), "lost() fired {:?} after the cut", lost_at - cut_at);
 
     // The old leader grants nothing while cut off: 503 with Retry-After.
-    let a = common::raw_answer("POST", &format!("{}/v1/locks/iso-2", c.url(old)), Some(r#"{"ttl_ms":1000}"#)).await;
+    let a = http::raw_answer("POST", &format!("{}/v1/locks/iso-2", c.url(old)), Some(r#"{"ttl_ms":1000}"#)).await;
     assert_eq!(a.status, 503, "{:?}", a.body);
     assert!(a.headers.contains_key("retry-after"));
     match via_old.acquire("iso-3", ttl(1000)).await {
@@ -184,7 +183,7 @@ async fn isolated_leader_cannot_grant_and_its_holders_lose_in_time() {
 async fn whole_cluster_restart_continues_tokens_above_the_last() {
     // Small snapshots, so the restart restores state from a snapshot taken
     // after the leader's first entry of its term.
-    let mut c = Cluster::start(3, "raft: { snapshot_every: 100 }\n").await;
+    let mut c = Cluster::start(&bin!(), 3, "raft: { snapshot_every: 100 }\n").await;
     let client = c.client();
     for _ in 0..120 {
         client.acquire("churn", ttl(60_000)).await.unwrap().release().await.unwrap();
@@ -231,7 +230,7 @@ async fn whole_cluster_restart_continues_tokens_above_the_last() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_acquire_is_not_granted_twice() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let body = r#"{"ttl_ms":5000,"holder":"retrier","request_id":"req-123"}"#;
     let (s1, first) = raw("POST", &format!("{}/v1/locks/dedup", c.url(1)), Some(body)).await;
     // The answer was "lost"; the client retries on another node.
@@ -242,13 +241,13 @@ async fn a_retried_acquire_is_not_granted_twice() {
     let other = r#"{"ttl_ms":5000,"request_id":"req-456"}"#;
     let (s3, _) = raw("POST", &format!("{}/v1/locks/dedup", c.url(3)), Some(other)).await;
     assert_eq!(s3, 409);
-    let metrics = common::get_text(&format!("{}/metrics", c.url(1))).await;
+    let metrics = http::get_text(&format!("{}/metrics", c.url(1))).await;
     assert!(metrics.contains("fencegate_lock_grants_total 1\n"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_is_answered_even_with_a_waiter_queued_on_the_key() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let url = format!("{}/v1/locks/queued", c.url(1));
     let body = r#"{"ttl_ms":5000,"holder":"retrier","request_id":"req-q"}"#;
     let (s1, first) = raw("POST", &url, Some(body)).await;
@@ -258,6 +257,7 @@ async fn a_retry_is_answered_even_with_a_waiter_queued_on_the_key() {
     let waiter = tokio::spawn(async move {
         raw("POST", &waiter_url, Some(r#"{"ttl_ms":5000,"wait_ms":3000,"holder":"waiter"}"#)).await
     });
+    // (Time to join the queue: nothing observable says it has.)
     tokio::time::sleep(Duration::from_millis(300)).await;
     // ...and the retry must still get its own grant back, not "held by retrier".
     let (s2, second) = raw("POST", &url, Some(body)).await;
@@ -268,7 +268,7 @@ async fn a_retry_is_answered_even_with_a_waiter_queued_on_the_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_4xx_and_changes_nothing() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let base = c.url(2);
     let leader = c.wait_for_leader(Duration::from_secs(5)).await;
     let before = c.cluster_info(leader).await.unwrap().last_log_index;
@@ -309,10 +309,10 @@ async fn bad_input_gets_4xx_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_sees_every_event_in_order_across_a_reconnect() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let client = c.client();
     let pre = client.acquire("w/pre", ttl(60_000)).await.unwrap();
-    let mut watch = common::Watch::open(&format!("{}/v1/watch?prefix=w/", c.url(3))).await;
+    let mut watch = Watch::open(&format!("{}/v1/watch?prefix=w/", c.url(3))).await;
     let first = watch.next().await;
     // Node 3 may not have applied the grant yet when the stream starts: then
     // it comes as an event right after the (empty) state.
@@ -329,7 +329,7 @@ async fn watch_sees_every_event_in_order_across_a_reconnect() {
     expected.push(("released", "w/a", t));
     client.acquire("x/ignored", ttl(60_000)).await.unwrap().release().await.unwrap();
     for _ in 0..2 {
-        let e = watch.next().await;
+        let e = watch.next_event().await;
         cursor = e["rev"].as_u64().unwrap();
         let got = (e["event"].as_str().unwrap(), e["key"].as_str().unwrap(), e["token"].as_u64().unwrap());
         assert_eq!(got, expected.remove(0));
@@ -342,15 +342,14 @@ async fn watch_sees_every_event_in_order_across_a_reconnect() {
     let b_token = b["token"].as_u64().unwrap();
     let pre_token = pre.token();
     pre.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let b_url = format!("{}/v1/locks/w/b", c.url(3));
+    wait::until("w/b expired", Duration::from_secs(5), || async { raw("GET", &b_url, None).await.1["held"] == false })
+        .await;
     let mut expected = vec![("granted", "w/b", b_token), ("released", "w/pre", pre_token), ("expired", "w/b", b_token)];
 
-    let mut watch = common::Watch::open(&format!("{}/v1/watch?prefix=w/&after={cursor}", c.url(1))).await;
+    let mut watch = Watch::open(&format!("{}/v1/watch?prefix=w/&after={cursor}", c.url(1))).await;
     while !expected.is_empty() {
-        let e = watch.next().await;
-        if e["event"] == "heartbeat" {
-            continue;
-        }
+        let e = watch.next_event().await;
         let got = (e["event"].as_str().unwrap(), e["key"].as_str().unwrap(), e["token"].as_u64().unwrap());
         assert_eq!(got, expected.remove(0), "resumed stream out of order or with gaps");
         assert!(e["rev"].as_u64().unwrap() > cursor);
@@ -360,7 +359,7 @@ async fn watch_sees_every_event_in_order_across_a_reconnect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_bound_the_log_and_bring_a_wiped_node_back() {
-    let mut c = Cluster::start(3, "raft: { snapshot_every: 100 }\n").await;
+    let mut c = Cluster::start(&bin!(), 3, "raft: { snapshot_every: 100 }\n").await;
     let client = c.client();
     let mut last = None;
     for i in 0..160 {
@@ -381,23 +380,17 @@ async fn snapshots_bound_the_log_and_bring_a_wiped_node_back() {
     let (key, token) = last.unwrap();
     // The wiped node's own applied state (a watch is served locally) must
     // reach the last grant.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Ok(Ok(mut watch)) = tokio::time::timeout(
-            Duration::from_secs(2),
-            tokio::spawn({
-                let url = format!("{}/v1/watch?prefix={key}", c.url(victim));
-                async move { common::Watch::open(&url).await }
-            }),
-        )
-        .await
-        {
-            let state = watch.next().await;
-            if state["event"] == "state" && state["token"].as_u64() == Some(token) {
-                break;
+    let url = format!("{}/v1/watch?prefix={key}", c.url(victim));
+    wait::until_ok(
+        &format!("the wiped node's own state of {key} at token {token}"),
+        Duration::from_secs(15),
+        || async {
+            let mut watch = Watch::try_open(&url, Duration::from_secs(2)).await?;
+            match watch.next_within(Duration::from_secs(2)).await {
+                Some(state) if state["event"] == "state" && state["token"].as_u64() == Some(token) => Ok(()),
+                other => Err(format!("{other:?}")),
             }
-        }
-        assert!(Instant::now() < deadline, "wiped node did not catch up to token {token}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        },
+    )
+    .await;
 }

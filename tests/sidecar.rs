@@ -1,28 +1,30 @@
 //! The sidecar end to end: a real 3-node lock cluster, a real `fencegate
 //! sidecar` process and a recording upstream that checks no tokens at all.
 
-mod common;
-
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::sidecar::SidecarProc;
-use common::upstream::Upstream;
-use common::{raw, Cluster};
+use fencegate_testkit::http::{raw, raw_tcp};
+use fencegate_testkit::routes::{everything_else, rack_writes, table, Route};
+use fencegate_testkit::{bin, free_port, Cluster, Sidecar, Upstream};
 use serde_json::Value;
 
+/// How long a test waits for a request to reach (or take effect at) the upstream.
+const AT_UPSTREAM: Duration = Duration::from_secs(5);
+
+/// `rack-writes` fenced in `mode` with `consistency`, everything else unfenced.
 fn routes(mode: &str, consistency: &str) -> String {
-    format!(
-        "routes:
-  - name: rack-writes
-    methods: [PUT, POST, PATCH, DELETE]
-    path: /racks/{{rack}}
-    lock_key: rack/{{rack}}
-    fence: {{ mode: {mode}, consistency: {consistency} }}
-  - name: everything-else
-    path: /{{*rest}}
-    fence: off
-"
-    )
+    let fence = format!("{{ mode: {mode}, consistency: {consistency} }}");
+    table(&[rack_writes(&fence).methods(&["PUT", "POST", "PATCH", "DELETE"]), everything_else()])
+}
+
+/// A 3-node cluster, a recording upstream, and a sidecar (`sc`) in front
+/// of it with `routes(mode, "cached")`.
+async fn fenced(mode: &str) -> (Cluster, Upstream, Sidecar) {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let up = Upstream::start().await;
+    let sc = c.sidecar("sc", &up.url(), &routes(mode, "cached")).await;
+    (c, up, sc)
 }
 
 /// Acquire through the raw API (no keepalives): the lease lapses after `ttl_ms`.
@@ -40,11 +42,10 @@ fn error_of(v: &Value) -> &str {
 /// DESIGN.md's walkthrough, in strict and in monotonic mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_walkthrough_a_paused_holder_is_refused() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     for mode in ["strict", "monotonic"] {
         let up = Upstream::start().await;
-        let dir = c.dir.path().join(format!("sidecar-{mode}"));
-        let sc = SidecarProc::start(dir, &up.url(), &c.urls(), &routes(mode, "cached")).await;
+        let sc = c.sidecar(&format!("sidecar-{mode}"), &up.url(), &routes(mode, "cached")).await;
         let key = format!("rack/{mode}");
         let path = format!("/racks/{mode}");
         // A acquires, then "pauses" past its TTL (no keepalives).
@@ -73,7 +74,7 @@ async fn the_walkthrough_a_paused_holder_is_refused() {
 /// The same run without the sidecar: A's write lands after B's (the control).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_sidecar_the_stale_write_lands() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let up = Upstream::start().await;
     let (a, _) = take(&c, "rack/ctl", 600, 0).await;
     let (b, _) = take(&c, "rack/ctl", 30_000, 5_000).await;
@@ -86,13 +87,15 @@ async fn without_the_sidecar_the_stale_write_lands() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_refuses_an_expired_lease_before_anyone_else_acquires() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let up = Upstream::start().await;
-    let strict = SidecarProc::start(c.dir.path().join("s"), &up.url(), &c.urls(), &routes("strict", "cached")).await;
-    let mono = SidecarProc::start(c.dir.path().join("m"), &up.url(), &c.urls(), &routes("monotonic", "cached")).await;
+    let strict = c.sidecar("s", &up.url(), &routes("strict", "cached")).await;
+    let mono = c.sidecar("m", &up.url(), &routes("monotonic", "cached")).await;
     let (a, _) = take(&c, "rack/exp", 700, 0).await;
     assert_eq!(strict.send("PUT", "/racks/exp", Some(a), &[]).await.0, 200);
-    tokio::time::sleep(Duration::from_millis(1500)).await; // lease lapses; nobody re-acquires
+    // The lease lapses, nobody re-acquires, and the sidecar hears of the
+    // expiry (waiting out the TTL is the point here).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let (status, v) = strict.send("PUT", "/racks/exp", Some(a), &[]).await;
     assert_eq!((status, error_of(&v)), (409, "lease_expired"), "{v}");
     // Monotonic only refuses once a newer grant exists.
@@ -102,9 +105,7 @@ async fn strict_refuses_an_expired_lease_before_anyone_else_acquires() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_tokens_are_unknown_and_do_not_move_the_floor() {
-    let c = Cluster::start(3, "").await;
-    let up = Upstream::start().await;
-    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("strict", "cached")).await;
+    let (c, up, sc) = fenced("strict").await;
     let (t, _) = take(&c, "rack/f", 30_000, 0).await;
     for forged in [t + 1, 1_000_000, u64::MAX] {
         let (status, v) = sc.send("PUT", "/racks/f", Some(forged), &[]).await;
@@ -123,19 +124,12 @@ async fn forged_tokens_are_unknown_and_do_not_move_the_floor() {
 /// lock service, the sidecar cannot tell that a lease it saw live has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_stops_trusting_a_live_lease_once_its_watch_is_down() {
-    let mut c = Cluster::start(3, "").await;
-    let up = Upstream::start().await;
-    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("strict", "cached")).await;
+    let (mut c, up, sc) = fenced("strict").await;
     let (a, _) = take(&c, "rack/w", 2_000, 0).await;
     assert_eq!(sc.send("PUT", "/racks/w", Some(a), &[]).await.0, 200);
-    for id in c.ids() {
-        c.kill(id);
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !sc.metrics().await.contains("fencegate_sidecar_lock_service_up 0") {
-        assert!(tokio::time::Instant::now() < deadline, "the sidecar never noticed its watch was down");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    c.kill_all();
+    // Until the sidecar has noticed its watch is down.
+    sc.wait_for_metric("fencegate_sidecar_lock_service_up", 0.0, Duration::from_secs(10)).await;
     // A's lease may have ended by now for all the sidecar can know.
     let (status, v) = sc.send("PUT", "/racks/w", Some(a), &[]).await;
     assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
@@ -144,15 +138,11 @@ async fn strict_stops_trusting_a_live_lease_once_its_watch_is_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_sidecar_keeps_its_floors_while_the_lock_service_is_down() {
-    let mut c = Cluster::start(3, "").await;
-    let up = Upstream::start().await;
-    let mut sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("strict", "cached")).await;
+    let (mut c, up, mut sc) = fenced("strict").await;
     let (a, _) = take(&c, "rack/r", 600, 0).await;
     let (b, _) = take(&c, "rack/r", 30_000, 5_000).await;
     assert_eq!(sc.send("PUT", "/racks/r", Some(b), &[]).await.0, 200);
-    for id in c.ids() {
-        c.kill(id);
-    }
+    c.kill_all();
     sc.restart().await;
     let (status, v) = sc.send("PUT", "/racks/r", Some(a), &[]).await;
     assert_eq!((status, error_of(&v)), (409, "stale_token"), "{v}");
@@ -168,16 +158,13 @@ async fn a_restarted_sidecar_keeps_its_floors_while_the_lock_service_is_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_token_waits_for_lower_ones_in_flight() {
-    let c = Cluster::start(3, "").await;
-    let up = Upstream::start().await;
-    let sc = std::sync::Arc::new(
-        SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("monotonic", "cached")).await,
-    );
+    let (c, up, sc) = fenced("monotonic").await;
+    let sc = Arc::new(sc);
     let (a, lease_a) = take(&c, "rack/o", 30_000, 0).await;
-    // A's write is slow at the upstream.
+    // A's write is slow at the upstream, and has reached it.
     let s = sc.clone();
     let slow = tokio::spawn(async move { s.send("PUT", "/racks/o", Some(a), &[("x-test-delay-ms", "800")]).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    up.wait_for_arrivals(1, AT_UPSTREAM).await;
     raw("DELETE", &format!("{}/v1/leases/{lease_a}", c.url(1)), None).await;
     let (b, _) = take(&c, "rack/o", 30_000, 0).await;
     let started = tokio::time::Instant::now();
@@ -193,40 +180,31 @@ async fn a_higher_token_waits_for_lower_ones_in_flight() {
 /// upstream must outlive the client's connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_does_not_let_a_higher_token_overtake() {
-    let c = Cluster::start(3, "").await;
-    let up = Upstream::start().await;
-    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("monotonic", "cached")).await;
+    let (c, up, sc) = fenced("monotonic").await;
     let (a, lease_a) = take(&c, "rack/d", 30_000, 0).await;
     assert_eq!(sc.send("PUT", "/racks/d", Some(a), &[]).await.0, 200);
-    // A sends a slow write and hangs up before the answer.
+    // A sends a slow write and hangs up, once it is at the upstream, before the answer.
     {
         use tokio::io::AsyncWriteExt;
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", sc.port)).await.unwrap();
         let req = format!("PUT /racks/d HTTP/1.1\r\nHost: x\r\nX-Fence-Token: {a}\r\nX-Test-Delay-Ms: 800\r\nContent-Length: 2\r\n\r\nhi");
         s.write_all(req.as_bytes()).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        up.wait_for_arrivals(2, AT_UPSTREAM).await;
     } // connection closed here
     raw("DELETE", &format!("{}/v1/leases/{lease_a}", c.url(1)), None).await;
     let (b, _) = take(&c, "rack/d", 30_000, 0).await;
     assert_eq!(sc.send("PUT", "/racks/d", Some(b), &[]).await.0, 200);
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Until A's abandoned write has taken effect too.
+    up.wait_for_applied(3, AT_UPSTREAM).await;
     assert_eq!(up.tokens("/racks/d"), vec![Some(a), Some(a), Some(b)], "B overtook A's abandoned write: {}", sc.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_tokens_and_bad_framing_never_reach_the_upstream() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let up = Upstream::start().await;
-    let sc = SidecarProc::start(
-        c.dir.path().join("sc"),
-        &up.url(),
-        &c.urls(),
-        &format!(
-            "limits: {{ max_body: 1KiB, max_header_bytes: 8KiB, header_timeout: 1s }}\n{}",
-            routes("strict", "cached")
-        ),
-    )
-    .await;
+    let limits = "limits: { max_body: 1KiB, max_header_bytes: 8KiB, header_timeout: 1s }\n";
+    let sc = c.sidecar("sc", &up.url(), &format!("{limits}{}", routes("strict", "cached"))).await;
     let (status, v) = sc.send("PUT", "/racks/1", None, &[]).await;
     assert_eq!((status, error_of(&v)), (428, "missing_token"), "{v}");
     // (Whitespace around a header value is not part of it in HTTP, so " 7"
@@ -242,7 +220,7 @@ async fn bad_tokens_and_bad_framing_never_reach_the_upstream() {
         assert_eq!(status, 400, "{path}");
     }
     let big = "x".repeat(2048);
-    let (status, _) = raw_to(&sc.url(), "PUT", "/racks/1", &big, &[("x-fence-token", "5")]).await;
+    let (status, _) = sc.send_body("PUT", "/racks/1", Some(5), &[], big).await;
     assert_eq!(status, 413);
     assert!(up.seen().is_empty(), "the upstream saw {:?}", up.seen());
     // A lower-case method must not slip past the route fenced for PUT.
@@ -295,33 +273,11 @@ async fn bad_tokens_and_bad_framing_never_reach_the_upstream() {
     assert_eq!(up.seen().len(), before, "oversized or slow heads reached the upstream");
 }
 
-/// A request body the test sends itself, with a Content-Length.
-async fn raw_to(base: &str, method: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, Value) {
-    let http = fencegate_client::http::HttpClient::new(1 << 20);
-    let mut b = hyper::Request::builder().method(method).uri(format!("{base}{path}"));
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let req = b.body(http_body_util::Full::new(bytes::Bytes::from(body.to_string()))).unwrap();
-    let a = http.send(req, Duration::from_secs(10)).await.unwrap();
-    (a.status.as_u16(), serde_json::from_slice(&a.body).unwrap_or(Value::Null))
-}
-
-/// Write raw bytes on a fresh connection and read what comes back.
-async fn raw_tcp(port: u16, request: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap_or(Ok(0)).unwrap_or(0);
-    String::from_utf8_lossy(&buf[..n]).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_headers_timeouts_failures_and_streams() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let up = Upstream::start().await;
-    let dead = common::free_port();
+    let dead = free_port();
     let yaml = format!(
         "routes:
   - name: slow
@@ -335,7 +291,7 @@ async fn forwarding_headers_timeouts_failures_and_streams() {
 {}",
         routes("strict", "cached").trim_start_matches("routes:\n")
     );
-    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &yaml).await;
+    let sc = c.sidecar("sc", &up.url(), &yaml).await;
     let (t, _) = take(&c, "rack/h", 30_000, 0).await;
     let extra = [("host", "inventory.example"), ("connection", "x-hop"), ("x-hop", "1"), ("x-custom", "kept")];
     let (status, _) = sc.send("PUT", "/racks/h", Some(t), &extra).await;
@@ -362,7 +318,7 @@ async fn forwarding_headers_timeouts_failures_and_streams() {
 
     // A large body streams through whole.
     let big = "y".repeat(3 << 20);
-    let (status, _) = raw_to(&sc.url(), "PUT", "/racks/h", &big, &[("x-fence-token", &t.to_string())]).await;
+    let (status, _) = sc.send_body("PUT", "/racks/h", Some(t), &[], big.clone()).await;
     assert_eq!(status, 200);
     assert_eq!(up.seen().pop().unwrap().body.len(), big.len());
 
@@ -402,7 +358,7 @@ async fn observed_mode_keeps_a_durable_high_water_mark_without_a_lock_service() 
     path: /{*rest}
     fence: off
 ";
-    let mut sc = SidecarProc::start(dir.path().join("sc"), &up.url(), &[], yaml).await;
+    let mut sc = Sidecar::start(&bin!(), dir.path().join("sc"), &up.url(), &[], yaml).await;
     for (t, want) in [(5, 200), (7, 200), (6, 409), (7, 200), (1000, 200), (999, 409)] {
         let (status, v) = sc.send("PUT", "/racks/e", Some(t), &[]).await;
         assert_eq!(status, want, "token {t}: {v}");
@@ -419,30 +375,21 @@ async fn observed_mode_keeps_a_durable_high_water_mark_without_a_lock_service() 
 /// there would lock the real holder out here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observed_route_cannot_raise_a_strict_routes_floor() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let up = Upstream::start().await;
-    let yaml = "routes:
-  - name: strict-writes
-    methods: [PUT]
-    path: /racks/{rack}
-    lock_key: rack/{rack}
-    fence: { mode: strict, consistency: cached }
-  - name: observed-writes
-    methods: [PUT]
-    path: /observed/{rack}
-    lock_key: rack/{rack}
-    fence: { mode: observed }
-  - name: rest
-    path: /{*rest}
-    fence: off
-";
-    let sc = std::sync::Arc::new(SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), yaml).await);
+    let yaml = table(&[
+        Route::fenced("strict-writes", "/racks/{rack}", "rack/{rack}", "{ mode: strict, consistency: cached }")
+            .methods(&["PUT"]),
+        Route::fenced("observed-writes", "/observed/{rack}", "rack/{rack}", "{ mode: observed }").methods(&["PUT"]),
+        everything_else(),
+    ]);
+    let sc = Arc::new(c.sidecar("sc", &up.url(), &yaml).await);
     let (t, _) = take(&c, "rack/n", 30_000, 0).await;
     // An observed write with an unverified high token, still in flight...
     let s = sc.clone();
     let slow =
         tokio::spawn(async move { s.send("PUT", "/observed/n", Some(1_000_000), &[("x-test-delay-ms", "800")]).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    up.wait_for_arrivals(1, AT_UPSTREAM).await;
     // ...neither refuses nor holds back the real holder on the strict route.
     let (status, v) = sc.send("PUT", "/racks/n", Some(t), &[]).await;
     assert_eq!(status, 200, "the holder of rack/n was locked out by an observed write in flight: {v}");
@@ -459,9 +406,9 @@ async fn an_observed_route_cannot_raise_a_strict_routes_floor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn linearizable_routes_see_every_grant_that_completed_before_the_request() {
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(&bin!(), 3, "").await;
     let up = Upstream::start().await;
-    let sc = SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), &routes("strict", "linearizable")).await;
+    let sc = c.sidecar("sc", &up.url(), &routes("strict", "linearizable")).await;
     for i in 0..10 {
         let key = format!("rack/lin{i}");
         let path = format!("/racks/lin{i}");

@@ -4,15 +4,12 @@
 //! order and never below a grant the sidecar had learnt.
 //! Bounded: a fixed seed, a fixed number of rounds, a deadline.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::sidecar::SidecarProc;
-use common::upstream::Upstream;
-use common::Cluster;
 use fencegate_client::AcquireOptions;
+use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::{bin, http, Cluster, Upstream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
@@ -24,30 +21,21 @@ const SEED: u64 = 0x5eed_f00d;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_reach_the_upstream_in_token_order_under_concurrency() {
-    let c = Cluster::start(3, "").await;
-    let up = Upstream::start().await;
-    let routes = "routes:
-  - name: rack-writes
-    methods: [PUT]
-    path: /racks/{rack}
-    lock_key: rack/{rack}
-    fence: { mode: monotonic }
-  - name: rest
-    path: /{*rest}
-    fence: off
-";
-    let sc = Arc::new(SidecarProc::start(c.dir.path().join("sc"), &up.url(), &c.urls(), routes).await);
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let up = Arc::new(Upstream::start().await);
+    let routes = table(&[rack_writes("{ mode: monotonic }").methods(&["PUT"]), everything_else()]);
+    let sc = Arc::new(c.sidecar("sc", &up.url(), &routes).await);
     let client = c.client();
     // Every token ever granted per key, for the zombies to replay.
     let granted: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..KEYS).map(|_| Mutex::new(vec![])).collect());
     let mut tasks = vec![];
     for key in 0..KEYS {
         for holder in 0..HOLDERS_PER_KEY {
-            let (client, sc, granted) = (client.clone(), sc.clone(), granted.clone());
+            let (client, sc, granted, up) = (client.clone(), sc.clone(), granted.clone(), up.clone());
             let mut rng = StdRng::seed_from_u64(SEED ^ (key * 100 + holder) as u64);
             tasks.push(tokio::spawn(async move {
                 let mut in_flight = vec![];
-                for _ in 0..ROUNDS {
+                for round in 0..ROUNDS {
                     let opts = AcquireOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(20));
                     let lease = client.acquire(&format!("rack/{key}"), opts).await.unwrap();
                     let token = lease.token();
@@ -61,10 +49,18 @@ async fn writes_reach_the_upstream_in_token_order_under_concurrency() {
                     // The last write is still at the (slow) upstream when the
                     // lease is released and the next holder starts writing.
                     let (sc2, delay) = (sc.clone(), rng.random_range(50..150u64).to_string());
+                    let id = format!("{key}/{holder}/{round}");
+                    let tag = id.clone();
                     in_flight.push(tokio::spawn(async move {
-                        sc2.send("PUT", &format!("/racks/{key}"), Some(token), &[("x-test-delay-ms", &delay)]).await.0
+                        let headers = [("x-test-delay-ms", delay.as_str()), ("x-test-id", tag.as_str())];
+                        sc2.send("PUT", &format!("/racks/{key}"), Some(token), &headers).await.0
                     }));
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    // Released once that write has reached the upstream (it may
+                    // first wait for slower lower-token writes to complete).
+                    up.wait_for_arrival(Duration::from_secs(10), |a| {
+                        a.headers.get("x-test-id").is_some_and(|v| v == id.as_str())
+                    })
+                    .await;
                     lease.release().await.unwrap();
                 }
                 for w in in_flight {
@@ -123,23 +119,16 @@ async fn writes_reach_the_upstream_in_token_order_under_concurrency() {
 /// straight to the upstream produces out-of-order writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_order_checker_fails_without_the_sidecar() {
-    let up = Upstream::start().await;
-    let http = fencegate_client::http::HttpClient::new(1 << 20);
-    let mut tasks = vec![];
-    for (token, delay) in [(1u64, 300u64), (2, 0)] {
-        let (http, url) = (http.clone(), format!("{}/racks/x", up.url()));
-        tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-            let req = hyper::Request::put(url)
-                .header("x-fence-token", token.to_string())
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .unwrap();
-            http.send(req, Duration::from_secs(5)).await.unwrap();
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
+    let up = Arc::new(Upstream::start().await);
+    let url = format!("{}/racks/x", up.url());
+    // The paused writer (token 1) sends only once the newer write (token 2) took effect.
+    let (u, paused_url) = (up.clone(), url.clone());
+    let paused = tokio::spawn(async move {
+        u.wait_for_applied(1, Duration::from_secs(5)).await;
+        http::send(http::fenced_put(paused_url, 1), Duration::from_secs(5)).await
+    });
+    assert_eq!(http::send(http::fenced_put(&url, 2), Duration::from_secs(5)).await.0, 200);
+    assert_eq!(paused.await.unwrap().0, 200);
     let tokens = up.tokens("/racks/x");
     assert_eq!(tokens, vec![Some(2), Some(1)], "a paused writer's late write lands after the newer one");
 }

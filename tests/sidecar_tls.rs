@@ -2,38 +2,33 @@
 //! mTLS, `https://` upstreams, and TLS files checked like the rest of the
 //! config. Routes are `observed`, so no lock cluster is needed.
 
-mod common;
-
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::sidecar::SidecarProc;
-use common::tls::{https, Pki};
-use common::upstream::Upstream;
-use common::{free_port, free_ports, raw};
+use fencegate_testkit::http::raw;
+use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::tls::{https, Pki};
+use fencegate_testkit::{bin, free_port, Sidecar, Upstream};
 
-const ROUTES: &str = "routes:
-  - name: rack-writes
-    methods: [PUT, POST, PATCH, DELETE]
-    path: /racks/{rack}
-    lock_key: rack/{rack}
-    fence: { mode: observed }
-  - name: everything-else
-    path: /{*rest}
-    fence: off
-";
+fn routes() -> String {
+    table(&[rack_writes("{ mode: observed }").methods(&["PUT", "POST", "PATCH", "DELETE"]), everything_else()])
+}
 
 /// A sidecar in `dir/name` in front of `upstream`; `extra` holds its `tls`,
 /// `upstream_tls` or `limits` sections.
-async fn sidecar(dir: &Path, name: &str, upstream: &str, extra: &str) -> SidecarProc {
-    let [port, metrics_port] = free_ports();
-    let dir = dir.join(name);
-    let yaml = format!(
-        "listen: 127.0.0.1:{port}\nupstream: {upstream}\nstate_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n{extra}{ROUTES}",
-        dir.join("state").display()
-    );
-    SidecarProc::start_yaml(dir, port, metrics_port, yaml).await
+async fn sidecar(dir: &Path, name: &str, upstream: &str, extra: &str) -> Sidecar {
+    Sidecar::start(&bin!(), dir.join(name), upstream, &[], &format!("{extra}{}", routes())).await
+}
+
+/// A temporary directory with a PKI (`main`), a recording upstream, and a
+/// sidecar `sc` serving HTTPS with that PKI's server certificate in front of
+/// it; `extra` gives its `tls` section (and any other).
+async fn https_sidecar(extra: impl FnOnce(&Pki) -> String) -> (tempfile::TempDir, Pki, Upstream, Sidecar) {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "main");
+    let up = Upstream::start().await;
+    let sc = sidecar(dir.path(), "sc", &up.url(), &extra(&pki)).await;
+    (dir, pki, up, sc)
 }
 
 fn forwarded(up: &Upstream) -> String {
@@ -44,10 +39,7 @@ fn forwarded(up: &Upstream) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_requests_are_fenced_and_forwarded_with_proto_https() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path(), "main");
-    let up = Upstream::start().await;
-    let sc = sidecar(dir.path(), "sc", &up.url(), &pki.tls_yaml(None)).await;
+    let (dir, pki, up, sc) = https_sidecar(|pki| pki.tls_yaml(None)).await;
     let client = pki.client(None);
 
     let r = https(&client, sc.port, "localhost", false, "PUT", "/racks/1", Some(5)).await.unwrap();
@@ -74,10 +66,7 @@ async fn https_requests_are_fenced_and_forwarded_with_proto_https() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_is_negotiated_by_alpn() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path(), "main");
-    let up = Upstream::start().await;
-    let sc = sidecar(dir.path(), "sc", &up.url(), &pki.tls_yaml(None)).await;
+    let (_dir, pki, up, sc) = https_sidecar(|pki| pki.tls_yaml(None)).await;
     let r = https(&pki.client(None), sc.port, "localhost", true, "PUT", "/racks/2", Some(7)).await.unwrap();
     assert_eq!((r.status, r.alpn.as_deref()), (200, Some("h2")), "{r:?}");
     assert_eq!(up.tokens("/racks/2"), vec![Some(7)]);
@@ -86,11 +75,8 @@ async fn http2_is_negotiated_by_alpn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_client_ca_only_clients_holding_a_certificate_it_signed_get_through() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path(), "main");
+    let (dir, pki, up, sc) = https_sidecar(|pki| pki.tls_yaml(Some(&pki.ca))).await;
     let stranger = Pki::new(dir.path(), "stranger");
-    let up = Upstream::start().await;
-    let sc = sidecar(dir.path(), "sc", &up.url(), &pki.tls_yaml(Some(&pki.ca))).await;
 
     // With TLS 1.3 the client learns of the refusal (an alert) on its first
     // read, after its side of the handshake: no HTTP answer either way, and
@@ -113,11 +99,8 @@ async fn with_client_ca_only_clients_holding_a_certificate_it_signed_get_through
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_handshake_is_dropped_after_header_timeout_and_holds_up_nobody() {
     use tokio::io::AsyncReadExt;
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path(), "main");
-    let up = Upstream::start().await;
-    let extra = format!("limits: {{ header_timeout: 1s }}\n{}", pki.tls_yaml(None));
-    let sc = sidecar(dir.path(), "sc", &up.url(), &extra).await;
+    let (_dir, pki, _up, sc) =
+        https_sidecar(|pki| format!("limits: {{ header_timeout: 1s }}\n{}", pki.tls_yaml(None))).await;
     let mut stalled = tokio::net::TcpStream::connect(("127.0.0.1", sc.port)).await.unwrap();
     let started = tokio::time::Instant::now();
     // Others are served meanwhile.
@@ -160,26 +143,6 @@ async fn https_upstreams_work_when_their_ca_is_trusted_and_get_502_when_not() {
     assert_eq!(raw("GET", &format!("{}/plain", plain.url()), None).await.0, 200);
 }
 
-/// Run `fencegate args` that is expected to exit on its own; (exit code, stderr).
-fn run_to_exit(args: &[&str]) -> (i32, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fencegate"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("fencegate {args:?} did not exit: {:?}", child.wait_with_output().unwrap());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
 #[test]
 fn missing_or_bad_tls_files_exit_64_naming_the_field_and_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -201,10 +164,11 @@ fn missing_or_bad_tls_files_exit_64_naming_the_field_and_file() {
         (format!("upstream_tls:\n  ca: {}\n", missing.display()), "upstream_tls.ca", &missing),
     ] {
         let config = dir.path().join("sidecar.yaml");
-        std::fs::write(&config, format!("{base}{section}{ROUTES}")).unwrap();
+        std::fs::write(&config, format!("{base}{section}{}", routes())).unwrap();
         let config = config.to_str().unwrap();
         for args in [vec!["check-config", config], vec!["sidecar", "--config", config]] {
-            let (code, err) = run_to_exit(&args);
+            let out = bin!().run(&args, Duration::from_secs(10));
+            let (code, err) = (out.code, out.stderr);
             assert_eq!(code, 64, "{args:?} {field}: {err}");
             assert!(err.contains(&format!("`{field}`")) && err.contains(&*file.to_string_lossy()), "{field}: {err}");
         }

@@ -12,7 +12,6 @@
 
 #[path = "torture/checker.rs"]
 mod checker;
-mod common;
 #[path = "torture/history.rs"]
 mod history;
 #[path = "torture/nemesis.rs"]
@@ -25,26 +24,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use checker::Report;
-use common::sidecar::SidecarProc;
-use common::upstream::Upstream;
-use common::Cluster;
 use fencegate_client::AcquireOptions;
+use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::{bin, Cluster, Upstream};
 use history::{History, Kind, Outcome};
 use nemesis::Fault;
 use tokio::time::Instant;
 use workload::Workload;
 
-const ROUTES: &str = "routes:
-  - name: rack-writes
-    methods: [PUT]
-    path: /racks/{rack}
-    lock_key: rack/{rack}
-    fence: { mode: strict, consistency: cached }
-    timeout: 5s
-  - name: rest
-    path: /{*rest}
-    fence: off
-";
+fn routes() -> String {
+    table(&[rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"]).timeout("5s"), everything_else()])
+}
 
 /// Faster failure detection than the defaults, so a short run sees many
 /// elections; the propose timeout bounds how long a request waits for a quorum.
@@ -76,9 +66,9 @@ fn applied(up: &Upstream, w: &Workload, prefix: &str) -> BTreeMap<String, Vec<u6
 
 async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
     let w = workload();
-    let mut c = Cluster::start(nodes, NODE_YAML).await;
+    let mut c = Cluster::start(&bin!(), nodes, NODE_YAML).await;
     let up = Upstream::start().await;
-    let mut sc = SidecarProc::start(c.dir.path().join("sidecar"), &up.url(), &c.urls(), ROUTES).await;
+    let mut sc = c.sidecar("sidecar", &up.url(), &routes()).await;
     let history = Arc::new(History::new());
     let until = Instant::now() + Duration::from_secs(seconds);
     let work = tokio::spawn(workload::run(w, history.clone(), c.client(), sc.url(), seed, "", until));
@@ -118,7 +108,7 @@ async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
 /// The same workload, straight to the upstream.
 async fn control_arm(seconds: u64, seed: u64) -> Arm {
     let w = workload();
-    let c = Cluster::start(3, NODE_YAML).await;
+    let c = Cluster::start(&bin!(), 3, NODE_YAML).await;
     let up = Upstream::start().await;
     let history = Arc::new(History::new());
     let until = Instant::now() + Duration::from_secs(seconds);

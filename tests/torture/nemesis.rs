@@ -11,8 +11,7 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use crate::common::sidecar::SidecarProc;
-use crate::common::Cluster;
+use fencegate_testkit::{Cluster, Sidecar};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {
@@ -43,7 +42,7 @@ const ALL: [Fault; 10] = [
 ];
 
 /// Inject faults until `until`; returns how many of each.
-pub async fn run(c: &mut Cluster, sidecar: &mut SidecarProc, seed: u64, until: Instant) -> BTreeMap<Fault, usize> {
+pub async fn run(c: &mut Cluster, sidecar: &mut Sidecar, seed: u64, until: Instant) -> BTreeMap<Fault, usize> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut counts = BTreeMap::new();
     while Instant::now() + Duration::from_secs(3) < until {
@@ -101,24 +100,16 @@ pub async fn run(c: &mut Cluster, sidecar: &mut SidecarProc, seed: u64, until: I
                 c.set_link(leader, other, false);
             }
             Fault::RestartAll => {
-                for id in c.ids() {
-                    c.kill(id);
-                }
+                c.kill_all();
                 tokio::time::sleep(hold / 2).await;
-                for id in c.ids() {
-                    c.start_node(id);
-                }
+                c.start_all();
             }
             Fault::RestartSidecar => sidecar.restart().await,
             Fault::RestartSidecarServiceDown => {
-                for id in c.ids() {
-                    c.kill(id);
-                }
+                c.kill_all();
                 sidecar.restart().await;
                 tokio::time::sleep(hold).await;
-                for id in c.ids() {
-                    c.start_node(id);
-                }
+                c.start_all();
             }
         }
         *counts.entry(fault).or_default() += 1;
@@ -131,6 +122,6 @@ pub fn heal(c: &mut Cluster) {
     c.heal_all();
     for id in c.ids() {
         c.freeze(id, false);
-        c.start_node(id);
     }
+    c.start_all();
 }
