@@ -94,7 +94,8 @@ async fn lease_expires_no_earlier_than_ttl_and_not_much_later() {
 async fn lock_delay_keeps_an_expired_key_ungrantable() {
     let c = Cluster::start(&bin!(), 3, "").await;
     let url = format!("{}/v1/locks/delayed", c.url(1));
-    raw("POST", &url, Some(r#"{"ttl_ms":500,"lock_delay_ms":1500}"#)).await;
+    let (status, body) = raw("POST", &url, Some(r#"{"ttl_ms":500,"lock_delay_ms":1500}"#)).await;
+    assert_eq!(status, 200, "{body}");
     let sent = Instant::now();
     // Wait up to 5 s: the grant must come no earlier than ttl + lock_delay.
     let (status, body) = raw("POST", &url, Some(r#"{"ttl_ms":500,"wait_ms":5000}"#)).await;
@@ -120,11 +121,20 @@ async fn leader_crash_keeps_leases_and_tokens_rise() {
     assert!(held.is_valid(), "lease lost across a leader change");
     let info = client.read("survivor").await.unwrap();
     assert!(info.held && info.token == held.token());
-    // The old leader comes back as a follower and catches up.
+    // The old leader comes back as a follower and catches up. Its own
+    // applied state, not a read (which it would forward to the leader):
+    // its applied index reaches the leader's, and its watch (answered from
+    // its own state) shows the grant made while it was down.
+    let leader_applied = c.cluster_info(new_leader).await.unwrap().commit_index;
     c.restart(leader);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let info = c.client_of(leader).read("fresh").await.unwrap();
-    assert_eq!(info.token, after.token());
+    c.wait_for_applied(leader, leader_applied, Duration::from_secs(15)).await;
+    let mut watch = Watch::open(&format!("{}/v1/watch?prefix=fresh", c.url(leader))).await;
+    let state = watch.next().await;
+    assert_eq!(
+        (state["event"].as_str(), state["key"].as_str(), state["token"].as_u64(), state["held"].as_bool()),
+        (Some("state"), Some("fresh"), Some(after.token()), Some(true)),
+        "the restarted node's own state: {state}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,6 +165,23 @@ async fn isolated_leader_cannot_grant_and_its_holders_lose_in_time() {
     c.isolate(old, true);
     let cut_at = Instant::now();
 
+    // From the cut on, a competitor on the majority side asks for the key,
+    // as soon as a leader there can answer: the grant comes when the
+    // majority is willing to hand the key out, whatever the old holder does.
+    let rest: Vec<u64> = c.ids().into_iter().filter(|i| *i != old).collect();
+    let majority = fencegate_client::Client::new(rest.iter().map(|i| c.url(*i)).collect()).unwrap();
+    let competitor = tokio::spawn(async move {
+        let give_up = Instant::now() + Duration::from_secs(20);
+        loop {
+            match majority.acquire("iso", ttl(2000).wait(Duration::from_secs(10))).await {
+                // Answered at most a few ms after the grant.
+                Ok(next) => return (next, Instant::now()),
+                Err(e) => assert!(Instant::now() < give_up, "the majority never granted iso: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+
     let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost()).await.expect("lost() did not fire");
     let lost_at = Instant::now();
     assert_eq!(reason, LostReason::Expired);
@@ -168,14 +195,17 @@ async fn isolated_leader_cannot_grant_and_its_holders_lose_in_time() {
         Err(ClientError::Unavailable(_)) => {}
         other => panic!("isolated leader answered {:?}", other.map(|l| l.token())),
     }
-    // The majority elects a leader and, once the lease expires there, grants.
-    let rest: Vec<u64> = c.ids().into_iter().filter(|i| *i != old).collect();
-    c.wait_for_leader_among(&rest, Duration::from_secs(10)).await;
-    let majority = fencegate_client::Client::new(rest.iter().map(|i| c.url(*i)).collect()).unwrap();
-    let next = majority.acquire("iso", ttl(2000).wait(Duration::from_secs(10))).await.unwrap();
-    let granted_at = Instant::now();
+    // The majority elects a leader and, once the lease expires there (a full
+    // TTL after the new leader took over, L3), grants.
+    let (next, granted_at) = tokio::time::timeout(Duration::from_secs(25), competitor).await.unwrap().unwrap();
     assert!(next.token() > lease.token());
-    assert!(lost_at < granted_at, "the old holder still believed it held the lock when the next grant happened");
+    assert!(
+        lost_at < granted_at,
+        "the old holder still believed it held the lock when the next grant happened ({:?} after the cut, lost after {:?})",
+        granted_at - cut_at,
+        lost_at - cut_at
+    );
+    assert!(granted_at - cut_at >= Duration::from_millis(2000), "granted {:?} after the cut", granted_at - cut_at);
     c.isolate(old, false);
 }
 
@@ -241,7 +271,9 @@ async fn a_retried_acquire_is_not_granted_twice() {
     let other = r#"{"ttl_ms":5000,"request_id":"req-456"}"#;
     let (s3, _) = raw("POST", &format!("{}/v1/locks/dedup", c.url(3)), Some(other)).await;
     assert_eq!(s3, 409);
-    let metrics = http::get_text(&format!("{}/metrics", c.url(1))).await;
+    // Counted where commands are applied: on the leader, which applied both.
+    let leader = c.wait_for_leader(Duration::from_secs(5)).await;
+    let metrics = http::get_text(&format!("{}/metrics", c.url(leader))).await;
     assert!(metrics.contains("fencegate_lock_grants_total 1\n"), "{metrics}");
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencegate_testkit::http::{raw, raw_tcp};
+use fencegate_testkit::relay::Relay;
 use fencegate_testkit::routes::{everything_else, rack_writes, table, Route};
 use fencegate_testkit::{bin, free_port, Cluster, Sidecar, Upstream};
 use serde_json::Value;
@@ -404,22 +405,41 @@ async fn an_observed_route_cannot_raise_a_strict_routes_floor() {
     assert_eq!(up.tokens("/racks/n"), vec![Some(t), Some(t)]);
 }
 
+/// S5. The sidecars hear from the lock service through relays that hold its
+/// answers back by `LAG`, so their watch streams are always `LAG` behind:
+/// only a read that started after the request can know of a grant made just
+/// before it. A cached route behind the same relays is the control: it does
+/// forward the stale write, so the setup can tell the two apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn linearizable_routes_see_every_grant_that_completed_before_the_request() {
+    const LAG: Duration = Duration::from_millis(100);
     let c = Cluster::start(&bin!(), 3, "").await;
-    let up = Upstream::start().await;
-    let sc = c.sidecar("sc", &up.url(), &routes("strict", "linearizable")).await;
-    for i in 0..10 {
+    let mut relays = vec![];
+    for id in c.ids() {
+        relays.push(Relay::with_delay(c.port(id), LAG).await);
+    }
+    let endpoints: Vec<String> = relays.iter().map(Relay::url).collect();
+    let (up, control_up) = (Upstream::start().await, Upstream::start().await);
+    let (bin, dir) = (c.bin(), c.dir());
+    let sc = Sidecar::start(bin, dir.join("sc"), &up.url(), &endpoints, &routes("strict", "linearizable")).await;
+    let control =
+        Sidecar::start(bin, dir.join("control"), &control_up.url(), &endpoints, &routes("strict", "cached")).await;
+    for i in 0..3 {
         let key = format!("rack/lin{i}");
         let path = format!("/racks/lin{i}");
         let (a, lease) = take(&c, &key, 30_000, 0).await;
         assert_eq!(sc.send("PUT", &path, Some(a), &[]).await.0, 200);
+        assert_eq!(control.send("PUT", &path, Some(a), &[]).await.0, 200);
         raw("DELETE", &format!("{}/v1/leases/{lease}", c.url(2)), None).await;
         let (b, _) = take(&c, &key, 30_000, 0).await;
-        // Straight after B's grant: A is refused, whatever the watch has delivered.
+        // Straight after B's grant, before either watch can have told of it.
+        let (status, v) = control.send("PUT", &path, Some(a), &[]).await;
+        assert_eq!(status, 200, "the control did not forward A's write: its watch was not behind ({v})");
+        // A is refused, whatever the watch has delivered.
         let (status, v) = sc.send("PUT", &path, Some(a), &[]).await;
         assert_eq!((status, error_of(&v)), (409, "stale_token"), "{v}");
         assert_eq!(sc.send("PUT", &path, Some(b), &[]).await.0, 200);
         assert_eq!(up.tokens(&path), vec![Some(a), Some(b)]);
+        assert_eq!(control_up.tokens(&path), vec![Some(a), Some(a)]);
     }
 }
