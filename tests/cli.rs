@@ -72,42 +72,80 @@ fn the_demo_shows_the_stale_write_refused_with_the_sidecar_and_landing_without()
     assert!(err.contains("--pause must be longer"), "{err}");
 }
 
-/// `fencegate dev` on its well-known ports (7401–7403, 8080, 9000, 9464: a
-/// range no other test uses): acquire, write through the sidecar, read the
-/// inventory's log, stop.
+/// The URLs `fencegate dev` prints in its banner.
+#[derive(Debug, Default)]
+struct Banner {
+    lock_service: Vec<String>,
+    inventory: String,
+    sidecar: String,
+    metrics: String,
+}
+
+impl Banner {
+    /// Fill in from one banner line ("  sidecar        http://… (…)").
+    fn read(&mut self, line: &str) {
+        let line = line.trim_start();
+        let urls = |rest: &str| -> Vec<String> {
+            rest.split_whitespace().take_while(|w| w.starts_with("http://")).map(String::from).collect()
+        };
+        let first = |rest: &str| urls(rest).into_iter().next().unwrap_or_default();
+        if let Some(rest) = line.strip_prefix("lock service ") {
+            self.lock_service = urls(rest);
+        } else if let Some(rest) = line.strip_prefix("inventory API ") {
+            self.inventory = first(rest);
+        } else if let Some(rest) = line.strip_prefix("sidecar ") {
+            self.sidecar = first(rest);
+        } else if let Some(rest) = line.strip_prefix("metrics ") {
+            self.metrics = first(rest);
+        }
+    }
+
+    fn complete(&self) -> bool {
+        self.lock_service.len() == 3 && ![&self.inventory, &self.sidecar, &self.metrics].iter().any(|u| u.is_empty())
+    }
+}
+
+/// `fencegate dev --free-ports`, on the ports its banner names: acquire,
+/// write through the sidecar, read the inventory's log, stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_smoke() {
     use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().unwrap();
     let mut child = bin!()
-        .tokio_command(&["dev", "--data"])
+        .tokio_command(&["dev", "--free-ports", "--data"])
         .arg(dir.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let ready = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.contains("fencegate dev is running") {
-                return true;
+    let started = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut running = false;
+        let mut banner = Banner::default();
+        // The banner is a dozen lines; a bound in case it never completes.
+        for _ in 0..100 {
+            let Some(line) = lines.next_line().await.unwrap() else { break };
+            running |= line.contains("fencegate dev is running");
+            banner.read(&line);
+            if running && banner.complete() {
+                return Some(banner);
             }
         }
-        false
+        None
     });
-    assert!(ready.await.unwrap(), "dev did not start");
-    let client = fencegate_client::Client::new(vec![fencegate_client::DEFAULT_ENDPOINT.into()]).unwrap();
+    let banner = started.await.expect("no banner within 30 s").expect("dev did not start, or printed no addresses");
+    for url in banner.lock_service.iter().chain([&banner.inventory, &banner.sidecar, &banner.metrics]) {
+        assert!(url.starts_with("http://127.0.0.1:"), "{banner:?}");
+    }
+    let client = fencegate_client::Client::new(banner.lock_service.clone()).unwrap();
     let lease =
         client.acquire("rack/42", fencegate_client::AcquireOptions::new(Duration::from_secs(10))).await.unwrap();
-    let http = fencegate_client::http::HttpClient::new(1 << 20);
-    let req = hyper::Request::put("http://127.0.0.1:8080/racks/42")
-        .header("x-fence-token", lease.token().to_string())
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(br#"{"state":"drained"}"#)))
-        .unwrap();
-    assert_eq!(http.send(req, Duration::from_secs(5)).await.unwrap().status, 200);
-    let writes = http::get_json("http://127.0.0.1:9000/writes").await.unwrap();
+    let put = http::fenced_put(format!("{}/racks/42", banner.sidecar), lease.token());
+    assert_eq!(http::send(put, Duration::from_secs(5)).await.0, 200);
+    let writes = http::get_json(&format!("{}/writes", banner.inventory)).await.unwrap();
     assert_eq!(writes[0]["state"], "drained");
     assert_eq!(writes[0]["token"], lease.token().to_string());
+    assert!(http::get_text(&banner.metrics).await.contains("fencegate_sidecar_requests_total"), "{banner:?}");
     lease.release().await.unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGINT)
         .unwrap();
