@@ -25,11 +25,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use common::cluster::{start_cluster, start_cluster_with, Cluster};
 use common::etcd::{base64, start_etcd, Etcd};
-use common::procs::Proc;
+use common::fencegate_cluster;
+use common::procs::Usage;
 use common::report::{self, mib, Spread, Table};
 use fencegate_client::http::HttpClient;
+use fencegate_testkit::Cluster;
 use hyper::Method;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -156,7 +157,7 @@ trait Servers {
     /// The counter of log fsyncs on /metrics.
     const FSYNCS: &'static str;
     fn urls(&self) -> &BTreeMap<u64, String>;
-    fn member(&self, id: u64) -> &Proc;
+    fn member_pid(&self, id: u64) -> u32;
     fn kill(&mut self, id: u64);
     fn restart(&mut self, id: u64);
     async fn status(&self, http: &HttpClient, url: &str) -> Result<Status>;
@@ -167,13 +168,13 @@ impl Servers for Cluster {
     const FSYNCS: &'static str = "fencegate_raft_log_syncs_total";
 
     fn urls(&self) -> &BTreeMap<u64, String> {
-        &self.urls
+        self.url_map()
     }
-    fn member(&self, id: u64) -> &Proc {
-        self.node(id)
+    fn member_pid(&self, id: u64) -> u32 {
+        self.pid(id)
     }
     fn kill(&mut self, id: u64) {
-        self.kill_node(id)
+        Cluster::kill(self, id)
     }
     fn restart(&mut self, id: u64) {
         self.start_node(id)
@@ -196,8 +197,8 @@ impl Servers for Etcd {
     fn urls(&self) -> &BTreeMap<u64, String> {
         &self.urls
     }
-    fn member(&self, id: u64) -> &Proc {
-        Etcd::member(self, id)
+    fn member_pid(&self, id: u64) -> u32 {
+        Etcd::member_pid(self, id)
     }
     fn kill(&mut self, id: u64) {
         self.kill_member(id)
@@ -259,7 +260,7 @@ async fn metric(http: &HttpClient, url: &str, name: &str) -> f64 {
 
 /// CPU seconds the three servers have used so far.
 fn cpu_seconds<S: Servers>(s: &S) -> f64 {
-    s.urls().keys().map(|&id| s.member(id).usage().cpu_seconds).sum()
+    s.urls().keys().map(|&id| Usage::of_tree(s.member_pid(id)).cpu_seconds).sum()
 }
 
 /// `clients` closed loops for `seconds`, each acquiring and releasing a key of
@@ -406,7 +407,7 @@ async fn measure<B: Backend, S: Servers>(api: &B, s: &mut S, http: &HttpClient, 
     }
     progress(&format!("{HOLDERS} holders keeping alive"));
     r.keepalives_per_s = keepalives(api, &url, &format!("{rep}/ka"), seconds).await;
-    r.peak_rss_mib = mib(s.urls().keys().map(|&id| s.member(id).usage().peak_rss).sum());
+    r.peak_rss_mib = mib(s.urls().keys().map(|&id| Usage::of_tree(s.member_pid(id)).peak_rss).sum());
     progress("killing the leader");
     r.failover_ms = failover(api, s, leader, &format!("{rep}/failover")).await;
     progress(&format!("next grant {:.0} ms after the kill", r.failover_ms));
@@ -421,9 +422,9 @@ async fn main() {
     let http = HttpClient::new(8 << 20);
     let (fencegate_api, etcd_api) = (FencegateApi(http.clone()), EtcdApi(http.clone()));
     eprintln!("starting a 3-node fencegate cluster and a 3-member etcd cluster");
-    let mut fencegate = start_cluster().await;
+    let mut fencegate = fencegate_cluster("").await;
     let mut etcd = start_etcd();
-    let mut fast = start_cluster_with(FAST_RAFT).await;
+    let mut fast = fencegate_cluster(FAST_RAFT).await;
     let (mut f, mut e, mut fast_failover) = (vec![], vec![], vec![]);
     for rep in 1..=reps {
         // Alternate who goes first, so that neither always meets a warmer machine.

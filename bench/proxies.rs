@@ -23,10 +23,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::load::{self, MakeRequest};
-use common::procs::{Proc, Usage};
+use common::procs::Usage;
 use common::report::{self, mib, Spread, Table};
-use common::{cluster, env_or, sidecar, upstream};
+use common::{env_or, fenced_sidecar, fencegate_cluster, wait_for_port};
 use fencegate_client::AcquireOptions;
+use fencegate_testkit::http::fenced_put;
+use fencegate_testkit::upstream::{Recording, Upstream};
+use fencegate_testkit::{free_ports, Proc};
 use serde_json::json;
 
 /// "sidecar (fence off)" is the cached sidecar on a route with fencing off:
@@ -49,7 +52,9 @@ fn nginx(dir: &Path, port: u16, up: u16) -> Proc {
     );
     let path = dir.join("nginx.conf");
     std::fs::write(&path, conf).unwrap();
-    Proc::spawn("nginx", Command::new("nginx").arg("-c").arg(&path).arg("-p").arg(dir), &dir.join("nginx.log"))
+    let mut cmd = Command::new("nginx");
+    cmd.arg("-c").arg(&path).arg("-p").arg(dir);
+    Proc::spawn("nginx", cmd, &dir.join("nginx.log"))
 }
 
 fn haproxy(dir: &Path, port: u16, up: u16) -> Proc {
@@ -61,7 +66,9 @@ fn haproxy(dir: &Path, port: u16, up: u16) -> Proc {
     );
     let path = dir.join("haproxy.cfg");
     std::fs::write(&path, conf).unwrap();
-    Proc::spawn("haproxy", Command::new("haproxy").arg("-db").arg("-f").arg(&path), &dir.join("haproxy.log"))
+    let mut cmd = Command::new("haproxy");
+    cmd.arg("-db").arg("-f").arg(&path);
+    Proc::spawn("haproxy", cmd, &dir.join("haproxy.log"))
 }
 
 /// One path under test: where to send what, and whose CPU to charge.
@@ -113,21 +120,26 @@ async fn main() {
         .map(|r| r.trim().parse().expect("BENCH_RATES: comma-separated requests/s"))
         .collect();
 
-    let up = upstream::start();
-    let mut cluster = cluster::start_cluster().await;
-    let dir = cluster.dir.path().to_path_buf();
-    let [nginx_port, haproxy_port] = common::free_ports();
+    // The small upstream: reads each body and answers with a short JSON body,
+    // counting only, on its own thread.
+    let upstream = Upstream::start_on_own_thread(Recording::CountOnly);
+    let up = upstream.port;
+    let cluster = fencegate_cluster("").await;
+    let dir = cluster.dir().to_path_buf();
+    let [nginx_port, haproxy_port] = free_ports();
     let nginx = nginx(&dir, nginx_port, up);
     let haproxy = haproxy(&dir, haproxy_port, up);
-    let (cached_port, cached_pid) = sidecar::start(&mut cluster, "sidecar-cached", up, "cached").await;
-    let (lin_port, lin_pid) = sidecar::start(&mut cluster, "sidecar-linearizable", up, "linearizable").await;
-    sidecar::wait_for_port(nginx_port).await;
-    sidecar::wait_for_port(haproxy_port).await;
-    let cluster_pids: Vec<u32> = (1..=3).map(|id| cluster.node(id).pid()).collect();
+    let cached = fenced_sidecar(&cluster, "sidecar-cached", up, "cached").await;
+    let linearizable = fenced_sidecar(&cluster, "sidecar-linearizable", up, "linearizable").await;
+    let (cached_port, cached_pid) = (cached.port, cached.pid().unwrap());
+    let (lin_port, lin_pid) = (linearizable.port, linearizable.pid().unwrap());
+    wait_for_port(nginx_port).await;
+    wait_for_port(haproxy_port).await;
+    let cluster_pids: Vec<u32> = cluster.ids().into_iter().map(|id| cluster.pid(id)).collect();
 
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
     let token = lease.token();
-    let put = |uri: &'static str| -> MakeRequest { Arc::new(move |_| sidecar::put(uri, token)) };
+    let put = |uri: &'static str| -> MakeRequest { Arc::new(move |_| fenced_put(uri, token)) };
     let paths: Vec<Target> = vec![
         Target { port: up, make: put("/racks/1"), proxy_pid: None, cluster_pids: vec![] },
         Target { port: nginx_port, make: put("/racks/1"), proxy_pid: Some(nginx.pid()), cluster_pids: vec![] },

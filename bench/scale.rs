@@ -21,15 +21,16 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::cluster::start_cluster;
 use common::load::{closed_loop, MakeRequest};
 use common::procs::Usage;
 use common::report::{mib, Spread, Table};
-use common::{env_or, report, sidecar, upstream};
+use common::{env_or, fenced_sidecar, fencegate_cluster, report};
 use fencegate::lock::state::{Token, REQUEST_ID_MEMORY};
 use fencegate::raft::state_machine::EVENT_MEMORY;
 use fencegate_client::http::HttpClient;
 use fencegate_client::{AcquireOptions, Client};
+use fencegate_testkit::http::fenced_put;
+use fencegate_testkit::upstream::{Recording, Upstream};
 use futures_util::{stream, StreamExt};
 use hyper::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -46,6 +47,7 @@ const LEASES_PER_KEEPER: usize = 1_000;
 const BUILD_CONCURRENCY: usize = 128;
 const PAIR_CLIENTS: usize = 64;
 const SIDECAR_CONNECTIONS: usize = 32;
+const LEADER_WITHIN: Duration = Duration::from_secs(20);
 
 /// The `defaults` below `max`, then `max`.
 fn levels(defaults: &[usize], max: usize) -> Vec<usize> {
@@ -184,10 +186,10 @@ async fn pairs(client: &Client, seconds: u64) -> (u64, u64) {
 }
 
 async fn leases_part(live_levels: &[usize], reps: usize, seconds: u64) -> (String, Vec<Value>) {
-    let cluster = start_cluster().await;
-    let leader_id = cluster.leader().await;
-    let leader = cluster.urls[&leader_id].clone();
-    let leader_pid = cluster.node(leader_id).pid();
+    let cluster = fencegate_cluster("").await;
+    let leader_id = cluster.wait_for_leader(LEADER_WITHIN).await;
+    let leader = cluster.url(leader_id);
+    let leader_pid = cluster.pid(leader_id);
     // Talk to the leader directly, as a client that found it would.
     let client = Client::new(vec![leader.clone()]).unwrap();
     let mut holders = Holders::new(leader, "scale/");
@@ -229,7 +231,7 @@ async fn leases_part(live_levels: &[usize], reps: usize, seconds: u64) -> (Strin
             rate.push(ok as f64 / elapsed);
             cpu.push((u1.cpu_seconds - u0.cpu_seconds) / ok.max(1) as f64 * 1000.0);
             leader_rss.push(mib(u1.rss));
-            cluster_rss.push(mib((1..=3).map(|id| cluster.node(id).usage().rss).sum()));
+            cluster_rss.push(mib(cluster.ids().into_iter().map(|id| Usage::of_tree(cluster.pid(id)).rss).sum()));
             ka_rate.push((holders.stats.sent.load(Relaxed) - sent0) as f64 / elapsed);
             failed_pairs += failed;
             eprintln!(
@@ -240,7 +242,7 @@ async fn leases_part(live_levels: &[usize], reps: usize, seconds: u64) -> (Strin
         }
         let log = client.cluster().await.unwrap();
         eprintln!("leases {live}: log index {}, snapshot at {:?}", log.last_log_index, log.snapshot_index);
-        let new_leader = cluster.leader().await;
+        let new_leader = cluster.wait_for_leader(LEADER_WITHIN).await;
         if new_leader != leader_id {
             eprintln!(
                 "WARNING: leader moved from node {leader_id} to {new_leader}; leader figures are node {leader_id}'s"
@@ -272,10 +274,11 @@ async fn leases_part(live_levels: &[usize], reps: usize, seconds: u64) -> (Strin
 }
 
 async fn sidecar_part(key_levels: &[usize], reps: usize, seconds: u64) -> (String, Vec<Value>) {
-    let upstream = upstream::start();
-    let mut cluster = start_cluster().await;
-    let leader = cluster.urls[&cluster.leader().await].clone();
-    let (port, pid) = sidecar::start(&mut cluster, "sidecar", upstream, "cached").await;
+    let upstream = Upstream::start_on_own_thread(Recording::CountOnly);
+    let cluster = fencegate_cluster("").await;
+    let leader = cluster.url(cluster.wait_for_leader(LEADER_WITHIN).await);
+    let sidecar = fenced_sidecar(&cluster, "sidecar", upstream.port, "cached").await;
+    let (port, pid) = (sidecar.port, sidecar.pid().unwrap());
     let mut holders = Holders::new(leader, "rack/");
     let http = HttpClient::new(1 << 20);
     let mut table =
@@ -289,14 +292,14 @@ async fn sidecar_part(key_levels: &[usize], reps: usize, seconds: u64) -> (Strin
         // the sidecar to learn the grant and to fsync the key's new floor.
         let base = format!("http://127.0.0.1:{port}");
         let warm_failed = stream::iter(0..keys)
-            .map(|i| http.send(sidecar::put(format!("{base}/racks/{i}"), tokens[i]), Duration::from_secs(10)))
+            .map(|i| http.send(fenced_put(format!("{base}/racks/{i}"), tokens[i]), Duration::from_secs(10)))
             .buffer_unordered(SIDECAR_CONNECTIONS)
             .filter(|a| std::future::ready(!matches!(a, Ok(a) if a.status == StatusCode::OK)))
             .count()
             .await;
         let make: MakeRequest = Arc::new(move |n| {
             let i = n as usize % tokens.len();
-            sidecar::put(format!("/racks/{i}"), tokens[i])
+            fenced_put(format!("/racks/{i}"), tokens[i])
         });
         let (mut rps, mut p50, mut p99, mut rss) = (vec![], vec![], vec![], vec![]);
         let mut failed = 0;

@@ -1,11 +1,11 @@
-//! A 3-member etcd cluster on loopback, set up like the fencegate cluster in
-//! `cluster.rs`: data on the project's disk, fsync on, the same election
-//! timeouts. Spoken to through etcd's JSON gateway (`/v3/...`).
+//! A 3-member etcd cluster on loopback, set up like the fencegate cluster of
+//! `super::fencegate_cluster`: data on the project's disk, fsync on, the same
+//! election timeouts. Spoken to through etcd's JSON gateway (`/v3/...`).
 
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use super::procs::Proc;
+use fencegate_testkit::{free_ports, Proc};
 
 pub struct Etcd {
     pub dir: tempfile::TempDir,
@@ -19,7 +19,7 @@ pub struct Etcd {
 pub fn start_etcd() -> Etcd {
     // Data on the project's disk, not tmpfs, so fsync costs what it costs.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let ports = super::free_ports::<6>();
+    let ports = free_ports::<6>();
     let url = |p: u16| format!("http://127.0.0.1:{p}");
     let mut e = Etcd {
         dir,
@@ -62,19 +62,17 @@ impl Etcd {
             .arg("--logger=zap")
             .arg("--log-outputs=stderr")
             .arg("--log-level=warn");
-        let proc = Proc::spawn(&format!("etcd{id}"), &mut cmd, &self.log());
+        let proc = Proc::spawn(&format!("etcd{id}"), cmd, &self.log());
         self.members.insert(id, proc);
     }
 
     /// SIGKILL member `id`.
     pub fn kill_member(&mut self, id: u64) {
-        if let Some(mut p) = self.members.remove(&id) {
-            p.kill();
-        }
+        self.members.remove(&id);
     }
 
-    pub fn member(&self, id: u64) -> &Proc {
-        &self.members[&id]
+    pub fn member_pid(&self, id: u64) -> u32 {
+        self.members[&id].pid()
     }
 }
 

@@ -1,20 +1,54 @@
-//! Shared by the benchmarks: processes on loopback killed when dropped, what
-//! they cost (/proc), load generators, and result files.
+//! Shared by the benchmarks: what processes cost (/proc), load generators,
+//! result files, and the etcd cluster. The fencegate processes (cluster,
+//! sidecar), the upstream and ports come from `fencegate-testkit`, the same
+//! kit the tests use, set up here for measuring.
 #![allow(dead_code)] // each benchmark uses a part
 
-pub mod cluster;
 pub mod etcd;
 pub mod load;
 pub mod procs;
 pub mod report;
-pub mod sidecar;
-pub mod upstream;
 
-/// `N` distinct free ports (all held until every one is chosen).
-pub fn free_ports<const N: usize>() -> [u16; N] {
-    let held: Vec<std::net::TcpListener> =
-        (0..N).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
+use std::time::Duration;
+
+use fencegate_testkit::cluster::ClusterOptions;
+use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::sidecar::SidecarOptions;
+use fencegate_testkit::{bin, Cluster, Sidecar};
+
+/// A 3-node cluster for measuring: nodes connected directly (no relays),
+/// data on the project's disk (not tmpfs, so that fsync costs what it
+/// costs), warnings only in the logs; `extra_yaml` ends every node's config
+/// (a `raft:` section, say).
+pub async fn fencegate_cluster(extra_yaml: &str) -> Cluster {
+    let options = ClusterOptions {
+        yaml: extra_yaml.into(),
+        relays: false,
+        data_in: Some(env!("CARGO_TARGET_TMPDIR").into()),
+        log_filter: "warn".into(),
+        ..Default::default()
+    };
+    Cluster::start_with(&bin!(), options).await
+}
+
+/// A `fencegate sidecar` asking `cluster`, in front of the upstream on
+/// `upstream_port`, fencing `PUT /racks/{rack}` with lock key `rack/{rack}`
+/// (strict mode, `consistency` = cached | linearizable); any other path is
+/// unfenced. Returns once it serves.
+pub async fn fenced_sidecar(cluster: &Cluster, name: &str, upstream_port: u16, consistency: &str) -> Sidecar {
+    let fence = format!("{{ mode: strict, consistency: {consistency} }}");
+    let options = SidecarOptions {
+        lock_service: cluster.urls(),
+        yaml: table(&[rack_writes(&fence).methods(&["PUT"]), everything_else()]),
+        log_filter: "warn".into(),
+    };
+    let upstream = format!("http://127.0.0.1:{upstream_port}");
+    Sidecar::start_with(cluster.bin(), cluster.dir().join(name), &upstream, options).await
+}
+
+/// Until something accepts connections on `port` (a proxy, say).
+pub async fn wait_for_port(port: u16) {
+    fencegate_testkit::ports::wait_for_port(port, Duration::from_secs(20)).await
 }
 
 /// A numeric setting from the environment, or its default.
