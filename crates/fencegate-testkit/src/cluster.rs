@@ -26,6 +26,13 @@ pub struct Cluster {
     log_filter: String,
 }
 
+/// Why a cluster did not come up.
+enum Startup {
+    PortTaken(u64),
+    Exited(u64),
+    NotReady(String),
+}
+
 /// How a cluster is started ([`Cluster::start_with`]); the default is what
 /// tests use: 3 nodes, peer links through relays, data in the system's
 /// temporary directory, logs at `info,openraft=warn`.
@@ -63,8 +70,27 @@ impl Cluster {
     }
 
     /// Start every node of `bin`; returns once they agree on a leader and it
-    /// has committed its first entry (20 s at most).
+    /// has committed its first entry (20 s at most). Ports are chosen free but
+    /// released before the nodes bind them; if another process took one in
+    /// between, the cluster starts again on fresh ports (3 attempts).
     pub async fn start_with(bin: &Bin, o: ClusterOptions) -> Cluster {
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            let mut c = Self::spawn_all(bin, &o).await;
+            match c.ready(Duration::from_secs(20)).await {
+                Ok(()) => return c,
+                Err(Startup::PortTaken(id)) if attempt < ATTEMPTS => {
+                    eprintln!("testkit: node {id}'s port was taken before it bound it; starting again on new ports");
+                }
+                Err(Startup::PortTaken(id)) => panic!("node {id}: its port was taken, {ATTEMPTS} times"),
+                Err(Startup::Exited(id)) => panic!("node {id} exited while the cluster started"),
+                Err(Startup::NotReady(why)) => panic!("cluster not ready within 20 s: {why}"),
+            }
+        }
+        unreachable!()
+    }
+
+    async fn spawn_all(bin: &Bin, o: &ClusterOptions) -> Cluster {
         let n = o.nodes;
         let dir = match &o.data_in {
             Some(d) => tempfile::tempdir_in(d),
@@ -93,18 +119,45 @@ impl Cluster {
             urls,
             relays,
             nodes: BTreeMap::new(),
-            extra_yaml: o.yaml,
-            log_filter: o.log_filter,
+            extra_yaml: o.yaml.clone(),
+            log_filter: o.log_filter.clone(),
         };
         c.start_all();
-        let within = Duration::from_secs(20);
-        let ready = Instant::now() + within;
-        c.wait_for_leader(within).await;
-        // A linearizable read returns once the leader has committed its first entry.
-        let client = c.client();
-        let left = ready.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
-        wait::until_ok("cluster ready for reads", left, || client.read("testkit/ready")).await;
         c
+    }
+
+    /// Until every node agrees on a leader and a linearizable read succeeds
+    /// (the leader has committed its first entry), or a node exits.
+    async fn ready(&mut self, within: Duration) -> Result<(), Startup> {
+        let deadline = Instant::now() + within;
+        let client = self.client();
+        let ids = self.ids();
+        loop {
+            for (id, p) in self.nodes.iter_mut() {
+                if p.exited().is_some() {
+                    let port_taken = p.log().contains("Address already in use");
+                    return Err(if port_taken { Startup::PortTaken(*id) } else { Startup::Exited(*id) });
+                }
+            }
+            let mut leaders = vec![];
+            for id in &ids {
+                leaders.push(self.cluster_info(*id).await.and_then(|c| c.leader));
+            }
+            let agreed = matches!(leaders.first(), Some(Some(l)) if leaders.iter().all(|x| *x == Some(*l)));
+            let last = if !agreed {
+                format!("leaders as the nodes see them: {leaders:?}")
+            } else {
+                match tokio::time::timeout(Duration::from_secs(2), client.read("testkit/ready")).await {
+                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Err(e)) => format!("read: {e}"),
+                    Err(_) => "read: no answer in 2 s".into(),
+                }
+            };
+            if Instant::now() > deadline {
+                return Err(Startup::NotReady(last));
+            }
+            tokio::time::sleep(wait::POLL).await;
+        }
     }
 
     /// Where the configs, data directories and logs are.

@@ -53,41 +53,63 @@ impl Sidecar {
     }
 
     /// Start a sidecar with its config, log and state in `dir`, and wait
-    /// until it serves (10 s at most).
+    /// until it serves (10 s at most). Its ports are chosen free; if another
+    /// process took one before it bound it, it starts again on fresh ones
+    /// (3 attempts).
     pub async fn start_with(bin: &Bin, dir: impl Into<PathBuf>, upstream: &str, o: SidecarOptions) -> Sidecar {
         let dir = dir.into();
-        let [port, metrics_port] = free_ports();
+        std::fs::create_dir_all(&dir).unwrap();
         let lock_service = if o.lock_service.is_empty() {
             String::new()
         } else {
             format!("lock_service:\n  endpoints: [{}]\n", o.lock_service.join(", "))
         };
         let state = dir.join("state");
-        let yaml = format!(
-            "listen: 127.0.0.1:{port}\nupstream: {upstream}\n{lock_service}state_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n{}",
-            state.display(),
-            o.yaml
-        );
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("sidecar.yaml"), yaml).unwrap();
-        let mut s = Sidecar { port, metrics_port, dir, bin: bin.clone(), log_filter: o.log_filter, proc: None };
-        s.spawn().await;
-        s
+        for attempt in 1..=3 {
+            let [port, metrics_port] = free_ports();
+            let yaml = format!(
+                "listen: 127.0.0.1:{port}\nupstream: {upstream}\n{lock_service}state_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n{}",
+                state.display(),
+                o.yaml
+            );
+            std::fs::write(dir.join("sidecar.yaml"), yaml).unwrap();
+            let mut s = Sidecar {
+                port,
+                metrics_port,
+                dir: dir.clone(),
+                bin: bin.clone(),
+                log_filter: o.log_filter.clone(),
+                proc: None,
+            };
+            match s.spawn().await {
+                Ok(()) => return s,
+                Err(log) if log.contains("Address already in use") && attempt < 3 => {
+                    eprintln!("testkit: a sidecar port was taken before it bound it; starting again on new ports");
+                }
+                Err(log) => panic!("the sidecar exited before serving:\n{log}"),
+            }
+        }
+        unreachable!()
     }
 
-    async fn spawn(&mut self) {
+    /// Start the process and wait until it serves; its log if it exits first.
+    async fn spawn(&mut self) -> Result<(), String> {
+        let logged = self.log().len();
         let mut cmd = self.bin.command(&["sidecar", "--config"]);
         cmd.arg(self.dir.join("sidecar.yaml")).env("FENCEGATE_LOG", &self.log_filter);
         let proc = self.proc.insert(Proc::spawn("sidecar", cmd, &self.dir.join("sidecar.log")));
         // The proxy's port is bound before the metrics port.
         let deadline = Instant::now() + Duration::from_secs(10);
         while tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await.is_err() {
-            if let Some(status) = proc.exited() {
-                panic!("the sidecar exited ({status}) before serving:\n{}", proc.log());
+            if proc.exited().is_some() {
+                let log = proc.log().get(logged..).unwrap_or_default().to_string();
+                self.proc = None;
+                return Err(log);
             }
             assert!(Instant::now() < deadline, "the sidecar did not start within 10 s:\n{}", proc.log());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        Ok(())
     }
 
     pub fn url(&self) -> String {
@@ -103,10 +125,12 @@ impl Sidecar {
         self.proc = None;
     }
 
-    /// SIGKILL, then start again on the same config and state.
+    /// SIGKILL, then start again on the same config (and ports) and state.
     pub async fn restart(&mut self) {
         self.kill();
-        self.spawn().await;
+        if let Err(log) = self.spawn().await {
+            panic!("the restarted sidecar exited before serving:\n{log}");
+        }
     }
 
     /// Its stderr, across restarts.
