@@ -11,6 +11,7 @@ use std::time::Duration;
 use fencegate_client::{Client, ClientOptions, ClusterInfo};
 use tokio::time::Instant;
 
+use crate::ports::{reserve, Reserved};
 use crate::process::{tail, Proc};
 use crate::relay::Relay;
 use crate::{http, wait, Bin, Sidecar};
@@ -19,6 +20,8 @@ pub struct Cluster {
     dir: tempfile::TempDir,
     bin: Bin,
     urls: BTreeMap<u64, String>,
+    /// The nodes' ports, held for the cluster's life.
+    _reserved: Vec<Reserved>,
     /// (from, to) -> the relay carrying from's requests to `to`; empty without relays.
     relays: BTreeMap<(u64, u64), Relay>,
     nodes: BTreeMap<u64, Proc>,
@@ -28,7 +31,6 @@ pub struct Cluster {
 
 /// Why a cluster did not come up.
 enum Startup {
-    PortTaken(u64),
     Exited(u64),
     NotReady(String),
 }
@@ -70,24 +72,15 @@ impl Cluster {
     }
 
     /// Start every node of `bin`; returns once they agree on a leader and it
-    /// has committed its first entry (20 s at most). Ports are chosen free but
-    /// released before the nodes bind them; if another process took one in
-    /// between, the cluster starts again on fresh ports (3 attempts).
+    /// has committed its first entry (20 s at most), or fails at once with
+    /// the logs if a node exits meanwhile.
     pub async fn start_with(bin: &Bin, o: ClusterOptions) -> Cluster {
-        const ATTEMPTS: usize = 3;
-        for attempt in 1..=ATTEMPTS {
-            let mut c = Self::spawn_all(bin, &o).await;
-            match c.ready(Duration::from_secs(20)).await {
-                Ok(()) => return c,
-                Err(Startup::PortTaken(id)) if attempt < ATTEMPTS => {
-                    eprintln!("testkit: node {id}'s port was taken before it bound it; starting again on new ports");
-                }
-                Err(Startup::PortTaken(id)) => panic!("node {id}: its port was taken, {ATTEMPTS} times"),
-                Err(Startup::Exited(id)) => panic!("node {id} exited while the cluster started"),
-                Err(Startup::NotReady(why)) => panic!("cluster not ready within 20 s: {why}"),
-            }
+        let mut c = Self::spawn_all(bin, &o).await;
+        match c.ready(Duration::from_secs(20)).await {
+            Ok(()) => c,
+            Err(Startup::Exited(id)) => panic!("node {id} exited while the cluster started"),
+            Err(Startup::NotReady(why)) => panic!("cluster not ready within 20 s: {why}"),
         }
-        unreachable!()
     }
 
     async fn spawn_all(bin: &Bin, o: &ClusterOptions) -> Cluster {
@@ -97,12 +90,11 @@ impl Cluster {
             None => tempfile::tempdir(),
         }
         .unwrap();
-        // Hold the nodes' ports while the relays bind theirs, so that no
-        // relay can be handed a port a node is about to listen on (a relay
-        // there would loop a node's RPCs back to itself).
-        let held: Vec<std::net::TcpListener> =
-            (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-        let ports: Vec<u16> = held.iter().map(|l| l.local_addr().unwrap().port()).collect();
+        // Reserved for the cluster's life: no relay (of this cluster or of a
+        // test running beside it) is handed a node's port, also while the
+        // node is down.
+        let reserved: Vec<Reserved> = (0..n).map(|_| reserve()).collect();
+        let ports: Vec<u16> = reserved.iter().map(|r| r.port).collect();
         let urls: BTreeMap<u64, String> = (1..=n).zip(ports.iter().map(|p| format!("http://127.0.0.1:{p}"))).collect();
         let mut relays = BTreeMap::new();
         if o.relays {
@@ -112,11 +104,11 @@ impl Cluster {
                 }
             }
         }
-        drop(held);
         let mut c = Cluster {
             dir,
             bin: bin.clone(),
             urls,
+            _reserved: reserved,
             relays,
             nodes: BTreeMap::new(),
             extra_yaml: o.yaml.clone(),
@@ -135,8 +127,7 @@ impl Cluster {
         loop {
             for (id, p) in self.nodes.iter_mut() {
                 if p.exited().is_some() {
-                    let port_taken = p.log().contains("Address already in use");
-                    return Err(if port_taken { Startup::PortTaken(*id) } else { Startup::Exited(*id) });
+                    return Err(Startup::Exited(*id));
                 }
             }
             let mut leaders = vec![];

@@ -7,8 +7,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::ports::{reserve, Reserved};
 use crate::process::{tail, Proc};
-use crate::{free_ports, http, Bin};
+use crate::{http, Bin};
 
 pub struct Sidecar {
     pub port: u16,
@@ -17,6 +18,8 @@ pub struct Sidecar {
     pub dir: PathBuf,
     bin: Bin,
     log_filter: String,
+    /// Its two ports, held for its life.
+    _reserved: [Reserved; 2],
     proc: Option<Proc>,
 }
 
@@ -53,9 +56,8 @@ impl Sidecar {
     }
 
     /// Start a sidecar with its config, log and state in `dir`, and wait
-    /// until it serves (10 s at most). Its ports are chosen free; if another
-    /// process took one before it bound it, it starts again on fresh ones
-    /// (3 attempts).
+    /// until it serves (10 s at most). Its ports are reserved for as long as
+    /// it lives, so they are still its own when it restarts.
     pub async fn start_with(bin: &Bin, dir: impl Into<PathBuf>, upstream: &str, o: SidecarOptions) -> Sidecar {
         let dir = dir.into();
         std::fs::create_dir_all(&dir).unwrap();
@@ -64,32 +66,27 @@ impl Sidecar {
         } else {
             format!("lock_service:\n  endpoints: [{}]\n", o.lock_service.join(", "))
         };
-        let state = dir.join("state");
-        for attempt in 1..=3 {
-            let [port, metrics_port] = free_ports();
-            let yaml = format!(
-                "listen: 127.0.0.1:{port}\nupstream: {upstream}\n{lock_service}state_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n{}",
-                state.display(),
-                o.yaml
-            );
-            std::fs::write(dir.join("sidecar.yaml"), yaml).unwrap();
-            let mut s = Sidecar {
-                port,
-                metrics_port,
-                dir: dir.clone(),
-                bin: bin.clone(),
-                log_filter: o.log_filter.clone(),
-                proc: None,
-            };
-            match s.spawn().await {
-                Ok(()) => return s,
-                Err(log) if log.contains("Address already in use") && attempt < 3 => {
-                    eprintln!("testkit: a sidecar port was taken before it bound it; starting again on new ports");
-                }
-                Err(log) => panic!("the sidecar exited before serving:\n{log}"),
-            }
+        let reserved = [reserve(), reserve()];
+        let (port, metrics_port) = (reserved[0].port, reserved[1].port);
+        let yaml = format!(
+            "listen: 127.0.0.1:{port}\nupstream: {upstream}\n{lock_service}state_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n{}",
+            dir.join("state").display(),
+            o.yaml
+        );
+        std::fs::write(dir.join("sidecar.yaml"), yaml).unwrap();
+        let mut s = Sidecar {
+            port,
+            metrics_port,
+            dir,
+            bin: bin.clone(),
+            log_filter: o.log_filter,
+            _reserved: reserved,
+            proc: None,
+        };
+        if let Err(log) = s.spawn().await {
+            panic!("the sidecar exited before serving:\n{log}");
         }
-        unreachable!()
+        s
     }
 
     /// Start the process and wait until it serves; its log if it exits first.
