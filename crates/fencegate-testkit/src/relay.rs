@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use tokio::io::{copy, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{copy, copy_bidirectional, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -60,8 +60,6 @@ async fn accept(listener: TcpListener, target_port: u16, cut: watch::Receiver<bo
         let mut cut = cut.clone();
         tokio::spawn(async move {
             let Ok(outbound) = TcpStream::connect(("127.0.0.1", target_port)).await else { return };
-            let _ = inbound.set_nodelay(true);
-            let _ = outbound.set_nodelay(true);
             tokio::select! {
                 _ = pipe(inbound, outbound, delay) => {}
                 _ = cut.wait_for(|c| *c) => {}
@@ -70,38 +68,37 @@ async fn accept(listener: TcpListener, target_port: u16, cut: watch::Receiver<bo
     }
 }
 
-/// Both directions until either side closes; what comes back from `outbound`
-/// is held for `delay`.
-async fn pipe(inbound: TcpStream, outbound: TcpStream, delay: Duration) {
+/// Both directions until both sides are done, each side's end passed on
+/// (so that a client learns at once that the target went away); what comes
+/// back from `outbound` is held for `delay`.
+async fn pipe(mut inbound: TcpStream, mut outbound: TcpStream, delay: Duration) {
+    if delay.is_zero() {
+        let _ = copy_bidirectional(&mut inbound, &mut outbound).await;
+        return;
+    }
     let (mut in_read, mut in_write) = inbound.into_split();
     let (mut out_read, mut out_write) = outbound.into_split();
     let requests = async {
         let _ = copy(&mut in_read, &mut out_write).await;
         let _ = out_write.shutdown().await;
     };
-    let answers = async {
-        if delay.is_zero() {
-            let _ = copy(&mut out_read, &mut in_write).await;
-            return;
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let answers = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n @ 1..) = out_read.read(&mut buf).await {
+            if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                break;
+            }
         }
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-        let reader = async move {
-            let mut buf = vec![0u8; 16 * 1024];
-            while let Ok(n @ 1..) = out_read.read(&mut buf).await {
-                if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
-                    break;
-                }
-            }
-        };
-        let writer = async {
-            while let Some((due, bytes)) = rx.recv().await {
-                tokio::time::sleep_until(due).await;
-                if in_write.write_all(&bytes).await.is_err() {
-                    break;
-                }
-            }
-        };
-        tokio::join!(reader, writer);
     };
-    tokio::join!(requests, answers);
+    let held_back = async {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if in_write.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        let _ = in_write.shutdown().await;
+    };
+    tokio::join!(requests, answers, held_back);
 }
