@@ -418,10 +418,11 @@ async fn snapshots_bound_the_log_and_bring_a_wiped_node_back() {
         Duration::from_secs(15),
         || async {
             let mut watch = Watch::try_open(&url, Duration::from_secs(2)).await?;
-            match watch.next_within(Duration::from_secs(2)).await {
-                Some(state) if state["event"] == "state" && state["token"].as_u64() == Some(token) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
+            // Its state (at the start, or after the resync of a snapshot
+            // install) or its own event stream reaching the last grant.
+            let caught_up =
+                |l: &Value| (l["event"] == "state" || l["event"] == "granted") && l["token"].as_u64() == Some(token);
+            watch.until(Duration::from_secs(5), caught_up).await.map(drop).map_err(|seen| format!("{seen:?}"))
         },
     )
     .await;
