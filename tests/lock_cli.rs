@@ -15,6 +15,12 @@ fn lock_cmd(c: &Cluster, args: &[&str]) -> Command {
     cmd
 }
 
+/// Run it to its exit (30 s at most).
+async fn run(mut cmd: Command) -> std::process::Output {
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output()).await;
+    out.expect("fencegate lock did not exit within 30 s").unwrap()
+}
+
 fn alive(pid: i32) -> bool {
     // A zombie still has a /proc entry; check its state.
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
@@ -23,10 +29,9 @@ fn alive(pid: i32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_the_command_with_the_token_and_releases_after() {
     let c = Cluster::start(&bin!(), 3, "").await;
-    let out = lock_cmd(&c, &["rack/1", "--", "sh", "-c", "echo $FENCE_KEY $FENCE_TOKEN ${#FENCE_LEASE_ID}; exit 3"])
-        .output()
-        .await
-        .unwrap();
+    let out =
+        run(lock_cmd(&c, &["rack/1", "--", "sh", "-c", "echo $FENCE_KEY $FENCE_TOKEN ${#FENCE_LEASE_ID}; exit 3"]))
+            .await;
     assert_eq!(out.status.code(), Some(3), "CMD's own exit status: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let fields: Vec<&str> = stdout.split_whitespace().collect();
@@ -43,7 +48,7 @@ async fn exits_75_when_the_lock_is_not_obtained_within_wait() {
     let c = Cluster::start(&bin!(), 3, "").await;
     let held = c.client().acquire("rack/2", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
     let started = Instant::now();
-    let out = lock_cmd(&c, &["rack/2", "--wait", "700ms", "--", "true"]).output().await.unwrap();
+    let out = run(lock_cmd(&c, &["rack/2", "--wait", "700ms", "--", "true"])).await;
     assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(started.elapsed() >= Duration::from_millis(700));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not obtained"));

@@ -85,7 +85,11 @@ fn status_and_json(a: Reply) -> (u16, Value) {
 /// without a word, or said nothing within 5 s).
 pub async fn raw_tcp(port: u16, request: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let connect = tokio::net::TcpStream::connect(("127.0.0.1", port));
+    let mut s = tokio::time::timeout(Duration::from_secs(5), connect)
+        .await
+        .unwrap_or_else(|_| panic!("no connection to port {port} within 5 s"))
+        .unwrap();
     s.write_all(request.as_bytes()).await.unwrap();
     let mut buf = vec![0u8; 4096];
     let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap_or(Ok(0)).unwrap_or(0);
