@@ -5,6 +5,7 @@
 // it at every call would only add noise.
 #![allow(clippy::result_large_err)]
 
+pub mod guard;
 pub mod log_store;
 pub mod network;
 pub mod state_machine;

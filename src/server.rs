@@ -137,6 +137,25 @@ impl Node {
         self.stopping.send_replace(true);
     }
 
+    /// Why the Raft core stopped (a panic, a storage error), if it did. A
+    /// node whose core stopped must not report itself healthy.
+    pub fn core_error(&self) -> Option<String> {
+        self.raft.metrics().borrow().running_state.as_ref().err().map(|e| e.to_string())
+    }
+
+    /// Resolves with the reason once the Raft core has stopped.
+    pub async fn core_stopped(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Some(e) = self.core_error() {
+                return e;
+            }
+            if metrics.changed().await.is_err() {
+                return self.core_error().unwrap_or_else(|| "the Raft core ended".into());
+            }
+        }
+    }
+
     /// Resolves once `stop_serving` was called.
     async fn stopped(&self) {
         let _ = self.stopping.subscribe().wait_for(|s| *s).await;

@@ -23,10 +23,22 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
             node.stop_serving();
         }
     };
-    serve(listener, node.clone(), stopping).await;
+    tokio::select! {
+        () = serve(listener, node.clone(), stopping) => {}
+        // A node whose Raft core stopped (a panic, a storage error such as a
+        // full disk) cannot serve: exit so that a supervisor restarts it,
+        // which recovers from the durable log once the cause is gone.
+        reason = node.core_stopped() => {
+            tracing::error!("the Raft core stopped: {reason}; exiting");
+            return Ok(EXIT_CORE_STOPPED);
+        }
+    }
     node.shutdown().await;
     Ok(0)
 }
+
+/// Exit status when the Raft core stopped (EX_SOFTWARE).
+pub const EXIT_CORE_STOPPED: i32 = 70;
 
 /// Ctrl-C or SIGTERM. From then on, a second one exits at once.
 pub async fn shutdown_signal() {

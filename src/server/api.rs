@@ -33,7 +33,13 @@ async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     match path.as_str() {
-        "/healthz" => return only(&method, Method::GET).map(|_| text("ok\n", "text/plain")),
+        "/healthz" => {
+            only(&method, Method::GET)?;
+            return match node.core_error() {
+                None => Ok(text("ok\n", "text/plain")),
+                Some(e) => Err(ApiError::Unavailable(format!("the Raft core stopped: {e}"))),
+            };
+        }
         "/metrics" => return only(&method, Method::GET).map(|_| crate::metrics::exposition(&node.registry)),
         wire::CLUSTER_PATH => return only(&method, Method::GET).map(|_| cluster(&node)),
         wire::WATCH_PATH => {

@@ -1,0 +1,245 @@
+//! Sanity checks on the Raft RPCs a node receives, before openraft sees them.
+//!
+//! openraft trusts its peers: a term near `u64::MAX` makes it panic on
+//! overflow at the next election, entries that are not consecutive break its
+//! log, and a membership naming strangers hands them votes. Whatever arrives
+//! on the peer plane is checked here first; a refusal is an error answer and
+//! a log line, never a panic. Pure: the caller passes who the members are.
+//!
+//! These checks bound the damage of a malformed RPC; they do not make a
+//! forged one harmless (authenticating peers does that).
+
+use openraft::{EntryPayload, Membership};
+
+use super::types::{Entry, LogId, NodeId, TypeConfig, Vote};
+use crate::lock::state::Command;
+use crate::lock::validate;
+
+/// The largest term or log index accepted: far beyond any real cluster's
+/// (2^62 elections), and far enough from `u64::MAX` that nothing overflows.
+pub const MAX_TERM: u64 = 1 << 62;
+pub const MAX_INDEX: u64 = 1 << 62;
+/// Entries in one append: the leader sends at most `max_payload_entries`.
+pub const MAX_ENTRIES: usize = 1024;
+/// Commands in one entry (`server::proposer` packs at most a few hundred).
+pub const MAX_COMMANDS: usize = 4096;
+/// The largest snapshot offset: a snapshot is the JSON of the lock table.
+pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 32;
+
+/// Who may speak Raft to this node: the configured members, never itself.
+pub struct Peers<'a> {
+    pub me: NodeId,
+    pub members: &'a (dyn Fn(NodeId) -> bool + Sync),
+}
+
+impl Peers<'_> {
+    fn sender(&self, id: NodeId) -> Result<(), String> {
+        if id == self.me {
+            return Err(format!("claims to come from this node ({id})"));
+        }
+        if !(self.members)(id) {
+            return Err(format!("claims to come from node {id}, which is not a member"));
+        }
+        Ok(())
+    }
+
+    fn member(&self, id: NodeId) -> Result<(), String> {
+        if id != self.me && !(self.members)(id) {
+            return Err(format!("names node {id}, which is not a member"));
+        }
+        Ok(())
+    }
+}
+
+fn vote(v: &Vote, peers: &Peers) -> Result<(), String> {
+    if v.leader_id.term > MAX_TERM {
+        return Err(format!("term {} is beyond {MAX_TERM}", v.leader_id.term));
+    }
+    peers.sender(v.leader_id.node_id)
+}
+
+/// A log id that the RPC's own vote could have produced.
+fn log_id(what: &str, l: &LogId, v: &Vote, peers: &Peers) -> Result<(), String> {
+    if l.leader_id.term > v.leader_id.term {
+        return Err(format!("{what} has term {} above the RPC's term {}", l.leader_id.term, v.leader_id.term));
+    }
+    if l.index > MAX_INDEX {
+        return Err(format!("{what} has index {} beyond {MAX_INDEX}", l.index));
+    }
+    if l.leader_id.term == 0 {
+        // Before any election: the bootstrap entry, whose log id is the
+        // default one (node 0).
+        return Ok(());
+    }
+    peers.member(l.leader_id.node_id).map_err(|e| format!("{what} {e}"))
+}
+
+fn membership(m: &Membership<NodeId, openraft::EmptyNode>, peers: &Peers) -> Result<(), String> {
+    m.nodes().try_for_each(|(id, _)| peers.member(*id)).map_err(|e| format!("a membership {e}"))
+}
+
+fn commands(cmds: &[Command]) -> Result<(), String> {
+    if cmds.len() > MAX_COMMANDS {
+        return Err(format!("an entry carries {} commands (at most {MAX_COMMANDS})", cmds.len()));
+    }
+    for c in cmds {
+        let checked = match c {
+            Command::Acquire(a) => validate::key(&a.key).and_then(|()| validate::holder(&a.holder)),
+            Command::EndDelay { key, .. } => validate::key(key),
+            Command::Release { .. } | Command::Expire { .. } => Ok(()),
+        };
+        checked.map_err(|e| format!("an entry carries a bad command: {e}"))?;
+    }
+    Ok(())
+}
+
+pub fn vote_request(rpc: &openraft::raft::VoteRequest<NodeId>, peers: &Peers) -> Result<(), String> {
+    vote(&rpc.vote, peers)?;
+    rpc.last_log_id.as_ref().map_or(Ok(()), |l| log_id("last_log_id", l, &rpc.vote, peers))
+}
+
+pub fn append_request(rpc: &openraft::raft::AppendEntriesRequest<TypeConfig>, peers: &Peers) -> Result<(), String> {
+    vote(&rpc.vote, peers)?;
+    if let Some(p) = &rpc.prev_log_id {
+        log_id("prev_log_id", p, &rpc.vote, peers)?;
+    }
+    if let Some(c) = &rpc.leader_commit {
+        log_id("leader_commit", c, &rpc.vote, peers)?;
+    }
+    if rpc.entries.len() > MAX_ENTRIES {
+        return Err(format!("{} entries in one append (at most {MAX_ENTRIES})", rpc.entries.len()));
+    }
+    // Consecutive from just after prev_log_id, terms never going down.
+    let mut expected = rpc.prev_log_id.map_or(0, |p| p.index + 1);
+    let mut term = rpc.prev_log_id.map_or(0, |p| p.leader_id.term);
+    for e in &rpc.entries {
+        entry(e, expected, term, &rpc.vote, peers)?;
+        expected = e.log_id.index + 1;
+        term = e.log_id.leader_id.term;
+    }
+    Ok(())
+}
+
+fn entry(e: &Entry, expected: u64, term: u64, v: &Vote, peers: &Peers) -> Result<(), String> {
+    log_id("an entry", &e.log_id, v, peers)?;
+    if e.log_id.index != expected {
+        return Err(format!("entry index {} where {expected} comes next", e.log_id.index));
+    }
+    if e.log_id.leader_id.term < term {
+        return Err(format!("entry {} has a term below the one before it", e.log_id.index));
+    }
+    match &e.payload {
+        EntryPayload::Blank => Ok(()),
+        EntryPayload::Normal(cmds) => commands(cmds),
+        EntryPayload::Membership(m) => membership(m, peers),
+    }
+}
+
+pub fn snapshot_request(rpc: &openraft::raft::InstallSnapshotRequest<TypeConfig>, peers: &Peers) -> Result<(), String> {
+    vote(&rpc.vote, peers)?;
+    if let Some(l) = &rpc.meta.last_log_id {
+        log_id("the snapshot's last_log_id", l, &rpc.vote, peers)?;
+    }
+    membership(rpc.meta.last_membership.membership(), peers)?;
+    let end = rpc.offset.checked_add(rpc.data.len() as u64);
+    if end.is_none_or(|end| end > MAX_SNAPSHOT_BYTES) {
+        return Err(format!("a snapshot chunk at offset {} beyond {MAX_SNAPSHOT_BYTES} bytes", rpc.offset));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use openraft::raft::{AppendEntriesRequest, VoteRequest};
+    use openraft::{CommittedLeaderId, EmptyNode, LeaderId};
+
+    use super::*;
+    use crate::lock::state::AcquireCmd;
+
+    fn members(id: NodeId) -> bool {
+        [1, 2, 3].contains(&id)
+    }
+    const PEERS: Peers = Peers { me: 1, members: &members };
+
+    fn v(term: u64, node: NodeId) -> Vote {
+        Vote { leader_id: LeaderId { term, node_id: node }, committed: true }
+    }
+    fn lid(term: u64, node: NodeId, index: u64) -> LogId {
+        LogId { leader_id: CommittedLeaderId::new(term, node), index }
+    }
+    fn blank(l: LogId) -> Entry {
+        Entry { log_id: l, payload: EntryPayload::Blank }
+    }
+    fn append(vote: Vote, prev: Option<LogId>, entries: Vec<Entry>) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest { vote, prev_log_id: prev, entries, leader_commit: prev }
+    }
+    fn acquire(key: &str) -> Entry {
+        let a = AcquireCmd {
+            key: key.into(),
+            holder: "h".into(),
+            ttl_ms: 1000,
+            lock_delay_ms: 0,
+            lease_id: "l".into(),
+            request_id: None,
+        };
+        Entry { log_id: lid(5, 2, 8), payload: EntryPayload::Normal(vec![Command::Acquire(a)]) }
+    }
+
+    #[test]
+    fn well_formed_rpcs_pass() {
+        let rpc = VoteRequest { vote: v(5, 2), last_log_id: Some(lid(4, 3, 7)) };
+        assert_eq!(vote_request(&rpc, &PEERS), Ok(()));
+        let rpc = append(v(5, 2), Some(lid(4, 3, 7)), vec![acquire("rack/1"), blank(lid(5, 2, 9))]);
+        assert_eq!(append_request(&rpc, &PEERS), Ok(()));
+        // A fresh follower's first append: the bootstrap entry has openraft's
+        // default log id, which names node 0.
+        assert_eq!(append_request(&append(v(1, 2), None, vec![blank(lid(0, 0, 0))]), &PEERS), Ok(()), "a first append");
+        assert_eq!(append_request(&append(v(1, 2), Some(lid(0, 0, 0)), vec![]), &PEERS), Ok(()));
+    }
+
+    /// Every hostile RPC is refused, each for its own reason.
+    #[test]
+    fn hostile_rpcs_are_refused() {
+        let last = Some(lid(4, 3, 7));
+        for (rpc, says) in [
+            (VoteRequest { vote: v(u64::MAX, 2), last_log_id: last }, "term"),
+            (VoteRequest { vote: v(MAX_TERM + 1, 2), last_log_id: last }, "term"),
+            (VoteRequest { vote: v(5, 9), last_log_id: last }, "not a member"),
+            (VoteRequest { vote: v(5, 1), last_log_id: last }, "this node"),
+            (VoteRequest { vote: v(5, 2), last_log_id: Some(lid(6, 3, 7)) }, "above the RPC's term"),
+            (VoteRequest { vote: v(5, 2), last_log_id: Some(lid(4, 3, u64::MAX)) }, "index"),
+        ] {
+            let e = vote_request(&rpc, &PEERS).unwrap_err();
+            assert!(e.contains(says), "{rpc:?}: {e}");
+        }
+        let mut many_commands = acquire("rack/1");
+        if let EntryPayload::Normal(c) = &mut many_commands.payload {
+            *c = vec![c[0].clone(); MAX_COMMANDS + 1];
+        }
+        let strangers = Membership::<NodeId, EmptyNode>::new(vec![BTreeSet::from([1, 2, 66])], None);
+        for (rpc, says) in [
+            (append(v(u64::MAX, 2), last, vec![]), "term"),
+            (append(v(5, 7), last, vec![]), "not a member"),
+            (append(v(5, 2), last, vec![blank(lid(5, 2, 9))]), "where 8 comes next"),
+            (append(v(5, 2), last, vec![blank(lid(5, 2, 8)), blank(lid(5, 2, 8))]), "where 9 comes next"),
+            (append(v(5, 2), last, vec![blank(lid(3, 2, 8))]), "below the one before"),
+            (append(v(5, 2), last, vec![blank(lid(6, 2, 8))]), "above the RPC's term"),
+            (append(v(5, 2), last, vec![acquire("rack//1")]), "bad command"),
+            (append(v(5, 2), last, vec![many_commands]), "commands"),
+            (
+                append(
+                    v(5, 2),
+                    last,
+                    vec![Entry { log_id: lid(5, 2, 8), payload: EntryPayload::Membership(strangers) }],
+                ),
+                "node 66",
+            ),
+            (append(v(5, 2), last, (8..8 + MAX_ENTRIES as u64 + 1).map(|i| blank(lid(5, 2, i))).collect()), "entries"),
+        ] {
+            let e = append_request(&rpc, &PEERS).unwrap_err();
+            assert!(e.contains(says), "{says}: {e}");
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Hostile Raft RPCs, sent to a real cluster's nodes as an outsider would
+//! with curl: each is refused before Raft sees it, no node's core stops,
+//! and later grants still get strictly rising tokens that every node agrees
+//! on (read from each node's own applied state).
+
+use std::time::Duration;
+
+use fencegate::raft::types::{Entry, TypeConfig};
+use fencegate_client::AcquireOptions;
+use fencegate_testkit::http::raw_answer;
+use fencegate_testkit::{bin, Cluster, Watch};
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use openraft::{CommittedLeaderId, EntryPayload, LeaderId, LogId, Vote};
+
+fn vote(term: u64, node_id: u64) -> Vote<u64> {
+    Vote { leader_id: LeaderId { term, node_id }, committed: false }
+}
+
+fn log_id(term: u64, node: u64, index: u64) -> LogId<u64> {
+    LogId { leader_id: CommittedLeaderId::new(term, node), index }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_raft_rpcs_are_refused_and_break_nothing() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let client = c.client();
+    let first = client.acquire("raft/a", AcquireOptions::new(Duration::from_secs(5))).await.unwrap();
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let term = c.cluster_info(leader).await.unwrap().term;
+    let last = c.cluster_info(leader).await.unwrap().last_log_index;
+
+    let votes = [
+        ("an overflowing term", VoteRequest { vote: vote(u64::MAX, leader), last_log_id: None }),
+        ("a stranger", VoteRequest { vote: vote(term + 1, 99), last_log_id: None }),
+        (
+            "a last log above its term",
+            VoteRequest { vote: vote(term + 1, leader), last_log_id: Some(log_id(term + 5, leader, 1)) },
+        ),
+    ];
+    let blank = |index| Entry { log_id: log_id(term, leader, index), payload: EntryPayload::Blank };
+    let appends: [(&str, AppendEntriesRequest<TypeConfig>); 3] = [
+        (
+            "entries with a gap",
+            AppendEntriesRequest {
+                vote: Vote::new_committed(term, leader),
+                prev_log_id: Some(log_id(term, leader, last)),
+                entries: vec![blank(last + 1000)],
+                leader_commit: None,
+            },
+        ),
+        (
+            "a stranger as leader",
+            AppendEntriesRequest {
+                vote: Vote::new_committed(term, 99),
+                prev_log_id: None,
+                entries: vec![],
+                leader_commit: None,
+            },
+        ),
+        (
+            "an overflowing term",
+            AppendEntriesRequest {
+                vote: Vote::new_committed(u64::MAX, leader),
+                prev_log_id: None,
+                entries: vec![],
+                leader_commit: None,
+            },
+        ),
+    ];
+    for id in c.ids() {
+        for (what, rpc) in &votes {
+            let a = raw_answer("POST", &format!("{}/raft/vote", c.url(id)), Some(&serde_json::to_string(rpc).unwrap()))
+                .await;
+            assert_eq!(a.status, 400, "node {id}, a vote with {what}: {}", String::from_utf8_lossy(&a.body));
+        }
+        for (what, rpc) in &appends {
+            let a =
+                raw_answer("POST", &format!("{}/raft/append", c.url(id)), Some(&serde_json::to_string(rpc).unwrap()))
+                    .await;
+            assert_eq!(a.status, 400, "node {id}, an append with {what}: {}", String::from_utf8_lossy(&a.body));
+        }
+    }
+
+    // Nothing stopped and nothing moved: the same leader and term, every
+    // node healthy, and grants go on above the first.
+    for id in c.ids() {
+        let health = raw_answer("GET", &format!("{}/healthz", c.url(id)), None).await;
+        assert_eq!(health.status, 200, "node {id}");
+        assert_eq!(c.cluster_info(id).await.unwrap().term, term, "node {id}'s term moved");
+    }
+    let mut tokens = vec![first.token()];
+    for key in ["raft/b", "raft/c", "raft/d"] {
+        tokens.push(client.acquire(key, AcquireOptions::new(Duration::from_secs(5))).await.unwrap().token());
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens rise: {tokens:?}");
+    // Every node's own state names the same tokens (a watch is answered by
+    // the node itself, from what it applied).
+    let applied = c.cluster_info(leader).await.unwrap().commit_index;
+    for id in c.ids() {
+        c.wait_for_applied(id, applied, Duration::from_secs(10)).await;
+        let mut w = Watch::open(&format!("{}/v1/watch?prefix=raft/", c.url(id))).await;
+        let mut seen = vec![];
+        for _ in 0..4 {
+            let line = w.next().await;
+            assert_eq!(line["event"], "state", "node {id}: {line}");
+            seen.push(line["token"].as_u64().unwrap());
+        }
+        assert_eq!(seen, tokens, "node {id} agrees on every token");
+    }
+}
