@@ -182,16 +182,22 @@ async fn isolated_leader_cannot_grant_and_its_holders_lose_in_time() {
         }
     });
 
-    let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost()).await.expect("lost() did not fire");
-    let lost_at = Instant::now();
+    // Meanwhile (side by side, from the cut on) the old leader is asked to
+    // grant, and grants nothing: 503 with Retry-After, and the client
+    // library gives up with Unavailable (after its failover budget).
+    let lost = async {
+        let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost()).await.expect("lost() did not fire");
+        (reason, Instant::now())
+    };
+    let iso_2 = format!("{}/v1/locks/iso-2", c.url(old));
+    let raw_acquire = http::raw_answer("POST", &iso_2, Some(r#"{"ttl_ms":1000}"#));
+    let client_acquire = via_old.acquire("iso-3", ttl(1000));
+    let ((reason, lost_at), a, client_answer) = tokio::join!(lost, raw_acquire, client_acquire);
     assert_eq!(reason, LostReason::Expired);
     assert!(lost_at - cut_at < Duration::from_millis(2000), "lost() fired {:?} after the cut", lost_at - cut_at);
-
-    // The old leader grants nothing while cut off: 503 with Retry-After.
-    let a = http::raw_answer("POST", &format!("{}/v1/locks/iso-2", c.url(old)), Some(r#"{"ttl_ms":1000}"#)).await;
     assert_eq!(a.status, 503, "{:?}", a.body);
     assert!(a.headers.contains_key("retry-after"));
-    match via_old.acquire("iso-3", ttl(1000)).await {
+    match client_answer {
         Err(ClientError::Unavailable(_)) => {}
         other => panic!("isolated leader answered {:?}", other.map(|l| l.token())),
     }
