@@ -220,7 +220,12 @@ fn check_node_id(db: &Database, id: NodeId) -> anyhow::Result<()> {
 /// Serve the Lock API and the peer RPCs until `shutdown` resolves, then
 /// drain the requests in flight.
 pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
-    let opts = crate::http::Listener::http1("lock API");
+    let limits = &node.config.limits;
+    let opts = crate::http::Listener {
+        header_timeout: limits.header_timeout,
+        max_connections: limits.max_connections,
+        ..crate::http::Listener::http1("lock API")
+    };
     crate::http::serve(listener, opts, shutdown, move |req, _| api::handle(node.clone(), req)).await
 }
 

@@ -205,6 +205,7 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
         // Long enough for answers to reach their clients; what S1 needs is
         // waited for below.
         drain: CONNECTION_DRAIN,
+        max_connections: limits.max_connections,
     };
     let longest = sidecar.settings.routes.iter().map(|r| r.timeout).max().unwrap_or_default();
     let order = sidecar.fencer.order.clone();

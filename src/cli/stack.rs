@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::node::{LeaseConfig, NodeConfig, RaftConfig};
+use crate::config::node::{LeaseConfig, NodeConfig, NodeLimits, RaftConfig};
 use crate::config::sidecar::{LockServiceConfig, SidecarConfig};
 use crate::config::{parse_yaml, ConfigFile};
 use crate::inventory::Inventory;
@@ -88,6 +88,7 @@ impl Stack {
                 peers: peers.clone(),
                 lease: LeaseConfig::default(),
                 raft: RaftConfig::default(),
+                limits: NodeLimits::default(),
             }
             .validate()?;
             let node = Node::start(config).await?;

@@ -11,6 +11,8 @@ use super::{endpoint_url, ConfigError, ConfigFile};
 
 /// The longest `lease.max_wait`: a parked acquire is an open connection.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
+const MAX_LIMIT_TIMEOUT: Duration = Duration::from_secs(300);
+const MAX_CONNECTIONS: usize = 1_000_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,6 +27,29 @@ pub struct NodeConfig {
     pub lease: LeaseConfig,
     #[serde(default)]
     pub raft: RaftConfig,
+    #[serde(default)]
+    pub limits: NodeLimits,
+}
+
+/// Bounds on what a client (or peer) may make the node hold open.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeLimits {
+    /// How long a client may take to send a request head (an idle keep-alive
+    /// connection is closed after it too).
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// How long a client may take to send a request body once the head is in.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Connections served at once; more wait in the kernel's backlog.
+    pub max_connections: usize,
+}
+
+impl Default for NodeLimits {
+    fn default() -> Self {
+        Self { header_timeout: Duration::from_secs(10), body_timeout: Duration::from_secs(10), max_connections: 4096 }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -126,6 +151,16 @@ impl ConfigFile for NodeConfig {
         if r.propose_timeout < r.election_timeout_max {
             return Err(ConfigError::invalid("raft.propose_timeout", "must be at least election_timeout_max"));
         }
+        let n = &self.limits;
+        if n.header_timeout.is_zero() || n.header_timeout > MAX_LIMIT_TIMEOUT {
+            return Err(ConfigError::invalid("limits.header_timeout", "must be above 0 and at most 5m"));
+        }
+        if n.body_timeout.is_zero() || n.body_timeout > MAX_LIMIT_TIMEOUT {
+            return Err(ConfigError::invalid("limits.body_timeout", "must be above 0 and at most 5m"));
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&n.max_connections) {
+            return Err(ConfigError::invalid("limits.max_connections", "must be between 1 and 1000000"));
+        }
         // Paths are appended to peer URLs: `http://h:1/` must not give `//raft/...`.
         for url in self.peers.values_mut() {
             url.truncate(url.trim_end_matches('/').len());
@@ -187,6 +222,10 @@ lease: { default_ttl: 10s, lock_delay: 2s }
             ("default_ttl: 10s", "default_ttl: 10 parsecs", "default_ttl"),
             ("lock_delay: 2s", "lock_delay: 2h", "lease.lock_delay"),
             ("lock_delay: 2s", "lock_delay: 2s, max_wait: 2h", "lease.max_wait"),
+            ("lease:", "limits: { body_timeout: 0s }\nlease:", "limits.body_timeout"),
+            ("lease:", "limits: { header_timeout: 1h }\nlease:", "limits.header_timeout"),
+            ("lease:", "limits: { max_connections: 0 }\nlease:", "limits.max_connections"),
+            ("lease:", "limits: { max_conections: 5 }\nlease:", "max_conections"),
         ] {
             let e = NodeConfig::from_yaml(&GOOD.replace(from, to)).unwrap_err().to_string();
             assert!(e.contains(field), "{from} -> {to}: {e}");

@@ -64,11 +64,18 @@ pub struct Limits {
     /// How long a client may take to send the request head (slowloris).
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
+    /// Connections served at once; more wait in the kernel's backlog.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_body: 10 * MIB, max_header_bytes: 64 * KIB, header_timeout: Duration::from_secs(10) }
+        Self {
+            max_body: 10 * MIB,
+            max_header_bytes: 64 * KIB,
+            header_timeout: Duration::from_secs(10),
+            max_connections: 4096,
+        }
     }
 }
 
@@ -300,6 +307,9 @@ impl SidecarConfig {
         }
         if l.header_timeout.is_zero() || l.header_timeout > MAX_HEADER_TIMEOUT {
             return Err(ConfigError::invalid("limits.header_timeout", "must be above 0 and at most 5m"));
+        }
+        if !(1..=1_000_000).contains(&l.max_connections) {
+            return Err(ConfigError::invalid("limits.max_connections", "must be between 1 and 1000000"));
         }
         Ok(())
     }
@@ -550,6 +560,7 @@ routes:
             ("header_timeout: 10s", "header_timeout: 0s", "limits.header_timeout"),
             ("header_timeout: 10s", "header_timeout: 6m", "limits.header_timeout"),
             ("header_timeout: 10s", "header_timeout: soon", "header_timeout"),
+            ("header_timeout: 10s", "header_timeout: 10s\n  max_connections: 0", "limits.max_connections"),
             // addresses
             ("metrics_listen: 127.0.0.1:9464", "metrics_listen: 127.0.0.1:8080", "metrics_listen"),
             ("listen: 127.0.0.1:8080", "listen: localhost", "listen"),

@@ -46,6 +46,9 @@ pub struct Listener {
     pub tls: Option<TlsAcceptor>,
     /// How long shutdown waits for requests in flight.
     pub drain: Duration,
+    /// Connections served at once; the loop stops accepting at the limit
+    /// (new ones wait in the kernel's backlog).
+    pub max_connections: usize,
 }
 
 impl Listener {
@@ -59,6 +62,7 @@ impl Listener {
             http2: false,
             tls: None,
             drain: Duration::from_secs(5),
+            max_connections: 4096,
         }
     }
 }
@@ -71,8 +75,14 @@ where
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(opts.max_connections));
+    let mut accept_errors = RateLimitedLog::default();
     tokio::pin!(shutdown);
     loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
@@ -84,7 +94,7 @@ where
                         e.raw_os_error(),
                         Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOBUFS | nix::libc::ENOMEM)
                     );
-                    tracing::warn!(listener = opts.name, "accept: {e}");
+                    accept_errors.warn(opts.name, &e);
                     if exhausted {
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
@@ -96,6 +106,7 @@ where
         let _ = stream.set_nodelay(true);
         let (opts, handle, watcher) = (opts.clone(), handle.clone(), graceful.watcher());
         tokio::spawn(async move {
+            let _slot = slot;
             let Some(acceptor) = opts.tls.clone() else {
                 return connection(stream, peer, &opts, watcher, handle).await;
             };
@@ -111,6 +122,27 @@ where
     drop(listener);
     if tokio::time::timeout(opts.drain, graceful.shutdown()).await.is_err() {
         tracing::warn!(listener = opts.name, "requests still in flight after {:?}; leaving them", opts.drain);
+    }
+}
+
+/// At most one `accept` warning a second, with a count of those left out
+/// (out of descriptors, accept fails as fast as it is called).
+#[derive(Default)]
+struct RateLimitedLog {
+    last: Option<tokio::time::Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    fn warn(&mut self, listener: &str, e: &std::io::Error) {
+        let now = tokio::time::Instant::now();
+        if self.last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+            self.suppressed += 1;
+            return;
+        }
+        tracing::warn!(listener, suppressed = self.suppressed, "accept: {e}");
+        self.last = Some(now);
+        self.suppressed = 0;
     }
 }
 
@@ -299,5 +331,29 @@ mod tests {
         let mut buf = [0u8; 16];
         let read = tokio::time::timeout(Duration::from_secs(2), silent.read(&mut buf)).await;
         assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "still open after 2 s: {read:?}");
+    }
+
+    /// At the connection limit the loop stops accepting: the next client
+    /// waits until a connection closes.
+    #[tokio::test]
+    async fn connections_beyond_the_limit_wait_for_a_free_slot() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let opts = Listener { max_connections: 1, ..Listener::http1("test") };
+        tokio::spawn(serve(listener, opts, std::future::pending(), |_req, _peer| async {
+            Response::new(crate::http::full("x"))
+        }));
+        // A connection that sends nothing holds the only slot.
+        let holder = tokio::net::TcpStream::connect(url.trim_start_matches("http://")).await.unwrap();
+        let u = url.clone();
+        let waiting =
+            tokio::spawn(
+                async move { HttpClient::new(1024).call(Method::GET, &u, None, Duration::from_secs(5)).await },
+            );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "served beyond the limit");
+        drop(holder);
+        let answer = waiting.await.unwrap().expect("served once the slot is free");
+        assert_eq!(&answer.body[..], b"x");
     }
 }

@@ -50,7 +50,7 @@ async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>
     }
     if let Some(rpc) = path.strip_prefix("/raft/") {
         only(&method, Method::POST)?;
-        let body = read_body(req.into_body(), super::MAX_PEER_BODY).await?;
+        let body = body_within(&node, req.into_body(), super::MAX_PEER_BODY).await?;
         return raft_rpc::handle(&node, rpc, &body).await;
     }
 
@@ -75,7 +75,7 @@ async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>
     let received = Instant::now();
     let forwarded = req.headers().contains_key(forward::FORWARDED_BY);
     let (parts, body) = req.into_parts();
-    let body = read_body(body, MAX_API_BODY).await?;
+    let body = body_within(&node, body, MAX_API_BODY).await?;
 
     match node.leader() {
         Some(leader) if leader == node.id => {}
@@ -88,6 +88,16 @@ async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>
         Call::Keepalive(id) => keepalive(&node, &id, received).await,
         Call::Release(id) => release(&node, &id).await,
     }
+}
+
+/// The whole body, within the node's `limits.body_timeout`: a client that
+/// announces a body and never sends it does not hold the request forever.
+async fn body_within(node: &Node, body: Incoming, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    let within = node.config.limits.body_timeout;
+    tokio::time::timeout(within, read_body(body, limit))
+        .await
+        .map_err(|_| ApiError::BodyTimeout(within))?
+        .map_err(Into::into)
 }
 
 enum Call {

@@ -16,6 +16,8 @@ pub enum ApiError {
     Body(#[from] BodyError),
     #[error("{0}")]
     BadRequest(String),
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(std::time::Duration),
     #[error("no such endpoint")]
     NotFound,
     #[error("method not allowed")]
@@ -41,6 +43,7 @@ impl ApiError {
             ApiError::Invalid(_) | ApiError::BadRequest(_) => (ErrorCode::BadRequest, Cause::Client),
             ApiError::Body(BodyError::TooLarge(_)) => (ErrorCode::BodyTooLarge, Cause::Client),
             ApiError::Body(_) => (ErrorCode::BadRequest, Cause::Client),
+            ApiError::BodyTimeout(_) => (ErrorCode::RequestTimeout, Cause::Client),
             ApiError::NotFound => (ErrorCode::NotFound, Cause::Client),
             ApiError::MethodNotAllowed => (ErrorCode::MethodNotAllowed, Cause::Client),
             ApiError::LeaseNotFound => (ErrorCode::LeaseNotFound, Cause::Client),

@@ -19,9 +19,14 @@ struct OneNode {
 }
 
 async fn one_node(dir: &std::path::Path) -> OneNode {
+    one_node_with(dir, "").await
+}
+
+/// `extra` is appended to the node's config.
+async fn one_node_with(dir: &std::path::Path, extra: &str) -> OneNode {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let yaml = format!("id: 1\nlisten: {addr}\ndata_dir: {}\npeers:\n  1: http://{addr}\n", dir.display());
+    let yaml = format!("id: 1\nlisten: {addr}\ndata_dir: {}\npeers:\n  1: http://{addr}\n{extra}", dir.display());
     let config = parse_yaml::<NodeConfig>(&yaml).unwrap().validate().unwrap();
     let node = Node::start(config).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -146,5 +151,32 @@ async fn stopping_ends_watch_streams_and_parked_acquires_so_the_drain_is_quick()
     let parked = waiting.await.unwrap().unwrap();
     assert_eq!(parked.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(decode::<ApiError>(&parked.body).error, ErrorCode::NoLeader);
+    n.node.shutdown().await;
+}
+
+/// A request head that announces a body and sends one byte of it is
+/// answered 408 after `limits.body_timeout`, and the connection is closed:
+/// it cannot hold the node forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_arrives_is_answered_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let n = one_node_with(dir.path(), "limits: { body_timeout: 300ms }\n").await;
+    let addr = n.url.trim_start_matches("http://").to_string();
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = "POST /v1/locks/slow/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{";
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let t = tokio::time::Instant::now();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), slow.read_to_string(&mut answer))
+        .await
+        .expect("answered and closed, not held open")
+        .unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(300), "not before the timeout");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    let client = Client::new(vec![n.url.clone()]).unwrap();
+    assert_eq!(client.read("slow/k").await.unwrap().token, 0, "nothing was proposed");
+    let _ = n.stop.send(());
     n.node.shutdown().await;
 }

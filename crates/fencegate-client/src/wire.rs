@@ -210,6 +210,8 @@ pub enum ErrorCode {
     BadRequest,
     /// 413: a request body over 64 KiB.
     BodyTooLarge,
+    /// 408: the request body did not arrive within the node's `limits.body_timeout`.
+    RequestTimeout,
     /// 404: no such path.
     NotFound,
     /// 405: a known path with another method.
@@ -235,6 +237,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::BodyTooLarge => "body_too_large",
+            ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::LeaseNotFound => "lease_not_found",
@@ -251,6 +254,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest | ErrorCode::Unknown => StatusCode::BAD_REQUEST,
             ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::NotFound | ErrorCode::LeaseNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::Held => StatusCode::CONFLICT,
@@ -479,6 +483,7 @@ mod tests {
         for code in [
             ErrorCode::BadRequest,
             ErrorCode::BodyTooLarge,
+            ErrorCode::RequestTimeout,
             ErrorCode::NotFound,
             ErrorCode::MethodNotAllowed,
             ErrorCode::LeaseNotFound,
