@@ -1,7 +1,11 @@
 //! The sidecar end to end: a real 3-node lock cluster, a real `fencegate
 //! sidecar` process and a recording upstream that checks no tokens at all.
 //! What needs no lock service (framing, limits, forwarding, observed mode)
-//! is in `sidecar_framing.rs`.
+//! is in `sidecar/framing.rs`.
+
+/// Refusals decided before the lock service is asked, without a cluster.
+#[path = "sidecar/framing.rs"]
+mod framing;
 
 use std::sync::Arc;
 use std::time::Duration;
