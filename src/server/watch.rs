@@ -27,6 +27,16 @@ use crate::lock::state::{Event, EventKind};
 use crate::raft::state_machine::AppliedState;
 
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// A watcher that takes no line for this long (its buffer full) is cut off:
+/// a stream nobody reads must not hold the node's memory for ever. It
+/// resumes with `after=` when it comes back.
+const SLOW_WATCHER: Duration = Duration::from_secs(30);
+
+/// Queue `line` for the watcher; `false` when the stream is over (the
+/// watcher went away, or stopped reading).
+async fn deliver(tx: &mpsc::Sender<Bytes>, line: Bytes) -> bool {
+    matches!(tokio::time::timeout(SLOW_WATCHER, tx.send(line)).await, Ok(Ok(())))
+}
 
 pub fn stream(node: Arc<Node>, query: Option<&str>) -> Result<Response<Body>, ApiError> {
     let mut prefix = String::new();
@@ -104,7 +114,7 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
             cursor = Some(complete);
         }
         for l in lines {
-            if tx.send(l).await.is_err() {
+            if !deliver(&tx, l).await {
                 return; // the client went away
             }
         }
@@ -119,7 +129,7 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
                     return;
                 }
                 let beat = line(&WatchLine::Heartbeat { rev: complete });
-                if tx.send(beat).await.is_err() {
+                if !deliver(&tx, beat).await {
                     return;
                 }
             }
@@ -147,5 +157,18 @@ mod tests {
         let json = String::from_utf8(line(&event_line(&ev.unwrap())).to_vec()).unwrap();
         assert!(!json.contains("secret-lease"), "{json}");
         assert!(json.contains(r#""event":"granted""#), "{json}");
+    }
+
+    /// A watcher that stops reading is cut off after `SLOW_WATCHER`, not
+    /// kept (with everything queued for it) for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_watcher_that_reads_nothing_is_cut_off() {
+        let (tx, mut rx) = mpsc::channel(1);
+        assert!(deliver(&tx, Bytes::from_static(b"1")).await, "room in the buffer");
+        let t = tokio::time::Instant::now();
+        assert!(!deliver(&tx, Bytes::from_static(b"2")).await, "the buffer stayed full");
+        assert_eq!(t.elapsed(), SLOW_WATCHER);
+        rx.recv().await.unwrap();
+        assert!(deliver(&tx, Bytes::from_static(b"3")).await, "a reading watcher is served");
     }
 }
