@@ -217,16 +217,51 @@ fn check_node_id(db: &Database, id: NodeId) -> anyhow::Result<()> {
     }
 }
 
-/// Serve the Lock API and the peer RPCs until `shutdown` resolves, then
-/// drain the requests in flight.
-pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
+/// The node's two listeners: the client API on `listen`, the peer plane on
+/// `peer_listen`. Never one for both: Raft RPCs are not part of the client API.
+pub struct Listeners {
+    pub client: TcpListener,
+    pub peer: TcpListener,
+}
+
+impl Listeners {
+    /// Bind both addresses of `config`.
+    pub async fn bind(config: &NodeConfig) -> anyhow::Result<Listeners> {
+        let client =
+            TcpListener::bind(config.listen).await.with_context(|| format!("binding listen {}", config.listen))?;
+        let peer = TcpListener::bind(config.peer_listen)
+            .await
+            .with_context(|| format!("binding peer_listen {}", config.peer_listen))?;
+        Ok(Listeners { client, peer })
+    }
+}
+
+/// Serve the Lock API and the peer plane until `shutdown` resolves, then
+/// drain the requests in flight on both.
+pub async fn serve(listeners: Listeners, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
     let limits = &node.config.limits;
-    let opts = crate::http::Listener {
+    let opts = |name| crate::http::Listener {
         header_timeout: limits.header_timeout,
         max_connections: limits.max_connections,
-        ..crate::http::Listener::http1("lock API")
+        ..crate::http::Listener::http1(name)
     };
-    crate::http::serve(listener, opts, shutdown, move |req, _| api::handle(node.clone(), req)).await
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let (client_node, peer_node) = (node.clone(), node.clone());
+    let client =
+        crate::http::serve(listeners.client, opts("lock API"), until_stopped(stopped.clone()), move |req, _| {
+            api::handle(client_node.clone(), api::Plane::Client, req)
+        });
+    let peer = crate::http::serve(listeners.peer, opts("peer plane"), until_stopped(stopped), move |req, _| {
+        api::handle(peer_node.clone(), api::Plane::Peer, req)
+    });
+    let trigger = async move {
+        shutdown.await;
+        stop.send_replace(true);
+    };
+    tokio::join!(client, peer, trigger);
 }
 
 #[cfg(test)]

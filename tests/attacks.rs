@@ -13,7 +13,7 @@ use fencegate::raft::types::{Entry, TypeConfig};
 use fencegate_client::http::HttpClient;
 use fencegate_client::AcquireOptions;
 use fencegate_testkit::http::raw_answer;
-use fencegate_testkit::{bin, free_port, wait, Cluster, Proc, Watch};
+use fencegate_testkit::{bin, free_ports, wait, Cluster, Proc, Watch};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::{CommittedLeaderId, EntryPayload, LeaderId, LogId, Vote};
 
@@ -73,15 +73,19 @@ async fn hostile_raft_rpcs_are_refused_and_break_nothing() {
         ),
     ];
     for id in c.ids() {
+        // On the client port Raft does not exist; on the peer port the guard refuses.
         for (what, rpc) in &votes {
-            let a = raw_answer("POST", &format!("{}/raft/vote", c.url(id)), Some(&serde_json::to_string(rpc).unwrap()))
-                .await;
+            let body = serde_json::to_string(rpc).unwrap();
+            let a = raw_answer("POST", &format!("{}/raft/vote", c.url(id)), Some(&body)).await;
+            assert_eq!(a.status, 404, "node {id}'s client port, a vote with {what}");
+            let a = raw_answer("POST", &format!("{}/raft/vote", c.peer_url(id)), Some(&body)).await;
             assert_eq!(a.status, 400, "node {id}, a vote with {what}: {}", String::from_utf8_lossy(&a.body));
         }
         for (what, rpc) in &appends {
-            let a =
-                raw_answer("POST", &format!("{}/raft/append", c.url(id)), Some(&serde_json::to_string(rpc).unwrap()))
-                    .await;
+            let body = serde_json::to_string(rpc).unwrap();
+            let a = raw_answer("POST", &format!("{}/raft/append", c.url(id)), Some(&body)).await;
+            assert_eq!(a.status, 404, "node {id}'s client port, an append with {what}");
+            let a = raw_answer("POST", &format!("{}/raft/append", c.peer_url(id)), Some(&body)).await;
             assert_eq!(a.status, 400, "node {id}, an append with {what}: {}", String::from_utf8_lossy(&a.body));
         }
     }
@@ -127,11 +131,11 @@ fn cpu_seconds(pid: u32) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_descriptors_the_accept_loop_backs_off_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let [port, peer_port] = free_ports::<2>();
     let url = format!("http://127.0.0.1:{port}");
     let config = dir.path().join("node.yaml");
     let yaml = format!(
-        "id: 1\nlisten: 127.0.0.1:{port}\ndata_dir: {}\npeers:\n  1: {url}\n",
+        "id: 1\nlisten: 127.0.0.1:{port}\npeer_listen: 127.0.0.1:{peer_port}\ndata_dir: {}\npeers:\n  1: http://127.0.0.1:{peer_port}\n",
         dir.path().join("data").display()
     );
     std::fs::write(&config, yaml).unwrap();

@@ -2,19 +2,17 @@
 
 use std::path::Path;
 
-use anyhow::Context;
-use tokio::net::TcpListener;
-
 use crate::config::node::NodeConfig;
 use crate::config::ConfigFile;
-use crate::server::{serve, Node};
+use crate::server::{serve, Listeners, Node};
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {
     // Validate everything before binding anything.
     let config = NodeConfig::load(path)?;
-    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let listeners = Listeners::bind(&config).await?;
     let node = Node::start(config).await?;
-    tracing::info!(id = node.id, listen = %listener.local_addr()?, "fencegate node serving");
+    let (client, peer) = (listeners.client.local_addr()?, listeners.peer.local_addr()?);
+    tracing::info!(id = node.id, listen = %client, peer_listen = %peer, "fencegate node serving");
     let stopping = {
         let node = node.clone();
         async move {
@@ -24,7 +22,7 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
         }
     };
     tokio::select! {
-        () = serve(listener, node.clone(), stopping) => {}
+        () = serve(listeners, node.clone(), stopping) => {}
         // A node whose Raft core stopped (a panic, a storage error such as a
         // full disk) cannot serve: exit so that a supervisor restarts it,
         // which recovers from the durable log once the cause is gone.

@@ -27,15 +27,18 @@ const DEV_SIDECAR: &str = include_str!("../../config/dev.yaml");
 #[derive(Debug, Clone, Copy)]
 pub struct Ports {
     pub nodes: [u16; 3],
+    /// The nodes' peer planes.
+    pub peers: [u16; 3],
     pub inventory: u16,
     pub sidecar: u16,
     pub metrics: u16,
 }
 
 /// The well-known local ports of docs/DESIGN.md.
-pub const DEV_PORTS: Ports = Ports { nodes: [7401, 7402, 7403], inventory: 9000, sidecar: 8080, metrics: 9464 };
+pub const DEV_PORTS: Ports =
+    Ports { nodes: [7401, 7402, 7403], peers: [7501, 7502, 7503], inventory: 9000, sidecar: 8080, metrics: 9464 };
 /// Any free ports.
-pub const ANY_PORTS: Ports = Ports { nodes: [0; 3], inventory: 0, sidecar: 0, metrics: 0 };
+pub const ANY_PORTS: Ports = Ports { nodes: [0; 3], peers: [0; 3], inventory: 0, sidecar: 0, metrics: 0 };
 
 pub struct Stack {
     pub endpoints: Vec<String>,
@@ -61,16 +64,19 @@ impl Stack {
     /// returns once the cluster has a leader.
     pub async fn start(ports: Ports, data: &Path) -> anyhow::Result<Stack> {
         let mut node_listeners = vec![];
-        for port in ports.nodes {
-            node_listeners.push(bind(port, "lock service").await?);
+        for (port, peer_port) in ports.nodes.into_iter().zip(ports.peers) {
+            node_listeners.push((bind(port, "lock service").await?, bind(peer_port, "lock service peer plane").await?));
         }
         let (inv_listener, inv_addr) = bind(ports.inventory, "inventory API").await?;
         let (sc_listener, sc_addr) = bind(ports.sidecar, "sidecar").await?;
         let (metrics_listener, metrics_addr) = bind(ports.metrics, "sidecar metrics").await?;
 
-        let peers: BTreeMap<u64, String> =
-            node_listeners.iter().enumerate().map(|(i, (_, a))| (i as u64 + 1, format!("http://{a}"))).collect();
-        let endpoints: Vec<String> = peers.values().cloned().collect();
+        let url_map = |addr: &dyn Fn(usize) -> SocketAddr| -> BTreeMap<u64, String> {
+            (0..node_listeners.len()).map(|i| (i as u64 + 1, format!("http://{}", addr(i)))).collect()
+        };
+        let clients = url_map(&|i| node_listeners[i].0 .1);
+        let peers = url_map(&|i| node_listeners[i].1 .1);
+        let endpoints: Vec<String> = clients.values().cloned().collect();
         let (stop, stopped) = watch::channel(false);
         let until_stopped = move || {
             let mut rx = stopped.clone();
@@ -80,19 +86,23 @@ impl Stack {
         };
         let mut tasks = vec![];
         let mut nodes = vec![];
-        for (i, (listener, addr)) in node_listeners.into_iter().enumerate() {
+        for (i, ((client, addr), (peer, peer_addr))) in node_listeners.into_iter().enumerate() {
             let config = NodeConfig {
                 id: i as u64 + 1,
                 listen: addr,
+                peer_listen: peer_addr,
+                insecure_peers: false,
                 data_dir: data.join(format!("node{}", i + 1)),
                 peers: peers.clone(),
+                clients: clients.clone(),
                 lease: LeaseConfig::default(),
                 raft: RaftConfig::default(),
                 limits: NodeLimits::default(),
             }
             .validate()?;
             let node = Node::start(config).await?;
-            tasks.push(tokio::spawn(crate::server::serve(listener, node.clone(), until_stopped())));
+            let listeners = crate::server::Listeners { client, peer };
+            tasks.push(tokio::spawn(crate::server::serve(listeners, node.clone(), until_stopped())));
             nodes.push(node);
         }
 

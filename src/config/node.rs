@@ -18,11 +18,22 @@ const MAX_CONNECTIONS: usize = 1_000_000;
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     pub id: u64,
-    /// Client API and peer traffic.
+    /// The client API.
     pub listen: SocketAddr,
+    /// The peer plane: Raft RPCs, and leader calls followers forward.
+    pub peer_listen: SocketAddr,
+    /// The peer plane has no TLS yet: anyone who reaches `peer_listen` can
+    /// speak Raft. Outside loopback that must be said in so many words.
+    #[serde(default)]
+    pub insecure_peers: bool,
     pub data_dir: PathBuf,
-    /// Identical on every node; the cluster bootstraps from it on first start.
+    /// Each member's peer-plane URL (its `peer_listen`). The same ids on
+    /// every node; the cluster bootstraps from them on first start.
     pub peers: BTreeMap<u64, String>,
+    /// Each member's client API URL, as clients reach it: `GET /v1/cluster`
+    /// names the leader's, so that clients go to it directly. Optional.
+    #[serde(default)]
+    pub clients: BTreeMap<u64, String>,
     #[serde(default)]
     pub lease: LeaseConfig,
     #[serde(default)]
@@ -126,6 +137,26 @@ impl ConfigFile for NodeConfig {
         for (id, url) in &self.peers {
             endpoint_url(&format!("peers.{id}"), url)?;
         }
+        for (id, url) in &self.clients {
+            endpoint_url(&format!("clients.{id}"), url)?;
+            if !self.peers.contains_key(id) {
+                return Err(ConfigError::invalid(format!("clients.{id}"), "names a node that is not one of the peers"));
+            }
+        }
+        // Port 0 twice is two different OS-assigned ports.
+        if self.peer_listen == self.listen && self.listen.port() != 0 {
+            return Err(ConfigError::invalid("peer_listen", "must differ from listen: the peer plane is its own"));
+        }
+        if !self.peer_listen.ip().is_loopback() && !self.insecure_peers {
+            return Err(ConfigError::invalid(
+                "peer_listen",
+                format!(
+                    "{} is not a loopback address, and the peer plane has no TLS yet: anyone who reaches it \
+                     could speak Raft to this node. Firewall it to the members and set `insecure_peers: true`",
+                    self.peer_listen
+                ),
+            ));
+        }
         let l = &self.lease;
         if l.min_ttl.is_zero() || l.min_ttl > l.default_ttl || l.default_ttl > l.max_ttl {
             return Err(ConfigError::invalid("lease", "need 0 < min_ttl <= default_ttl <= max_ttl"));
@@ -162,17 +193,10 @@ impl ConfigFile for NodeConfig {
             return Err(ConfigError::invalid("limits.max_connections", "must be between 1 and 1000000"));
         }
         // Paths are appended to peer URLs: `http://h:1/` must not give `//raft/...`.
-        for url in self.peers.values_mut() {
+        for url in self.peers.values_mut().chain(self.clients.values_mut()) {
             url.truncate(url.trim_end_matches('/').len());
         }
         Ok(self)
-    }
-}
-
-impl NodeConfig {
-    /// This node's own URL, as the peers list names it.
-    pub fn self_url(&self) -> &str {
-        &self.peers[&self.id]
     }
 }
 
@@ -183,8 +207,13 @@ mod tests {
     const GOOD: &str = "
 id: 2
 listen: 127.0.0.1:7402
+peer_listen: 127.0.0.1:7502
 data_dir: ./data/node2
 peers:
+  1: http://127.0.0.1:7501
+  2: http://127.0.0.1:7502
+  3: http://127.0.0.1:7503
+clients:
   1: http://127.0.0.1:7401
   2: http://127.0.0.1:7402
   3: http://127.0.0.1:7403
@@ -199,9 +228,23 @@ lease: { default_ttl: 10s, lock_delay: 2s }
         assert_eq!(c.lease.lock_delay, Duration::from_secs(2));
         assert_eq!(c.lease.min_ttl, Duration::from_millis(500));
         assert_eq!(c.raft.heartbeat, Duration::from_millis(100));
-        assert_eq!(c.self_url(), "http://127.0.0.1:7402");
-        let c = NodeConfig::from_yaml(&GOOD.replace("7403", "7403/")).unwrap();
-        assert_eq!(c.peers[&3], "http://127.0.0.1:7403", "a trailing / is dropped: paths are appended");
+        assert_eq!(c.peers[&2], "http://127.0.0.1:7502");
+        assert_eq!(c.clients[&2], "http://127.0.0.1:7402");
+        assert!(!c.insecure_peers, "the safe default");
+        let c = NodeConfig::from_yaml(&GOOD.replace("7503", "7503/")).unwrap();
+        assert_eq!(c.peers[&3], "http://127.0.0.1:7503", "a trailing / is dropped: paths are appended");
+        let without_clients = GOOD.split("clients:").next().unwrap().to_string() + "lease: {}\n";
+        assert!(NodeConfig::from_yaml(&without_clients).unwrap().clients.is_empty(), "clients is optional");
+    }
+
+    #[test]
+    fn a_peer_plane_outside_loopback_must_be_declared_insecure() {
+        let public = GOOD.replace("peer_listen: 127.0.0.1:7502", "peer_listen: 0.0.0.0:7502");
+        assert!(NodeConfig::from_yaml(&public).is_err());
+        let c = NodeConfig::from_yaml(&format!("{public}insecure_peers: true\n")).unwrap();
+        assert!(c.insecure_peers);
+        let e = NodeConfig::from_yaml(&GOOD.replace("peer_listen: 127.0.0.1:7502\n", "")).unwrap_err().to_string();
+        assert!(e.contains("peer_listen"), "peer_listen is required: {e}");
     }
 
     #[test]
@@ -216,8 +259,13 @@ lease: { default_ttl: 10s, lock_delay: 2s }
     fn bad_values_name_the_field() {
         for (from, to, field) in [
             ("id: 2", "id: 4", "id"),
-            ("http://127.0.0.1:7403", "127.0.0.1:7403", "peers.3"),
-            ("http://127.0.0.1:7403", "http://127.0.0.1:7403/x", "peers.3"),
+            ("http://127.0.0.1:7503", "127.0.0.1:7503", "peers.3"),
+            ("http://127.0.0.1:7503", "http://127.0.0.1:7503/x", "peers.3"),
+            ("3: http://127.0.0.1:7403", "4: http://127.0.0.1:7403", "clients.4"),
+            ("3: http://127.0.0.1:7403", "3: 127.0.0.1:7403", "clients.3"),
+            ("peer_listen: 127.0.0.1:7502", "peer_listen: 127.0.0.1:7402", "peer_listen"),
+            ("peer_listen: 127.0.0.1:7502", "peer_listen: 0.0.0.0:7502", "insecure_peers"),
+            ("peer_listen: 127.0.0.1:7502", "peer_listen: 10.1.2.3:7502", "insecure_peers"),
             ("default_ttl: 10s", "default_ttl: 2h", "lease"),
             ("default_ttl: 10s", "default_ttl: 10 parsecs", "default_ttl"),
             ("lock_delay: 2s", "lock_delay: 2h", "lease.lock_delay"),

@@ -25,11 +25,41 @@ use crate::lock::validate;
 /// Largest Lock API request body.
 const MAX_API_BODY: usize = 64 << 10;
 
-pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Response<Body> {
-    route(node, req).await.unwrap_or_else(ApiError::into_response)
+/// Which listener a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plane {
+    /// `listen`: the Lock API for clients. No Raft.
+    Client,
+    /// `peer_listen`: Raft RPCs, leader calls forwarded by followers, and
+    /// `GET /v1/cluster` (the bootstrap check). Nothing else.
+    Peer,
 }
 
-async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+pub async fn handle(node: Arc<Node>, plane: Plane, req: Request<Incoming>) -> Response<Body> {
+    let routed = match plane {
+        Plane::Client => route(node, req, false).await,
+        Plane::Peer => peer(node, req).await,
+    };
+    routed.unwrap_or_else(ApiError::into_response)
+}
+
+async fn peer(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path();
+    if let Some(rpc) = path.strip_prefix("/raft/") {
+        only(req.method(), Method::POST)?;
+        let rpc = rpc.to_string();
+        let body = body_within(&node, req.into_body(), super::MAX_PEER_BODY).await?;
+        return raft_rpc::handle(&node, &rpc, &body).await;
+    }
+    if path == wire::CLUSTER_PATH || req.headers().contains_key(forward::FORWARDED_BY) {
+        return route(node, req, true).await;
+    }
+    Err(ApiError::NotFound)
+}
+
+/// The Lock API. `forwarded`: a follower sent it on the peer plane, so it
+/// is not forwarded again.
+async fn route(node: Arc<Node>, req: Request<Incoming>, forwarded: bool) -> Result<Response<Body>, ApiError> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     match path.as_str() {
@@ -48,12 +78,6 @@ async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>
         }
         _ => {}
     }
-    if let Some(rpc) = path.strip_prefix("/raft/") {
-        only(&method, Method::POST)?;
-        let body = body_within(&node, req.into_body(), super::MAX_PEER_BODY).await?;
-        return raft_rpc::handle(&node, rpc, &body).await;
-    }
-
     // Leader calls.
     let call = if let Some(key) = path.strip_prefix(wire::LOCKS_PATH) {
         validate::key(key)?;
@@ -73,7 +97,6 @@ async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>
         return Err(ApiError::NotFound);
     };
     let received = Instant::now();
-    let forwarded = req.headers().contains_key(forward::FORWARDED_BY);
     let (parts, body) = req.into_parts();
     let body = body_within(&node, body, MAX_API_BODY).await?;
 
@@ -127,7 +150,10 @@ fn text(body: impl Into<bytes::Bytes>, content_type: &'static str) -> Response<B
 
 fn cluster(node: &Node) -> Response<Body> {
     let m = node.raft.metrics().borrow().clone();
-    let members = node.members().into_iter().map(|id| Member { id, url: node.peers.get(&id).cloned() }).collect();
+    // Clients are told where each member's client API is (`clients`), never
+    // its peer plane.
+    let clients = &node.config.clients;
+    let members = node.members().into_iter().map(|id| Member { id, url: clients.get(&id).cloned() }).collect();
     let info = ClusterInfo {
         id: node.id,
         leader: m.current_leader,

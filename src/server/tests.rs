@@ -13,6 +13,7 @@ use crate::config::{parse_yaml, ConfigFile};
 
 struct OneNode {
     url: String,
+    peer_url: String,
     node: Arc<Node>,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<()>,
@@ -24,16 +25,22 @@ async fn one_node(dir: &std::path::Path) -> OneNode {
 
 /// `extra` is appended to the node's config.
 async fn one_node_with(dir: &std::path::Path, extra: &str) -> OneNode {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let yaml = format!("id: 1\nlisten: {addr}\ndata_dir: {}\npeers:\n  1: http://{addr}\n{extra}", dir.display());
+    let listeners = Listeners {
+        client: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        peer: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    };
+    let (addr, peer) = (listeners.client.local_addr().unwrap(), listeners.peer.local_addr().unwrap());
+    let yaml = format!(
+        "id: 1\nlisten: {addr}\npeer_listen: {peer}\ndata_dir: {}\npeers:\n  1: http://{peer}\nclients:\n  1: http://{addr}\n{extra}",
+        dir.display()
+    );
     let config = parse_yaml::<NodeConfig>(&yaml).unwrap().validate().unwrap();
     let node = Node::start(config).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, node.clone(), async move {
+    let server = tokio::spawn(serve(listeners, node.clone(), async move {
         let _ = stopped.await;
     }));
-    OneNode { url: format!("http://{addr}"), node, stop, server }
+    OneNode { url: format!("http://{addr}"), peer_url: format!("http://{peer}"), node, stop, server }
 }
 
 fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> T {
@@ -177,6 +184,30 @@ async fn a_body_that_never_arrives_is_answered_408() {
     assert!(answer.contains("request_timeout"), "{answer}");
     let client = Client::new(vec![n.url.clone()]).unwrap();
     assert_eq!(client.read("slow/k").await.unwrap().token, 0, "nothing was proposed");
+    let _ = n.stop.send(());
+    n.node.shutdown().await;
+}
+
+/// Raft is not part of the client API, and the peer plane serves nothing
+/// of the client API but what followers forward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_and_peer_planes_are_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = one_node(dir.path()).await;
+    let http = HttpClient::new(1 << 20);
+    let t = Duration::from_secs(5);
+    for rpc in ["vote", "append", "snapshot"] {
+        let a = http.call(Method::POST, &format!("{}/raft/{rpc}", n.url), Some(b"{}".to_vec()), t).await.unwrap();
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "/raft/{rpc} on the client plane");
+        let a = http.call(Method::POST, &format!("{}/raft/{rpc}", n.peer_url), Some(b"{}".to_vec()), t).await.unwrap();
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "/raft/{rpc} on the peer plane reaches the decoder");
+    }
+    for (method, path) in [(Method::POST, "/v1/locks/plane/k"), (Method::GET, "/v1/watch"), (Method::GET, "/metrics")] {
+        let a = http.call(method.clone(), &format!("{}{path}", n.peer_url), None, t).await.unwrap();
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{method} {path} on the peer plane");
+    }
+    let a = http.call(Method::GET, &format!("{}{}", n.peer_url, wire::CLUSTER_PATH), None, t).await.unwrap();
+    assert_eq!(a.status, StatusCode::OK, "the bootstrap check asks peers for /v1/cluster");
     let _ = n.stop.send(());
     n.node.shutdown().await;
 }

@@ -1,8 +1,9 @@
 //! A cluster of real `fencegate server` processes on loopback: killed with
 //! SIGKILL (no shutdown, nothing flushed beyond what was fsync'd), paused
-//! with SIGSTOP, restarted on the same data. In tests every peer link goes
-//! through a [`Relay`] that can be cut one way or both; benchmarks connect
-//! the nodes directly.
+//! with SIGSTOP, restarted on the same data. Each node has a client port
+//! and a peer-plane port; in tests every peer link (Raft, and the leader
+//! calls followers forward) goes through a [`Relay`] that can be cut one
+//! way or both; benchmarks connect the nodes directly.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,8 @@ pub struct Cluster {
     dir: tempfile::TempDir,
     bin: Bin,
     urls: BTreeMap<u64, String>,
+    /// Each node's peer-plane URL.
+    peer_urls: BTreeMap<u64, String>,
     /// The nodes' ports, held for the cluster's life.
     _reserved: Vec<Reserved>,
     /// (from, to) -> the relay carrying from's requests to `to`; empty without relays.
@@ -93,14 +96,16 @@ impl Cluster {
         // Reserved for the cluster's life: no relay (of this cluster or of a
         // test running beside it) is handed a node's port, also while the
         // node is down.
-        let reserved: Vec<Reserved> = (0..n).map(|_| reserve()).collect();
-        let ports: Vec<u16> = reserved.iter().map(|r| r.port).collect();
-        let urls: BTreeMap<u64, String> = (1..=n).zip(ports.iter().map(|p| format!("http://127.0.0.1:{p}"))).collect();
+        let reserved: Vec<Reserved> = (0..2 * n).map(|_| reserve()).collect();
+        let (ports, peer_ports): (Vec<u16>, Vec<u16>) = reserved.chunks(2).map(|r| (r[0].port, r[1].port)).unzip();
+        let url = |p: &u16| format!("http://127.0.0.1:{p}");
+        let urls: BTreeMap<u64, String> = (1..=n).zip(ports.iter().map(url)).collect();
+        let peer_urls: BTreeMap<u64, String> = (1..=n).zip(peer_ports.iter().map(url)).collect();
         let mut relays = BTreeMap::new();
         if o.relays {
             for from in 1..=n {
                 for to in (1..=n).filter(|to| *to != from) {
-                    relays.insert((from, to), Relay::start(ports[to as usize - 1]).await);
+                    relays.insert((from, to), Relay::start(peer_ports[to as usize - 1]).await);
                 }
             }
         }
@@ -108,6 +113,7 @@ impl Cluster {
             dir,
             bin: bin.clone(),
             urls,
+            peer_urls,
             _reserved: reserved,
             relays,
             nodes: BTreeMap::new(),
@@ -164,6 +170,11 @@ impl Cluster {
         self.urls[&id].clone()
     }
 
+    /// Node `id`'s peer-plane URL (Raft RPCs; forwarded leader calls).
+    pub fn peer_url(&self, id: u64) -> String {
+        self.peer_urls[&id].clone()
+    }
+
     /// Node `id`'s API port (to put a relay of one's own in front of it, say).
     pub fn port(&self, id: u64) -> u16 {
         self.urls[&id].rsplit(':').next().and_then(|p| p.parse().ok()).unwrap()
@@ -202,14 +213,16 @@ impl Cluster {
             .map(|other| {
                 let url = match self.relays.get(&(id, other)) {
                     Some(r) => r.url(),
-                    None => self.url(other),
+                    None => self.peer_url(other),
                 };
                 format!("  {other}: {url}\n")
             })
             .collect();
+        let clients: String = self.urls.iter().map(|(other, url)| format!("  {other}: {url}\n")).collect();
         let yaml = format!(
-            "id: {id}\nlisten: {}\ndata_dir: {}\npeers:\n{peers}{}",
+            "id: {id}\nlisten: {}\npeer_listen: {}\ndata_dir: {}\npeers:\n{peers}clients:\n{clients}{}",
             self.urls[&id].trim_start_matches("http://"),
+            self.peer_urls[&id].trim_start_matches("http://"),
             self.data_dir(id).display(),
             self.extra_yaml
         );
