@@ -72,21 +72,16 @@ async fn hostile_raft_rpcs_are_refused_and_break_nothing() {
             },
         ),
     ];
+    let votes = votes.iter().map(|(what, rpc)| ("vote", *what, serde_json::to_string(rpc).unwrap()));
+    let appends = appends.iter().map(|(what, rpc)| ("append", *what, serde_json::to_string(rpc).unwrap()));
+    let hostile: Vec<(&str, &str, String)> = votes.chain(appends).collect();
     for id in c.ids() {
         // On the client port Raft does not exist; on the peer port the guard refuses.
-        for (what, rpc) in &votes {
-            let body = serde_json::to_string(rpc).unwrap();
-            let a = raw_answer("POST", &format!("{}/raft/vote", c.url(id)), Some(&body)).await;
-            assert_eq!(a.status, 404, "node {id}'s client port, a vote with {what}");
-            let a = raw_answer("POST", &format!("{}/raft/vote", c.peer_url(id)), Some(&body)).await;
-            assert_eq!(a.status, 400, "node {id}, a vote with {what}: {}", String::from_utf8_lossy(&a.body));
-        }
-        for (what, rpc) in &appends {
-            let body = serde_json::to_string(rpc).unwrap();
-            let a = raw_answer("POST", &format!("{}/raft/append", c.url(id)), Some(&body)).await;
-            assert_eq!(a.status, 404, "node {id}'s client port, an append with {what}");
-            let a = raw_answer("POST", &format!("{}/raft/append", c.peer_url(id)), Some(&body)).await;
-            assert_eq!(a.status, 400, "node {id}, an append with {what}: {}", String::from_utf8_lossy(&a.body));
+        for (rpc, what, body) in &hostile {
+            let a = raw_answer("POST", &format!("{}/raft/{rpc}", c.url(id)), Some(body)).await;
+            assert_eq!(a.status, 404, "node {id}'s client port, a {rpc} with {what}");
+            let a = raw_answer("POST", &format!("{}/raft/{rpc}", c.peer_url(id)), Some(body)).await;
+            assert_eq!(a.status, 400, "node {id}, a {rpc} with {what}: {}", String::from_utf8_lossy(&a.body));
         }
     }
 
