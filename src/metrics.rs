@@ -46,6 +46,8 @@ pub struct LockMetrics {
     pub expirations: IntCounter,
     pub acquire_duration: Histogram,
     pub leases: IntGauge,
+    /// Acquires parked on this node, waiting for their key.
+    pub waiters: IntGauge,
 }
 
 impl LockMetrics {
@@ -66,6 +68,10 @@ impl LockMetrics {
                 )?,
             )?,
             leases: register(r, IntGauge::new("fencegate_lock_leases", "Live leases")?)?,
+            waiters: register(
+                r,
+                IntGauge::new("fencegate_lock_waiters", "Acquires waiting on this node for their key")?,
+            )?,
         })
     }
 }

@@ -103,6 +103,7 @@ impl Node {
             }
         }
 
+        let waitlist = waitlist::WaitList::new(lock_metrics.waiters.clone());
         let node = Arc::new(Node {
             id: config.id,
             config,
@@ -114,7 +115,7 @@ impl Node {
             registry,
             lock_metrics,
             raft_metrics,
-            waitlist: waitlist::WaitList::default(),
+            waitlist,
             clock_term: std::sync::atomic::AtomicU64::new(0),
             stopping: tokio::sync::watch::Sender::new(false),
         });

@@ -32,16 +32,15 @@ async fn acquire_keepalive_release_and_fifo_waiters() {
     assert!(a.is_valid(), "keepalives must hold the lease past its TTL");
     assert_eq!(client.read("rack/1").await.unwrap().holder.as_deref(), Some("a"));
 
-    // Two waiters queue in arrival order. (The pauses give each time to
-    // join the queue: the service exposes nothing that says a waiter is
-    // queued, so there is no signal to wait for instead.)
+    // Two waiters queue in arrival order; each is seen to have joined the
+    // queue (`fencegate_lock_waiters`) before the next one comes.
     let (cb, cc) = (client.clone(), client.clone());
     let b =
         tokio::spawn(async move { cb.acquire("rack/1", ttl(1000).wait(Duration::from_secs(10)).holder("b")).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.wait_for_waiters(1, Duration::from_secs(5)).await;
     let cw =
         tokio::spawn(async move { cc.acquire("rack/1", ttl(1000).wait(Duration::from_secs(10)).holder("c")).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.wait_for_waiters(2, Duration::from_secs(5)).await;
     let a_token = a.token();
     a.release().await.unwrap();
     let b = b.await.unwrap().unwrap();
@@ -295,8 +294,7 @@ async fn a_retry_is_answered_even_with_a_waiter_queued_on_the_key() {
     let waiter = tokio::spawn(async move {
         raw("POST", &waiter_url, Some(r#"{"ttl_ms":5000,"wait_ms":3000,"holder":"waiter"}"#)).await
     });
-    // (Time to join the queue: nothing observable says it has.)
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.wait_for_waiters(1, Duration::from_secs(5)).await;
     // ...and the retry must still get its own grant back, not "held by retrier".
     let (s2, second) = raw("POST", &url, Some(body)).await;
     assert_eq!((s2, &second), (200, &first), "a retry behind a waiter must return the original grant");

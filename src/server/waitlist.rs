@@ -9,14 +9,16 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use prometheus::IntGauge;
 use tokio::sync::Notify;
 
-#[derive(Default)]
 pub struct WaitList {
     queues: Mutex<HashMap<String, VecDeque<u64>>>,
     next: AtomicU64,
     /// Signalled whenever a ticket leaves a queue, so the next one can go.
     pub changed: Notify,
+    /// `fencegate_lock_waiters`: tickets held on this node.
+    waiters: IntGauge,
 }
 
 /// A place in a key's queue; leaving (drop) lets the next waiter go.
@@ -27,7 +29,12 @@ pub struct Ticket<'a> {
 }
 
 impl WaitList {
+    pub fn new(waiters: IntGauge) -> Self {
+        Self { queues: Mutex::default(), next: AtomicU64::new(0), changed: Notify::new(), waiters }
+    }
+
     pub fn join(&self, key: &str) -> Ticket<'_> {
+        self.waiters.inc();
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.queues.lock().unwrap_or_else(|p| p.into_inner()).entry(key.to_string()).or_default().push_back(id);
         Ticket { list: self, key: key.to_string(), id }
@@ -49,6 +56,7 @@ impl Drop for Ticket<'_> {
             }
         }
         drop(queues);
+        self.list.waiters.dec();
         self.list.changed.notify_waiters();
     }
 }
@@ -59,7 +67,8 @@ mod tests {
 
     #[test]
     fn first_come_first_served_per_key() {
-        let w = WaitList::default();
+        let gauge = IntGauge::new("w", "w").unwrap();
+        let w = WaitList::new(gauge.clone());
         let a = w.join("k");
         let b = w.join("k");
         let c = w.join("k");
@@ -70,6 +79,7 @@ mod tests {
         assert!(w.is_head(&a) && !w.is_head(&c));
         drop(a);
         assert!(w.is_head(&c));
+        assert_eq!(gauge.get(), 2, "the gauge counts the tickets held");
         drop(c);
         assert!(w.queues.lock().unwrap().get("k").is_none(), "empty queues are removed");
     }

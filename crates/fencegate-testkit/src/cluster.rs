@@ -372,6 +372,25 @@ impl Cluster {
         .await
     }
 
+    /// Until `n` acquires are parked waiting for their keys, over all
+    /// running nodes (`fencegate_lock_waiters`): the signal that a waiter
+    /// has joined its queue.
+    pub async fn wait_for_waiters(&self, n: u64, within: Duration) {
+        wait::until_ok(&format!("{n} waiting acquires"), within, || async {
+            let mut total = 0.0;
+            for id in self.nodes.keys() {
+                let text = http::get_text(&format!("{}/metrics", self.url(*id))).await;
+                total += http::metric(&text, "fencegate_lock_waiters").unwrap_or(0.0);
+            }
+            if total as u64 == n {
+                Ok(())
+            } else {
+                Err(total)
+            }
+        })
+        .await
+    }
+
     /// A sidecar in `dir()/name` asking this cluster, in front of `upstream`,
     /// with `yaml` (its routes and any other sections).
     pub async fn sidecar(&self, name: &str, upstream: &str, yaml: &str) -> Sidecar {
