@@ -8,11 +8,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{endpoint_url, ConfigError, ConfigFile};
+use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 
 /// The longest `lease.max_wait`: a parked acquire is an open connection.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 const MAX_LIMIT_TIMEOUT: Duration = Duration::from_secs(300);
-const MAX_CONNECTIONS: usize = 1_000_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,7 +59,11 @@ pub struct NodeLimits {
 
 impl Default for NodeLimits {
     fn default() -> Self {
-        Self { header_timeout: Duration::from_secs(10), body_timeout: Duration::from_secs(10), max_connections: 4096 }
+        Self {
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: Duration::from_secs(10),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use serde::de::{self, MapAccess, Unexpected, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use super::{endpoint_url, upstream_url, ConfigError, ConfigFile};
+use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 use crate::sidecar::fence::{Consistency, Fence, FenceMode, MissingToken};
 use crate::sidecar::routes::{Route, RouteSpec, Routes};
 
@@ -73,8 +74,8 @@ impl Default for Limits {
         Self {
             max_body: 10 * MIB,
             max_header_bytes: 64 * KIB,
-            header_timeout: Duration::from_secs(10),
-            max_connections: 4096,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -308,7 +309,7 @@ impl SidecarConfig {
         if l.header_timeout.is_zero() || l.header_timeout > MAX_HEADER_TIMEOUT {
             return Err(ConfigError::invalid("limits.header_timeout", "must be above 0 and at most 5m"));
         }
-        if !(1..=1_000_000).contains(&l.max_connections) {
+        if !(1..=MAX_CONNECTIONS).contains(&l.max_connections) {
             return Err(ConfigError::invalid("limits.max_connections", "must be between 1 and 1000000"));
         }
         Ok(())

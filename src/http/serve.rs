@@ -28,6 +28,12 @@ use tokio_rustls::TlsAcceptor;
 
 use super::Body;
 
+/// The defaults every listener starts from (the configs' `limits` too).
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// The largest `max_connections` a config may ask for.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+
 /// How long `accept` waits after running out of descriptors or memory.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -57,12 +63,12 @@ impl Listener {
     pub fn http1(name: &'static str) -> Self {
         Listener {
             name,
-            header_timeout: Duration::from_secs(10),
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
             max_header_bytes: 64 << 10,
             http2: false,
             tls: None,
             drain: Duration::from_secs(5),
-            max_connections: 4096,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
