@@ -370,3 +370,84 @@ fn decode<T: DeserializeOwned>(a: Reply) -> Result<T, ClientError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::AtomicUsize;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::rt::TokioIo;
+
+    use super::*;
+
+    /// A stand-in lock service whose acquire answers after `grant_delay` and
+    /// whose keepalive answers after `ack_delay`; counts releases.
+    async fn slow_service(grant_delay: Duration, ack_delay: Duration, releases: Arc<AtomicUsize>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let releases = releases.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let releases = releases.clone();
+                        async move {
+                            let body = match (req.method().clone(), req.uri().path()) {
+                                (Method::POST, p) if p.starts_with(wire::LOCKS_PATH) => {
+                                    tokio::time::sleep(grant_delay).await;
+                                    r#"{"key":"k","token":7,"lease_id":"l","ttl_ms":1000}"#
+                                }
+                                (Method::POST, _) => {
+                                    tokio::time::sleep(ack_delay).await;
+                                    r#"{"ttl_ms":1000}"#
+                                }
+                                (Method::DELETE, _) => {
+                                    releases.fetch_add(1, Ordering::SeqCst);
+                                    r#"{"key":"k","token":7,"released":true}"#
+                                }
+                                // Leader discovery: no leader named, the client keeps its endpoint.
+                                _ => r#"{"error":"not_found","message":"m"}"#,
+                            };
+                            Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from_static(body.as_bytes()))))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        url
+    }
+
+    /// L4 in `acquire`: a grant that came back with little validity left is
+    /// anchored afresh by a keepalive before the lease is handed out.
+    #[tokio::test]
+    async fn a_late_grant_is_anchored_before_it_is_handed_out() {
+        let releases = Arc::new(AtomicUsize::new(0));
+        let url = slow_service(Duration::from_millis(600), Duration::ZERO, releases.clone()).await;
+        let client = Client::new(vec![url]).unwrap();
+        let lease = client.acquire("k", AcquireOptions::new(Duration::from_secs(1))).await.unwrap();
+        // Without the anchor, 1000 × 0.99 − 100 − 600 = 290 ms would be left.
+        assert!(lease.remaining() > Duration::from_millis(700), "{:?} left", lease.remaining());
+        assert_eq!(releases.load(Ordering::SeqCst), 0);
+    }
+
+    /// ...and if even that keepalive answers too late to leave any validity,
+    /// the grant is given back and `acquire` fails: it never hands out a
+    /// lease that is already lost.
+    #[tokio::test]
+    async fn a_grant_that_cannot_be_anchored_in_time_is_released() {
+        let releases = Arc::new(AtomicUsize::new(0));
+        let url = slow_service(Duration::from_millis(600), Duration::from_millis(1000), releases.clone()).await;
+        let client = Client::new(vec![url]).unwrap();
+        match client.acquire("k", AcquireOptions::new(Duration::from_secs(1))).await {
+            Err(ClientError::Unavailable(_)) => {}
+            other => panic!("expected unavailable, got {:?}", other.map(|l| l.is_valid())),
+        }
+        assert_eq!(releases.load(Ordering::SeqCst), 1, "the grant was given back");
+    }
+}
