@@ -56,9 +56,9 @@ pub fn read(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })
 }
 
-/// A lock service node's URL (`http://host:port`), as `field` names it.
-pub fn endpoint_url(field: &str, url: &str) -> Result<Uri, ConfigError> {
-    fencegate_client::url::parse_endpoint(url).map_err(|m| ConfigError::invalid(field, m))
+/// A lock service node's URL (`http://host:port`, `https://` with `tls`), as `field` names it.
+pub fn endpoint_url(field: &str, url: &str, tls: bool) -> Result<Uri, ConfigError> {
+    fencegate_client::url::parse_endpoint(url, tls).map_err(|m| ConfigError::invalid(field, m))
 }
 
 /// An absolute `http://` or `https://` URL naming a host, with or without a

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
-pub use serve::{serve, Listener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
+pub use serve::{serve, Conn, Listener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 
 /// The body of every response fencegate's servers produce.
 pub type Body = BoxBody<Bytes, BoxError>;

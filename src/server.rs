@@ -1,10 +1,12 @@
 //! The lock service node: opens storage, starts Raft, runs the lease keeper and
-//! serves the Lock API and the peer RPCs on one listener.
+//! serves the Lock API (`listen`) and the peer plane (`peer_listen`).
 //!
-//! `Node::start` + `serve(listener, node, shutdown)` is the whole lifecycle, so
+//! `Node::start` + `serve(listeners, node, shutdown)` is the whole lifecycle, so
 //! tests can run a real node on `127.0.0.1:0` exactly as `fencegate server` does.
 
 mod api;
+mod audit;
+mod credentials;
 mod error;
 mod forward;
 mod keeper;
@@ -23,13 +25,14 @@ use prometheus::Registry;
 use redb::Database;
 use tokio::net::TcpListener;
 
+use crate::auth::Acl;
 use crate::config::node::NodeConfig;
 use crate::metrics::{LockMetrics, RaftMetrics};
 use crate::raft::log_store::{read_meta, write_meta, LogStore};
-use crate::raft::network::Network;
+use crate::raft::network::{self, Network, Peers};
 use crate::raft::state_machine::{Applied, StateMachineStore};
 use crate::raft::types::{NodeId, Raft};
-use fencegate_client::http::HttpClient;
+use crate::tls::NodeTls;
 use fencegate_client::wire::{self, ClusterInfo};
 
 /// Largest body a peer or client may send (a Raft append batch is the largest).
@@ -41,8 +44,11 @@ pub struct Node {
     pub config: NodeConfig,
     pub raft: Raft,
     pub applied: Arc<Applied>,
-    pub peers: Arc<BTreeMap<NodeId, String>>,
-    pub http: HttpClient,
+    pub peers: Peers,
+    credentials: Arc<credentials::Credentials>,
+    acl: Acl,
+    /// `None` without `tls`: both planes serve plain HTTP.
+    tls: Option<Arc<NodeTls>>,
     pub registry: Registry,
     pub lock_metrics: LockMetrics,
     pub raft_metrics: RaftMetrics,
@@ -61,6 +67,9 @@ impl Node {
     /// Open (or create) the node's data, start Raft, bootstrap the cluster from
     /// `peers` on first start, and start the lease keeper.
     pub async fn start(config: NodeConfig) -> anyhow::Result<Arc<Node>> {
+        // Files named by the config first: a bad one is a configuration error (exit 64).
+        let tls = NodeTls::load(&config)?.map(Arc::new);
+        let credentials = credentials::Credentials::load(&config)?;
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
         let path = config.data_dir.join("raft.redb");
@@ -91,12 +100,11 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let peers = Arc::new(config.peers.clone());
-        let http = HttpClient::new(MAX_PEER_BODY);
-        let network = Network::new(peers.clone(), http.clone());
+        let peers = network::peers(&config.peers, tls.as_ref().map(|t| &t.peer_links), MAX_PEER_BODY);
+        let network = Network::new(peers.clone());
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log_store, sm).await?;
 
-        if !raft.is_initialized().await? && should_bootstrap(config.id, &peers, &http).await {
+        if !raft.is_initialized().await? && should_bootstrap(config.id, &peers).await {
             let members: BTreeMap<NodeId, EmptyNode> = peers.keys().map(|id| (*id, EmptyNode {})).collect();
             if let Err(e) = raft.initialize(members).await {
                 tracing::info!("not bootstrapping: {e}");
@@ -104,14 +112,17 @@ impl Node {
         }
 
         let waitlist = waitlist::WaitList::new(lock_metrics.waiters.clone());
+        credentials.keep_fresh();
         let node = Arc::new(Node {
             id: config.id,
+            acl: config.acl(),
+            credentials,
+            tls,
             config,
             proposer: proposer::Proposer::start(raft.clone()),
             raft,
             applied,
             peers,
-            http,
             registry,
             lock_metrics,
             raft_metrics,
@@ -174,11 +185,11 @@ impl Node {
 /// no peer already belongs to one: a node whose data was wiped must rejoin,
 /// not found a second cluster under the same ids. The others wait to be
 /// contacted by the leader.
-async fn should_bootstrap(id: NodeId, peers: &BTreeMap<NodeId, String>, http: &HttpClient) -> bool {
+async fn should_bootstrap(id: NodeId, peers: &Peers) -> bool {
     if peers.keys().next() != Some(&id) {
         return false;
     }
-    for (peer, url) in peers.iter().filter(|(p, _)| **p != id) {
+    for (peer, network::Peer { url, http }) in peers.iter().filter(|(p, _)| **p != id) {
         let answer = http
             .call(
                 hyper::Method::GET,
@@ -241,22 +252,25 @@ impl Listeners {
 /// drain the requests in flight on both.
 pub async fn serve(listeners: Listeners, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
     let limits = &node.config.limits;
-    let opts = |name| crate::http::Listener {
+    let opts = |name, tls: Option<&rustls::ServerConfig>| crate::http::Listener {
         header_timeout: limits.header_timeout,
         max_connections: limits.max_connections,
+        tls: tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c.clone()))),
         ..crate::http::Listener::http1(name)
     };
+    let tls = node.tls.as_deref();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let (client_node, peer_node) = (node.clone(), node.clone());
-    let client =
-        crate::http::serve(listeners.client, opts("lock API"), until_stopped(stopped.clone()), move |req, _| {
-            api::handle(client_node.clone(), api::Plane::Client, req)
-        });
-    let peer = crate::http::serve(listeners.peer, opts("peer plane"), until_stopped(stopped), move |req, _| {
-        api::handle(peer_node.clone(), api::Plane::Peer, req)
+    let client_opts = opts("lock API", tls.map(|t| &t.client_plane));
+    let client = crate::http::serve(listeners.client, client_opts, until_stopped(stopped.clone()), move |req, conn| {
+        api::handle(client_node.clone(), api::Plane::Client, req, conn)
+    });
+    let peer_opts = opts("peer plane", tls.map(|t| &t.peer_plane));
+    let peer = crate::http::serve(listeners.peer, peer_opts, until_stopped(stopped), move |req, conn| {
+        api::handle(peer_node.clone(), api::Plane::Peer, req, conn)
     });
     let trigger = async move {
         shutdown.await;

@@ -67,8 +67,11 @@ impl Sidecar {
         let registry = Registry::new();
         let metrics = SidecarMetrics::new(&registry)?;
         let needs_service = settings.routes.iter().any(|r| r.fence.needs_lock_service());
-        let view = match (&settings.lock_endpoints, needs_service) {
-            (Some(endpoints), true) => Some(LockView::start(Client::new(endpoints.clone())?, metrics.clone())),
+        let view = match (&settings.lock_service, tls.lock_service, needs_service) {
+            (Some(service), Some(options), true) => {
+                let client = Client::with_options(service.endpoints.clone(), options)?;
+                Some(LockView::start(client, metrics.clone()))
+            }
             _ => None,
         };
         let floors = floors::Floors::open(&settings.state_dir)?;
@@ -209,7 +212,8 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
     };
     let longest = sidecar.settings.routes.iter().map(|r| r.timeout).max().unwrap_or_default();
     let order = sidecar.fencer.order.clone();
-    crate::http::serve(listener, opts, shutdown, move |req, peer| {
+    crate::http::serve(listener, opts, shutdown, move |req, conn: crate::http::Conn| {
+        let peer = conn.addr;
         // Its own task: if the client goes away, hyper drops this future,
         // but the request (and its ordering permit, S1) must live until the
         // upstream has answered or timed out.

@@ -1,5 +1,7 @@
 //! TLS material from PEM files: the sidecar's server config (HTTPS listener,
-//! optional mTLS) and the client config for `https://` upstreams.
+//! optional mTLS), its client configs for `https://` upstreams and for the
+//! lock service (with a token, if it has one), and a node's configs for its
+//! two planes and its peer links. `identity` says who a certificate names.
 //!
 //! Every config is built on an explicit `ring` provider rather than rustls'
 //! process-wide default, so nothing depends on which crate installed one first.
@@ -7,49 +9,41 @@
 //! them, and become `ConfigError`s (exit 64), because a bad path or PEM file
 //! is a configuration mistake like any other.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+pub use fencegate_client::tls::TlsError;
+use fencegate_client::tls::{key_problem, load_certs, load_key, problem, provider, root_store};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use thiserror::Error;
 
-use crate::config::sidecar::{SidecarSettings, TlsConfig, UpstreamTls};
+use fencegate_client::tls::TlsFiles;
+use fencegate_client::ClientOptions;
+
+use crate::config::node::{NodeConfig, NodeTls as NodeTlsConfig};
+use crate::config::sidecar::{LockServiceConfig, SidecarSettings, TlsConfig, UpstreamTls};
 use crate::config::ConfigError;
 
-/// ALPN offered by the listener, preferred first: hyper serves both.
-const SERVER_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+pub mod identity;
 
-#[derive(Debug, Error)]
-#[error("{}: {problem}", path.display())]
-pub struct TlsError {
-    /// The config field that named the file, e.g. `tls.cert`.
-    pub field: &'static str,
-    pub path: PathBuf,
-    pub problem: String,
-}
+/// ALPN offered by the sidecar's listener, preferred first: hyper serves both.
+const SIDECAR_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 impl From<TlsError> for ConfigError {
     fn from(e: TlsError) -> Self {
-        ConfigError::invalid(e.field, e.to_string())
+        ConfigError::invalid(e.field.clone(), e.to_string())
     }
 }
 
 /// Building on the default versions fails only for a provider without their cipher suites.
 const RING: &str = "ring supports TLS 1.2 and 1.3";
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 /// Everything TLS a sidecar needs, loaded from the files its config names.
 pub struct SidecarTls {
     /// `None` when the listener serves plain HTTP.
     pub server: Option<ServerConfig>,
     pub upstream: ClientConfig,
+    /// How to reach the lock service, if one is configured.
+    pub lock_service: Option<ClientOptions>,
 }
 
 impl SidecarTls {
@@ -57,37 +51,120 @@ impl SidecarTls {
     pub fn load(config: &SidecarSettings) -> Result<Self, ConfigError> {
         let server = config.tls.as_ref().map(server_config).transpose()?;
         let upstream = upstream_client_config(config.upstream_tls.as_ref())?;
-        Ok(Self { server, upstream })
+        let lock_service = config.lock_service.as_ref().map(lock_service_options).transpose()?;
+        Ok(Self { server, upstream, lock_service })
     }
 }
 
-/// The listener's config: the cert chain and key of `tls`, and with
+/// The sidecar's client options toward the lock service: its CA, client
+/// certificate and token file.
+fn lock_service_options(service: &LockServiceConfig) -> Result<ClientOptions, ConfigError> {
+    let tls = match &service.ca {
+        None => None,
+        Some(ca) => {
+            let files = TlsFiles { ca: ca.clone(), cert: service.cert.clone(), key: service.key.clone() };
+            Some(files.client_config(["lock_service.ca", "lock_service.cert", "lock_service.key"])?)
+        }
+    };
+    let token = match &service.token_file {
+        None => None,
+        Some(path) => Some(read_token("lock_service.token_file", path)?),
+    };
+    Ok(ClientOptions { tls, token, ..ClientOptions::default() })
+}
+
+/// The first line of a token file, which must not be empty.
+pub fn read_token(field: &str, path: &Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::invalid(field, format!("{}: cannot read: {e}", path.display())))?;
+    match text.lines().next().map(str::trim) {
+        Some(t) if !t.is_empty() => Ok(t.to_string()),
+        _ => Err(ConfigError::invalid(field, format!("{}: no token on its first line", path.display()))),
+    }
+}
+
+/// A node's TLS: its client API listener (client certificates optional),
+/// its peer listener (a member certificate required) and its peer links.
+pub struct NodeTls {
+    pub client_plane: ServerConfig,
+    pub peer_plane: ServerConfig,
+    pub peer_links: ClientConfig,
+}
+
+impl NodeTls {
+    /// `None` without `tls`. Startup and `check-config` both call it.
+    pub fn load(config: &NodeConfig) -> Result<Option<NodeTls>, ConfigError> {
+        let Some(tls) = &config.tls else { return Ok(None) };
+        let NodeTlsConfig { cert, key, ca, client_ca } = tls;
+        let own = load_certs("tls.cert", cert)?;
+        if !identity::certifies_member(&own[0], config.id) {
+            return Err(ConfigError::invalid(
+                "tls.cert",
+                format!(
+                    "{}: does not carry the DNS name {:?}, which the other members require of node {}",
+                    cert.display(),
+                    identity::member_name(config.id).to_str(),
+                    config.id
+                ),
+            ));
+        }
+        let fields = ["tls.cert", "tls.key"];
+        // Optional: a client without a certificate may still present a token.
+        let clients = client_ca.as_deref().map(|ca| ClientCerts { field: "tls.client_ca", ca, required: false });
+        let client_plane = listener_config(fields, cert, key, clients)?;
+        let members = ClientCerts { field: "tls.ca", ca, required: true };
+        let peer_plane = listener_config(fields, cert, key, Some(members))?;
+        let files = TlsFiles { ca: ca.clone(), cert: Some(cert.clone()), key: Some(key.clone()) };
+        let peer_links = files.client_config(["tls.ca", "tls.cert", "tls.key"])?;
+        Ok(Some(NodeTls { client_plane, peer_plane, peer_links }))
+    }
+}
+
+/// The sidecar listener's config: the cert chain and key of `tls`, and with
 /// `client_ca` a verifier that refuses clients without a certificate it signed.
 fn server_config(tls: &TlsConfig) -> Result<ServerConfig, TlsError> {
-    let certs = load_certs("tls.cert", &tls.cert)?;
-    let key = load_key("tls.key", &tls.key)?;
+    // Required, not optional: with mTLS configured, an anonymous client must
+    // fail the handshake rather than reach a route.
+    let clients = tls.client_ca.as_deref().map(|ca| ClientCerts { field: "tls.client_ca", ca, required: true });
+    let mut config = listener_config(["tls.cert", "tls.key"], &tls.cert, &tls.key, clients)?;
+    config.alpn_protocols = SIDECAR_ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
+/// Which client certificates a listener asks for.
+pub struct ClientCerts<'a> {
+    /// The setting naming `ca`, for errors.
+    pub field: &'static str,
+    /// Only certificates this CA signed are accepted.
+    pub ca: &'a Path,
+    /// A client without a certificate fails the handshake; otherwise it is
+    /// served, and identifies itself some other way (a bearer token).
+    pub required: bool,
+}
+
+/// A listener's config: `cert` (chain) and `key`, and the client
+/// certificates it accepts (none without `clients`). `fields` names the
+/// cert and key settings in errors.
+pub fn listener_config(
+    fields: [&str; 2],
+    cert: &Path,
+    key: &Path,
+    clients: Option<ClientCerts<'_>>,
+) -> Result<ServerConfig, TlsError> {
+    let certs = load_certs(fields[0], cert)?;
+    let private = load_key(fields[1], key)?;
     let builder = ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().expect(RING);
-    let builder = match &tls.client_ca {
+    let builder = match clients {
         None => builder.with_no_client_auth(),
-        Some(ca) => {
-            let roots = root_store("tls.client_ca", ca)?;
-            // Required, not optional: with mTLS configured, an anonymous client
-            // must fail the handshake rather than reach a route.
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                .build()
-                .map_err(|e| problem("tls.client_ca", ca, e))?;
-            builder.with_client_cert_verifier(verifier)
+        Some(c) => {
+            let roots = root_store(c.field, c.ca)?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(std::sync::Arc::new(roots), provider());
+            let verifier = if c.required { verifier } else { verifier.allow_unauthenticated() };
+            builder.with_client_cert_verifier(verifier.build().map_err(|e| problem(c.field, c.ca, e))?)
         }
     };
     // This also checks that the key belongs to the first certificate.
-    let mut config = builder.with_single_cert(certs, key).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(_) => {
-            problem("tls.key", &tls.key, format!("is not the key of the certificate in {}", tls.cert.display()))
-        }
-        e => problem("tls.key", &tls.key, e),
-    })?;
-    config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
-    Ok(config)
+    builder.with_single_cert(certs, private).map_err(|e| key_problem(fields[1], key, cert, e))
 }
 
 /// The config for `https://` upstreams: Mozilla's roots (compiled in, since the
@@ -105,44 +182,6 @@ fn upstream_client_config(extra: Option<&UpstreamTls>) -> Result<ClientConfig, T
         .expect(RING)
         .with_root_certificates(roots)
         .with_no_client_auth())
-}
-
-/// Every certificate in a PEM file, in order (leaf first for a chain).
-fn load_certs(field: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| pem_problem(field, path, e))?;
-    if certs.is_empty() {
-        return Err(problem(field, path, "no certificate (-----BEGIN CERTIFICATE-----) in the file"));
-    }
-    Ok(certs)
-}
-
-/// The first private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
-fn load_key(field: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
-        pem::Error::NoItemsFound => problem(field, path, "no private key (PKCS#8, PKCS#1 or SEC1) in the file"),
-        e => pem_problem(field, path, e),
-    })
-}
-
-fn root_store(field: &'static str, path: &Path) -> Result<RootCertStore, TlsError> {
-    let mut roots = RootCertStore::empty();
-    for cert in load_certs(field, path)? {
-        roots.add(cert).map_err(|e| problem(field, path, e))?;
-    }
-    Ok(roots)
-}
-
-fn pem_problem(field: &'static str, path: &Path, e: pem::Error) -> TlsError {
-    match e {
-        pem::Error::Io(e) => problem(field, path, format!("cannot read: {e}")),
-        e => problem(field, path, format!("not valid PEM: {e}")),
-    }
-}
-
-fn problem(field: &'static str, path: &Path, problem: impl ToString) -> TlsError {
-    TlsError { field, path: path.to_path_buf(), problem: problem.to_string() }
 }
 
 #[cfg(test)]

@@ -38,12 +38,12 @@ pub async fn fencegate_cluster(extra_yaml: &str) -> Cluster {
 pub async fn fenced_sidecar(cluster: &Cluster, name: &str, upstream_port: u16, consistency: &str) -> Sidecar {
     let fence = format!("{{ mode: strict, consistency: {consistency} }}");
     let options = SidecarOptions {
-        lock_service: cluster.urls(),
         yaml: table(&[rack_writes(&fence).methods(&["PUT"]), everything_else()]),
         log_filter: "warn".into(),
+        ..Default::default()
     };
     let upstream = format!("http://127.0.0.1:{upstream_port}");
-    Sidecar::start_with(cluster.bin(), cluster.dir().join(name), &upstream, options).await
+    cluster.sidecar_with(name, &upstream, options).await
 }
 
 /// Until something accepts connections on `port` (a proxy, say).

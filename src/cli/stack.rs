@@ -92,6 +92,10 @@ impl Stack {
                 listen: addr,
                 peer_listen: peer_addr,
                 insecure_peers: false,
+                insecure_clients: false,
+                tls: None,
+                auth: Default::default(),
+                acl: None,
                 data_dir: data.join(format!("node{}", i + 1)),
                 peers: peers.clone(),
                 clients: clients.clone(),
@@ -113,7 +117,7 @@ impl Stack {
         sc.listen = sc_addr;
         sc.metrics_listen = Some(metrics_addr);
         sc.upstream = format!("http://{inv_addr}");
-        sc.lock_service = Some(LockServiceConfig { endpoints: endpoints.clone() });
+        sc.lock_service = Some(LockServiceConfig { endpoints: endpoints.clone(), ..Default::default() });
         sc.state_dir = data.join("sidecar");
         let sidecar = Sidecar::new(sc.validate()?)?;
         tasks.push(tokio::spawn(crate::sidecar::serve_metrics(

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{endpoint_url, ConfigError, ConfigFile};
+use crate::auth::{Acl, AclRule};
 use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 
 /// The longest `lease.max_wait`: a parked acquire is an open connection.
@@ -22,10 +23,24 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// The peer plane: Raft RPCs, and leader calls followers forward.
     pub peer_listen: SocketAddr,
-    /// The peer plane has no TLS yet: anyone who reaches `peer_listen` can
-    /// speak Raft. Outside loopback that must be said in so many words.
+    /// Without `tls`, anyone who reaches `peer_listen` can speak Raft.
+    /// Outside loopback that must be said in so many words.
     #[serde(default)]
     pub insecure_peers: bool,
+    /// Without client authentication, anyone who reaches `listen` may take
+    /// and release any lock. Outside loopback that must be said too.
+    #[serde(default)]
+    pub insecure_clients: bool,
+    /// HTTPS on both planes, and mTLS between members.
+    #[serde(default)]
+    pub tls: Option<NodeTls>,
+    /// How clients authenticate besides `tls.client_ca`: bearer tokens.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Who may do what on which keys. Required when clients authenticate;
+    /// without it (and without authentication) everyone may do everything.
+    #[serde(default)]
+    pub acl: Option<Vec<AclRule>>,
     pub data_dir: PathBuf,
     /// Each member's peer-plane URL (its `peer_listen`). The same ids on
     /// every node; the cluster bootstraps from them on first start.
@@ -42,6 +57,33 @@ pub struct NodeConfig {
     pub limits: NodeLimits,
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeTls {
+    /// This node's certificate chain: served on both planes, and presented
+    /// to the other members. Must carry the DNS name `fencegate-node-<id>`
+    /// (and the names clients reach the node by).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The cluster CA: members must present a certificate it signed that
+    /// names the member they speak for.
+    pub ca: PathBuf,
+    /// Clients presenting a certificate this CA signed are identified by it
+    /// (its common name, else its first DNS name). Optional: clients may
+    /// use tokens instead.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `identity: sha256:<hex>` lines (`fencegate token new` makes them);
+    /// re-read when it changes.
+    #[serde(default)]
+    pub tokens_file: Option<PathBuf>,
+}
+
 /// Bounds on what a client (or peer) may make the node hold open.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -55,6 +97,15 @@ pub struct NodeLimits {
     pub body_timeout: Duration,
     /// Connections served at once; more wait in the kernel's backlog.
     pub max_connections: usize,
+    /// Keys in the lock table at most (held, in lock-delay, or idle and not
+    /// compacted yet); an acquire of a new key beyond it gets 429.
+    pub max_keys: usize,
+    /// Live leases one identity may hold at once; beyond it, 429.
+    pub max_leases_per_identity: u64,
+    /// A key neither held nor in lock-delay for this long is dropped from
+    /// the table (its tokens are still judged ended: `compacted_below`).
+    #[serde(with = "humantime_serde")]
+    pub idle_key_retention: Duration,
 }
 
 impl Default for NodeLimits {
@@ -63,6 +114,9 @@ impl Default for NodeLimits {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: Duration::from_secs(10),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_keys: 1_000_000,
+            max_leases_per_identity: 100_000,
+            idle_key_retention: Duration::from_secs(3600),
         }
     }
 }
@@ -125,6 +179,20 @@ impl Default for RaftConfig {
     }
 }
 
+impl NodeConfig {
+    /// Whether clients prove who they are (certificates or tokens).
+    pub fn clients_authenticate(&self) -> bool {
+        self.auth.tokens_file.is_some() || self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
+    }
+
+    pub fn acl(&self) -> Acl {
+        match &self.acl {
+            Some(rules) => Acl::rules(rules.clone()),
+            None => Acl::open(),
+        }
+    }
+}
+
 impl ConfigFile for NodeConfig {
     type Valid = NodeConfig;
 
@@ -138,11 +206,12 @@ impl ConfigFile for NodeConfig {
         if self.id == 0 {
             return Err(ConfigError::invalid("id", "must be a positive integer"));
         }
+        let tls = self.tls.is_some();
         for (id, url) in &self.peers {
-            endpoint_url(&format!("peers.{id}"), url)?;
+            endpoint_url(&format!("peers.{id}"), url, tls)?;
         }
         for (id, url) in &self.clients {
-            endpoint_url(&format!("clients.{id}"), url)?;
+            endpoint_url(&format!("clients.{id}"), url, tls)?;
             if !self.peers.contains_key(id) {
                 return Err(ConfigError::invalid(format!("clients.{id}"), "names a node that is not one of the peers"));
             }
@@ -151,15 +220,44 @@ impl ConfigFile for NodeConfig {
         if self.peer_listen == self.listen && self.listen.port() != 0 {
             return Err(ConfigError::invalid("peer_listen", "must differ from listen: the peer plane is its own"));
         }
-        if !self.peer_listen.ip().is_loopback() && !self.insecure_peers {
+        if tls && self.insecure_peers {
+            return Err(ConfigError::invalid("insecure_peers", "contradicts tls: with tls, peers are authenticated"));
+        }
+        if !tls && !self.peer_listen.ip().is_loopback() && !self.insecure_peers {
             return Err(ConfigError::invalid(
                 "peer_listen",
                 format!(
-                    "{} is not a loopback address, and the peer plane has no TLS yet: anyone who reaches it \
-                     could speak Raft to this node. Firewall it to the members and set `insecure_peers: true`",
+                    "{} is not a loopback address, and without `tls` anyone who reaches it could speak Raft \
+                     to this node. Configure tls, or firewall it to the members and set `insecure_peers: true`",
                     self.peer_listen
                 ),
             ));
+        }
+        let authenticated = self.clients_authenticate();
+        if authenticated && self.insecure_clients {
+            return Err(ConfigError::invalid("insecure_clients", "contradicts client authentication"));
+        }
+        if !authenticated && !self.listen.ip().is_loopback() && !self.insecure_clients {
+            return Err(ConfigError::invalid(
+                "listen",
+                format!(
+                    "{} is not a loopback address, and clients do not authenticate: anyone who reaches it \
+                     could take or release any lock. Configure tls.client_ca or auth.tokens_file with an \
+                     acl, or set `insecure_clients: true`",
+                    self.listen
+                ),
+            ));
+        }
+        match &self.acl {
+            None if authenticated => {
+                return Err(ConfigError::invalid("acl", "is required when clients authenticate (who may do what?)"))
+            }
+            Some(rules) => {
+                for (i, rule) in rules.iter().enumerate() {
+                    rule.validate().map_err(|m| ConfigError::invalid(format!("acl[{i}]"), m))?;
+                }
+            }
+            None => {}
         }
         let l = &self.lease;
         if l.min_ttl.is_zero() || l.min_ttl > l.default_ttl || l.default_ttl > l.max_ttl {
@@ -195,6 +293,18 @@ impl ConfigFile for NodeConfig {
         }
         if !(1..=MAX_CONNECTIONS).contains(&n.max_connections) {
             return Err(ConfigError::invalid("limits.max_connections", "must be between 1 and 1000000"));
+        }
+        if !(1..=100_000_000).contains(&n.max_keys) {
+            return Err(ConfigError::invalid("limits.max_keys", "must be between 1 and 100000000"));
+        }
+        if n.max_leases_per_identity == 0 || n.max_leases_per_identity > n.max_keys as u64 {
+            return Err(ConfigError::invalid(
+                "limits.max_leases_per_identity",
+                "must be between 1 and limits.max_keys",
+            ));
+        }
+        if n.idle_key_retention < Duration::from_secs(1) || n.idle_key_retention > Duration::from_secs(30 * 86400) {
+            return Err(ConfigError::invalid("limits.idle_key_retention", "must be between 1s and 30 days"));
         }
         // Paths are appended to peer URLs: `http://h:1/` must not give `//raft/...`.
         for url in self.peers.values_mut().chain(self.clients.values_mut()) {

@@ -48,10 +48,22 @@ pub struct SidecarConfig {
     pub routes: Vec<RouteConfig>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LockServiceConfig {
     pub endpoints: Vec<String>,
+    /// The CA that signed the nodes' certificates: with it, the endpoints
+    /// are `https://`.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// A client certificate and key to present (mTLS).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// A file whose first line is the bearer token to present.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -210,7 +222,7 @@ pub struct SidecarSettings {
     /// The default upstream (routes carry their own, resolved).
     pub upstream: Uri,
     /// `None` when no route checks tokens with the lock service and none was configured.
-    pub lock_endpoints: Option<Vec<String>>,
+    pub lock_service: Option<LockServiceConfig>,
     pub state_dir: PathBuf,
     pub limits: Limits,
     pub tls: Option<TlsConfig>,
@@ -260,7 +272,7 @@ impl ConfigFile for SidecarConfig {
             listen: self.listen,
             metrics_listen: self.metrics_listen,
             upstream,
-            lock_endpoints: self.lock_service.map(|l| l.endpoints),
+            lock_service: self.lock_service,
             state_dir: self.state_dir,
             limits: self.limits,
             tls: self.tls,
@@ -333,9 +345,15 @@ impl SidecarConfig {
         if endpoints.is_empty() || endpoints.len() > MAX_LOCK_ENDPOINTS {
             return Err(ConfigError::invalid("lock_service.endpoints", "must list 1 to 9 lock service nodes"));
         }
+        if service.ca.is_none() && (service.cert.is_some() || service.key.is_some()) {
+            return Err(ConfigError::invalid("lock_service.ca", "is needed with a client certificate"));
+        }
+        if service.cert.is_some() != service.key.is_some() {
+            return Err(ConfigError::invalid("lock_service.cert", "and lock_service.key go together"));
+        }
         for (i, url) in endpoints.iter().enumerate() {
             let field = format!("lock_service.endpoints[{i}]");
-            endpoint_url(&field, url)?;
+            endpoint_url(&field, url, service.ca.is_some())?;
             if endpoints[..i].contains(url) {
                 return Err(ConfigError::invalid(field, format!("{url:?} is listed twice")));
             }

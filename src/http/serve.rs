@@ -24,6 +24,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
 
 use super::Body;
@@ -73,11 +74,27 @@ impl Listener {
     }
 }
 
+/// Who a request came from: the connection's address and, over TLS, the
+/// certificate chain the client presented (verified in the handshake).
+#[derive(Debug, Clone)]
+pub struct Conn {
+    pub addr: SocketAddr,
+    /// Leaf first; `None` over plain TCP or when the client sent none.
+    pub certs: Option<Arc<[CertificateDer<'static>]>>,
+}
+
+impl Conn {
+    /// The client's certificate, if it presented one.
+    pub fn leaf(&self) -> Option<&CertificateDer<'static>> {
+        self.certs.as_deref().and_then(<[_]>::first)
+    }
+}
+
 /// Serve `listener` until `shutdown` resolves, then drain. Every request is
-/// answered by `handle(request, peer)`.
+/// answered by `handle(request, conn)`.
 pub async fn serve<F, Fut>(listener: TcpListener, opts: Listener, shutdown: impl Future<Output = ()>, handle: F)
 where
-    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
@@ -114,12 +131,16 @@ where
         tokio::spawn(async move {
             let _slot = slot;
             let Some(acceptor) = opts.tls.clone() else {
-                return connection(stream, peer, &opts, watcher, handle).await;
+                let conn = Conn { addr: peer, certs: None };
+                return connection(stream, conn, &opts, watcher, handle).await;
             };
             // In the connection's own task, so a client that stalls its
             // handshake holds up nobody else; bounded like a slow request head.
             match tokio::time::timeout(opts.header_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => connection(tls, peer, &opts, watcher, handle).await,
+                Ok(Ok(tls)) => {
+                    let certs = tls.get_ref().1.peer_certificates().map(|c| c.to_vec().into());
+                    connection(tls, Conn { addr: peer, certs }, &opts, watcher, handle).await
+                }
                 Ok(Err(e)) => tracing::debug!("TLS handshake with {peer}: {e}"),
                 Err(_) => tracing::debug!("TLS handshake with {peer}: timed out after {:?}", opts.header_timeout),
             }
@@ -153,14 +174,15 @@ impl RateLimitedLog {
 }
 
 /// One client connection (plain TCP or TLS).
-async fn connection<I, F, Fut>(io: I, peer: SocketAddr, opts: &Listener, watcher: Watcher, handle: F)
+async fn connection<I, F, Fut>(io: I, conn: Conn, opts: &Listener, watcher: Watcher, handle: F)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Send + Sync + 'static,
+    F: Fn(Request<Incoming>, Conn) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
+    let peer = conn.addr;
     let service = hyper::service::service_fn(move |req| {
-        let answer = handle(req, peer);
+        let answer = handle(req, conn.clone());
         async move { Ok::<_, Infallible>(answer.await) }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());

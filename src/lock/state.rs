@@ -14,6 +14,14 @@
 //! ever grows across leader changes, crashes, restarts and snapshots. (Not the
 //! Raft log index, as the first design recommended: one log entry carries a batch of
 //! commands — see `server::proposer` — so several grants share an index.)
+//!
+//! Every lease has an *owner*, the identity that acquired it; request ids are
+//! remembered per owner, so nobody can fetch another identity's grant by
+//! replaying its request id. A key that is neither held nor in lock-delay is
+//! dropped by `Compact` once the leader judges it idle long enough; the
+//! table then remembers only that every token of an absent key up to
+//! `compacted_below` has ended (L1 and the sidecar's checks stay exact: no
+//! absent key has a live lease).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -39,6 +47,9 @@ pub enum Command {
     Expire { lease_id: String },
     /// The leader saw the lock-delay that followed the expiry at `token` pass.
     EndDelay { key: String, token: Token },
+    /// Drop every free key whose latest event is at revision `through` or
+    /// earlier (the leader proposes it for what went idle a retention ago).
+    Compact { through: u64 },
 }
 
 /// Everything a grant needs, decided by the leader before proposing so that
@@ -47,6 +58,9 @@ pub enum Command {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcquireCmd {
     pub key: String,
+    /// The identity acquiring: only it (or an admin) may keep the lease alive or release it.
+    #[serde(default)]
+    pub owner: String,
     pub holder: String,
     pub ttl_ms: u64,
     pub lock_delay_ms: u64,
@@ -112,6 +126,8 @@ pub enum EventKind {
 pub struct Lease {
     pub key: String,
     pub token: Token,
+    #[serde(default)]
+    pub owner: String,
     pub holder: String,
     pub ttl_ms: u64,
     pub lock_delay_ms: u64,
@@ -127,6 +143,10 @@ pub struct KeyState {
     pub lease_id: Option<String>,
     /// Set after an expiry with a lock-delay, until the matching `EndDelay`.
     pub delay: Option<Delay>,
+    /// Revision of the key's latest event (grant, release, expiry): how
+    /// long it has been idle, for `Compact`.
+    #[serde(default)]
+    pub rev: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,9 +163,21 @@ pub struct LockState {
     revision: u64,
     keys: BTreeMap<String, KeyState>,
     leases: HashMap<String, Lease>,
-    /// Grants by client request id, oldest first, bounded by `REQUEST_ID_MEMORY`.
+    /// Grants by owner and client request id (`request_key`), oldest first,
+    /// bounded by `REQUEST_ID_MEMORY`.
     requests: HashMap<String, Grant>,
     request_order: VecDeque<String>,
+    /// Live leases per owner (owners with none are not listed).
+    #[serde(default)]
+    owned: BTreeMap<String, u64>,
+    /// Every token up to this of a key absent from `keys` has ended.
+    #[serde(default)]
+    compacted_below: u64,
+}
+
+/// Request ids are scoped by owner (identities never contain a newline).
+fn request_key(owner: &str, request_id: &str) -> String {
+    format!("{owner}\n{request_id}")
 }
 
 impl LockState {
@@ -163,7 +195,35 @@ impl LockState {
                 }
                 (Outcome::Nothing, None)
             }
+            Command::Compact { through } => {
+                let through = (*through).min(self.revision);
+                self.keys.retain(|_, k| k.lease_id.is_some() || k.delay.is_some() || k.rev > through);
+                self.compacted_below = self.compacted_below.max(through);
+                (Outcome::Nothing, None)
+            }
         }
+    }
+
+    /// Every token up to this of a key absent from the table has ended
+    /// (0: nothing was ever compacted).
+    pub fn compacted_below(&self) -> u64 {
+        self.compacted_below
+    }
+
+    /// Whether `Compact { through }` would drop any key (so that the leader
+    /// proposes nothing when it would not).
+    pub fn compactable(&self, through: u64) -> bool {
+        self.keys.values().any(|k| k.lease_id.is_none() && k.delay.is_none() && k.rev <= through)
+    }
+
+    /// Keys in the table (held, in lock-delay, or not compacted yet).
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Live leases `owner` holds.
+    pub fn owned_by(&self, owner: &str) -> u64 {
+        self.owned.get(owner).copied().unwrap_or(0)
     }
 
     /// The latest revision (0 before the first event).
@@ -174,8 +234,8 @@ impl LockState {
     /// What an acquire of `key` with `request_id` would get if applied now:
     /// the one "already granted / free / held" decision, used by `apply` and
     /// by the leader to keep proposals that would be refused out of the log.
-    pub fn admission(&self, key: &str, request_id: Option<&str>) -> Outcome {
-        if let Some(grant) = request_id.and_then(|r| self.requests.get(r)) {
+    pub fn admission(&self, key: &str, owner: &str, request_id: Option<&str>) -> Outcome {
+        if let Some(grant) = request_id.and_then(|r| self.requests.get(&request_key(owner, r))) {
             return Outcome::Granted(grant.clone());
         }
         match self.keys.get(key) {
@@ -191,7 +251,7 @@ impl LockState {
     }
 
     fn acquire(&mut self, a: &AcquireCmd) -> (Outcome, Option<Event>) {
-        match self.admission(&a.key, a.request_id.as_deref()) {
+        match self.admission(&a.key, &a.owner, a.request_id.as_deref()) {
             Outcome::Nothing if !self.leases.contains_key(&a.lease_id) => {}
             Outcome::Nothing => {
                 // A lease id drawn twice (never in practice: 128 random bits).
@@ -204,10 +264,13 @@ impl LockState {
         let token = self.revision;
         let k = self.keys.entry(a.key.clone()).or_default();
         k.token = token;
+        k.rev = token;
         k.lease_id = Some(a.lease_id.clone());
+        *self.owned.entry(a.owner.clone()).or_default() += 1;
         let lease = Lease {
             key: a.key.clone(),
             token,
+            owner: a.owner.clone(),
             holder: a.holder.clone(),
             ttl_ms: a.ttl_ms,
             lock_delay_ms: a.lock_delay_ms,
@@ -215,7 +278,7 @@ impl LockState {
         self.leases.insert(a.lease_id.clone(), lease);
         let grant = Grant { key: a.key.clone(), token, lease_id: a.lease_id.clone(), ttl_ms: a.ttl_ms };
         if let Some(r) = &a.request_id {
-            self.remember_request(r.clone(), grant.clone());
+            self.remember_request(request_key(&a.owner, r), grant.clone());
         }
         let event = Event {
             rev: token,
@@ -241,6 +304,12 @@ impl LockState {
         let Some(lease) = self.leases.remove(lease_id) else {
             return (Outcome::NoSuchLease, None);
         };
+        if let Some(n) = self.owned.get_mut(&lease.owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.owned.remove(&lease.owner);
+            }
+        }
         let k = self.keys.get_mut(&lease.key).expect("a live lease always has its key entry");
         k.lease_id = None;
         let kind = if expired {
@@ -252,6 +321,7 @@ impl LockState {
             EventKind::Released
         };
         self.revision += 1;
+        k.rev = self.revision;
         let event = Event {
             rev: self.revision,
             key: lease.key.clone(),
@@ -260,11 +330,6 @@ impl LockState {
             kind,
         };
         (Outcome::Ended { key: lease.key, token: lease.token }, Some(event))
-    }
-
-    /// The grant a client request id obtained, if it is still remembered.
-    pub fn granted_for_request(&self, request_id: &str) -> Option<&Grant> {
-        self.requests.get(request_id)
     }
 
     pub fn lease(&self, lease_id: &str) -> Option<&Lease> {

@@ -84,9 +84,13 @@ fn commands(cmds: &[Command]) -> Result<(), String> {
     }
     for c in cmds {
         let checked = match c {
-            Command::Acquire(a) => validate::key(&a.key).and_then(|()| validate::holder(&a.holder)),
+            Command::Acquire(a) => validate::key(&a.key)
+                .and_then(|()| validate::holder(&a.holder))
+                // Empty: written before owners existed.
+                .and_then(|()| if a.owner.is_empty() { Ok(()) } else { validate::holder(&a.owner) }),
             Command::EndDelay { key, .. } => validate::key(key),
-            Command::Release { .. } | Command::Expire { .. } => Ok(()),
+            // `through` is capped at the table's revision when applied.
+            Command::Release { .. } | Command::Expire { .. } | Command::Compact { .. } => Ok(()),
         };
         checked.map_err(|e| format!("an entry carries a bad command: {e}"))?;
     }
@@ -178,6 +182,7 @@ mod tests {
     fn acquire(key: &str) -> Entry {
         let a = AcquireCmd {
             key: key.into(),
+            owner: "o".into(),
             holder: "h".into(),
             ttl_ms: 1000,
             lock_delay_ms: 0,

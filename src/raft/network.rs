@@ -1,6 +1,10 @@
 //! Peer RPCs over HTTP: each Raft RPC is a JSON POST to `/raft/{append,vote,snapshot}`
 //! on the target's URL from this node's `peers` list (served by `server::raft_rpc`).
 //!
+//! With TLS, each peer has a client of its own that presents this node's
+//! certificate and accepts only a server certified as that member
+//! (`fencegate-node-<id>`), whatever host its URL names.
+//!
 //! A transport failure or timeout is reported to openraft as `Unreachable`, so
 //! it backs off instead of hammering a dead peer; an error the peer's Raft
 //! returned comes back as a `RemoteError`.
@@ -26,16 +30,40 @@ pub const APPEND_PATH: &str = "/raft/append";
 pub const VOTE_PATH: &str = "/raft/vote";
 pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
 
-/// Creates one [`PeerClient`] per target; all share a pooled HTTP client.
+/// A member as this node reaches it on the peer plane.
+#[derive(Clone)]
+pub struct Peer {
+    /// Its `peer_listen` URL.
+    pub url: String,
+    /// A pooled client for it (with TLS: checking that it is this member).
+    pub http: HttpClient,
+}
+
+/// Every member of the `peers` config, this node included (nothing calls itself).
+pub type Peers = Arc<BTreeMap<NodeId, Peer>>;
+
+/// The members of `urls`, reached with `tls` (this node's peer-link config)
+/// or in plain HTTP; answers above `max_body` are refused.
+pub fn peers(urls: &BTreeMap<NodeId, String>, tls: Option<&rustls::ClientConfig>, max_body: usize) -> Peers {
+    let peer = |(id, url): (&NodeId, &String)| {
+        let http = match tls {
+            Some(tls) => HttpClient::https(max_body, tls.clone(), Some(crate::tls::identity::member_name(*id))),
+            None => HttpClient::new(max_body),
+        };
+        (*id, Peer { url: url.clone(), http })
+    };
+    Arc::new(urls.iter().map(peer).collect())
+}
+
+/// Creates one [`PeerClient`] per target.
 #[derive(Clone)]
 pub struct Network {
-    peers: Arc<BTreeMap<NodeId, String>>,
-    http: HttpClient,
+    peers: Peers,
 }
 
 impl Network {
-    pub fn new(peers: Arc<BTreeMap<NodeId, String>>, http: HttpClient) -> Self {
-        Self { peers, http }
+    pub fn new(peers: Peers) -> Self {
+        Self { peers }
     }
 }
 
@@ -43,14 +71,13 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, _node: &EmptyNode) -> PeerClient {
-        PeerClient { target, url: self.peers.get(&target).cloned(), http: self.http.clone() }
+        PeerClient { target, peer: self.peers.get(&target).cloned() }
     }
 }
 
 pub struct PeerClient {
     target: NodeId,
-    url: Option<String>,
-    http: HttpClient,
+    peer: Option<Peer>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,11 +97,11 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let unreachable = |msg: String| RPCError::Unreachable(Unreachable::new(&PeerError(msg)));
-        let Some(base) = &self.url else { return Err(unreachable(format!("node {} is not in peers", self.target))) };
+        let Some(peer) = &self.peer else { return Err(unreachable(format!("node {} is not in peers", self.target))) };
         let body = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let answer = self
+        let answer = peer
             .http
-            .call(Method::POST, &format!("{base}{path}"), Some(body), option.hard_ttl())
+            .call(Method::POST, &format!("{}{path}", peer.url), Some(body), option.hard_ttl())
             .await
             .map_err(|e| unreachable(e.to_string()))?;
         if answer.status != StatusCode::OK {

@@ -3,8 +3,13 @@
 //!
 //! Calls that must see the leader's state (acquire, keepalive, release, the
 //! linearizable read) are handled on the leader; any other node forwards them
-//! there once (`forward`). Watch, cluster, metrics and health are answered by
-//! the node itself.
+//! there once (`forward`), with the identity it authenticated. Watch,
+//! cluster, metrics and health are answered by the node itself.
+//!
+//! Every call but health and metrics has an identity (`credentials`) and
+//! needs a right on its key (`auth::Acl`); a lease's keepalive and release
+//! need its owner, or an admin (a revocation). Refusals change nothing and
+//! are audited.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +22,9 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::proposer::RaftCallError;
-use super::{forward, raft_rpc, watch, Node};
-use crate::http::{full, json, parse_json, read_body, Body};
+use super::{audit, forward, raft_rpc, watch, Node};
+use crate::auth::Right;
+use crate::http::{full, json, parse_json, read_body, Body, Conn};
 use crate::lock::state::{AcquireCmd, Command, Grant, Outcome};
 use crate::lock::validate;
 
@@ -35,46 +41,87 @@ pub enum Plane {
     Peer,
 }
 
-pub async fn handle(node: Arc<Node>, plane: Plane, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(node: Arc<Node>, plane: Plane, req: Request<Incoming>, conn: Conn) -> Response<Body> {
     let routed = match plane {
-        Plane::Client => route(node, req, false).await,
-        Plane::Peer => peer(node, req).await,
+        Plane::Client => client(node, req, &conn).await,
+        Plane::Peer => peer(node, req, &conn).await,
     };
     routed.unwrap_or_else(ApiError::into_response)
 }
 
-async fn peer(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
-    let path = req.uri().path();
-    if let Some(rpc) = path.strip_prefix("/raft/") {
-        only(req.method(), Method::POST)?;
-        let rpc = rpc.to_string();
-        let body = body_within(&node, req.into_body(), super::MAX_PEER_BODY).await?;
-        return raft_rpc::handle(&node, &rpc, &body).await;
-    }
-    if path == wire::CLUSTER_PATH || req.headers().contains_key(forward::FORWARDED_BY) {
-        return route(node, req, true).await;
-    }
-    Err(ApiError::NotFound)
-}
-
-/// The Lock API. `forwarded`: a follower sent it on the peer plane, so it
-/// is not forwarded again.
-async fn route(node: Arc<Node>, req: Request<Incoming>, forwarded: bool) -> Result<Response<Body>, ApiError> {
-    let path = req.uri().path().to_string();
-    let method = req.method().clone();
-    match path.as_str() {
+/// The client plane: health and metrics for anyone (supervisors and
+/// scrapers carry no credentials), the Lock API for an identity.
+async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Response<Body>, ApiError> {
+    match req.uri().path() {
         "/healthz" => {
-            only(&method, Method::GET)?;
+            only(req.method(), Method::GET)?;
             return match node.core_error() {
                 None => Ok(text("ok\n", "text/plain")),
                 Some(e) => Err(ApiError::Unavailable(format!("the Raft core stopped: {e}"))),
             };
         }
-        "/metrics" => return only(&method, Method::GET).map(|_| crate::metrics::exposition(&node.registry)),
+        "/metrics" => return only(req.method(), Method::GET).map(|_| crate::metrics::exposition(&node.registry)),
+        _ => {}
+    }
+    let identity = node.credentials.identify(req.headers(), conn).inspect_err(|e| {
+        audit::unauthenticated(conn.addr, &e.to_string());
+    })?;
+    route(node, req, Caller { identity, forwarded: false }).await
+}
+
+async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path();
+    if let Some(rpc) = path.strip_prefix("/raft/") {
+        only(req.method(), Method::POST)?;
+        let rpc = rpc.to_string();
+        let body = body_within(&node, req.into_body(), super::MAX_PEER_BODY).await?;
+        return raft_rpc::handle(&node, &rpc, &body, conn).await;
+    }
+    if path == wire::CLUSTER_PATH {
+        return only(req.method(), Method::GET).map(|_| cluster(&node));
+    }
+    if req.headers().contains_key(forward::FORWARDED_BY) {
+        // The member that forwarded it authenticated the client; the peer
+        // plane itself is members only (mTLS, or declared trusted).
+        let identity = forward::identity(req.headers())?;
+        return route(node, req, Caller { identity, forwarded: true }).await;
+    }
+    Err(ApiError::NotFound)
+}
+
+/// Who is calling the Lock API.
+struct Caller {
+    identity: String,
+    /// A follower sent it on the peer plane, so it is not forwarded again.
+    forwarded: bool,
+}
+
+impl Caller {
+    /// `Ok` if the caller has `right` on `key`; audited otherwise.
+    fn may(&self, node: &Node, right: Right, key: &str) -> Result<(), ApiError> {
+        if node.acl.allows(&self.identity, right, key) {
+            return Ok(());
+        }
+        audit::denied(&self.identity, right, key, "no such right");
+        Err(ApiError::Forbidden(format!("{} may not {} {key}", self.identity, right.as_str())))
+    }
+}
+
+/// The Lock API.
+async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    match path.as_str() {
         wire::CLUSTER_PATH => return only(&method, Method::GET).map(|_| cluster(&node)),
         wire::WATCH_PATH => {
             only(&method, Method::GET)?;
-            return watch::stream(node, req.uri().query());
+            let (acl, identity) = (node.acl.clone(), caller.identity.clone());
+            let may_open = |prefix: &str| match node.acl.may_watch(&caller.identity, prefix) {
+                true => Ok(()),
+                false => caller.may(&node, Right::Watch, prefix),
+            };
+            let visible = Box::new(move |key: &str| acl.allows(&identity, Right::Watch, key));
+            return watch::stream(node.clone(), req.uri().query(), may_open, visible);
         }
         _ => {}
     }
@@ -96,20 +143,29 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, forwarded: bool) -> Resu
     } else {
         return Err(ApiError::NotFound);
     };
+    // Refused before the body is read or anything is forwarded.
+    match &call {
+        Call::Acquire(key) => caller.may(&node, Right::Acquire, key)?,
+        Call::Read(key) => caller.may(&node, Right::Read, key)?,
+        // Need the lease's key and owner: checked on the leader.
+        Call::Keepalive(_) | Call::Release(_) => {}
+    }
     let received = Instant::now();
     let (parts, body) = req.into_parts();
     let body = body_within(&node, body, MAX_API_BODY).await?;
 
     match node.leader() {
         Some(leader) if leader == node.id => {}
-        Some(leader) if !forwarded => return forward::to_leader(&node, leader, &parts, body).await,
+        Some(leader) if !caller.forwarded => {
+            return forward::to_leader(&node, leader, &parts, body, &caller.identity).await
+        }
         _ => return Err(ApiError::NoLeader("no leader elected yet, or this node is cut off".into())),
     }
     match call {
-        Call::Acquire(key) => acquire(&node, key, parse_json(&body)?, received).await,
+        Call::Acquire(key) => acquire(&node, &caller, key, parse_json(&body)?, received).await,
         Call::Read(key) => read(&node, &key).await,
-        Call::Keepalive(id) => keepalive(&node, &id, received).await,
-        Call::Release(id) => release(&node, &id).await,
+        Call::Keepalive(id) => keepalive(&node, &caller, &id, received).await,
+        Call::Release(id) => release(&node, &caller, &id).await,
     }
 }
 
@@ -175,6 +231,7 @@ fn new_lease_id() -> String {
 
 async fn acquire(
     node: &Node,
+    caller: &Caller,
     key: String,
     body: AcquireRequest,
     received: Instant,
@@ -191,11 +248,41 @@ async fn acquire(
     if let Some(r) = &body.request_id {
         validate::request_id(r)?;
     }
-    let cmd = AcquireCmd { key, holder, ttl_ms, lock_delay_ms, lease_id: new_lease_id(), request_id: body.request_id };
+    within_quotas(node, &key, &caller.identity, body.request_id.as_deref())?;
+    let owner = caller.identity.clone();
+    let lease_id = new_lease_id();
+    let cmd = AcquireCmd { key, owner, holder, ttl_ms, lock_delay_ms, lease_id, request_id: body.request_id };
     let result = wait_for_grant(node, cmd, received + Duration::from_millis(wait_ms)).await;
     node.lock_metrics.acquire_duration.observe(received.elapsed().as_secs_f64());
     let g = result?;
+    audit::granted(&caller.identity, &g.key, g.token);
     Ok(json(StatusCode::OK, &Granted { key: g.key, token: g.token, lease_id: g.lease_id, ttl_ms: g.ttl_ms }))
+}
+
+/// The quotas of `limits`, checked on the leader before anything is
+/// proposed. Concurrent acquires may overshoot them by what one batch
+/// carries: they bound memory, not exclusion. A retry of a granted request
+/// always gets its grant back.
+fn within_quotas(node: &Node, key: &str, identity: &str, request_id: Option<&str>) -> Result<(), ApiError> {
+    let limits = &node.config.limits;
+    let s = node.applied.lock();
+    if matches!(s.locks.admission(key, identity, request_id), Outcome::Granted(_)) {
+        return Ok(());
+    }
+    if s.locks.key(key).is_none() && s.locks.key_count() >= limits.max_keys {
+        return Err(ApiError::QuotaExceeded(format!(
+            "the lock table holds {} keys (limits.max_keys); idle keys are compacted after {:?}",
+            s.locks.key_count(),
+            limits.idle_key_retention
+        )));
+    }
+    if s.locks.owned_by(identity) >= limits.max_leases_per_identity {
+        return Err(ApiError::QuotaExceeded(format!(
+            "{identity} holds {} leases (limits.max_leases_per_identity)",
+            s.locks.owned_by(identity)
+        )));
+    }
+    Ok(())
 }
 
 /// Queue behind earlier waiters for the key, then propose when the key looks
@@ -212,7 +299,7 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
         // a waiter for the key its own grant holds, it would never get out.
         // Otherwise only the head of the queue proposes, and only when the
         // key looks free: proposals the state would refuse stay out of the log.
-        let admission = node.applied.lock().locks.admission(&cmd.key, cmd.request_id.as_deref());
+        let admission = node.applied.lock().locks.admission(&cmd.key, &cmd.owner, cmd.request_id.as_deref());
         let try_now = match admission {
             Outcome::Granted(_) => true,
             Outcome::Nothing => node.waitlist.is_head(&ticket),
@@ -247,7 +334,7 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
 fn held(node: &Node, key: &str) -> ApiError {
     let s = node.applied.lock();
     let token = s.locks.key(key).map_or(0, |k| k.token);
-    match s.locks.admission(key, None) {
+    match s.locks.admission(key, "", None) {
         Outcome::Held { key, holder, token, lock_delay } => ApiError::Held { key, holder, token, lock_delay },
         // Freed since the deadline passed: still not granted to this caller.
         _ => ApiError::Held { key: key.to_string(), holder: None, token, lock_delay: false },
@@ -292,7 +379,9 @@ async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {
     let s = node.applied.lock();
     let token = s.locks.key(key).map(|k| k.token).unwrap_or(0);
     let holder = s.locks.holder_of(key);
+    let below = s.locks.compacted_below();
     let info = LockInfo {
+        compacted_below: (s.locks.key(key).is_none() && below > 0).then_some(below),
         key: key.to_string(),
         held: holder.is_some(),
         token,
@@ -304,12 +393,20 @@ async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {
 
 /// L3: acknowledged only after a quorum confirmed this node is still leader,
 /// and measured from when the request reached this node. No log write.
-async fn keepalive(node: &Node, lease_id: &str, received: Instant) -> Result<Response<Body>, ApiError> {
+async fn keepalive(
+    node: &Node,
+    caller: &Caller,
+    lease_id: &str,
+    received: Instant,
+) -> Result<Response<Body>, ApiError> {
     // Also waits for the lease clock's reset for this term (stale deadlines
     // and expiry marks from an earlier term must not answer).
     linearizable(node).await?;
     let mut guard = node.applied.lock();
     let s = &mut *guard;
+    if let Some(lease) = s.locks.lease(lease_id) {
+        may_use(node, caller, lease)?;
+    }
     if !s.clock.keepalive(&s.locks, lease_id, received) {
         return Err(ApiError::LeaseNotFound);
     }
@@ -317,16 +414,33 @@ async fn keepalive(node: &Node, lease_id: &str, received: Instant) -> Result<Res
     Ok(json(StatusCode::OK, &KeepaliveAck { ttl_ms }))
 }
 
-async fn release(node: &Node, lease_id: &str) -> Result<Response<Body>, ApiError> {
+async fn release(node: &Node, caller: &Caller, lease_id: &str) -> Result<Response<Body>, ApiError> {
     // Unknown lease ids are answered from the (linearizable) state, so that
     // guessing or replaying them writes nothing to the log.
     linearizable(node).await?;
-    if node.applied.lock().locks.lease(lease_id).is_none() {
+    let Some(owner) = node.applied.lock().locks.lease(lease_id).map(|l| may_use(node, caller, l)).transpose()? else {
         return Err(ApiError::LeaseNotFound);
-    }
+    };
     match propose(node, Command::Release { lease_id: lease_id.to_string() }).await? {
-        Outcome::Ended { key, token } => Ok(json(StatusCode::OK, &Released { key, token, released: true })),
+        Outcome::Ended { key, token } => {
+            match owner == caller.identity {
+                true => audit::released(&caller.identity, &key, token),
+                false => audit::revoked(&caller.identity, &owner, &key, token),
+            }
+            Ok(json(StatusCode::OK, &Released { key, token, released: true }))
+        }
         Outcome::NoSuchLease => Err(ApiError::LeaseNotFound),
         other => Err(ApiError::Internal(format!("release produced {other:?}"))),
     }
+}
+
+/// A lease may be kept alive or released by its owner (if it still has the
+/// `acquire` right on the key), or by an admin of the key. Returns the owner.
+fn may_use(node: &Node, caller: &Caller, lease: &crate::lock::state::Lease) -> Result<String, ApiError> {
+    let own = lease.owner == caller.identity && node.acl.allows(&caller.identity, Right::Acquire, &lease.key);
+    if own || node.acl.allows(&caller.identity, Right::Admin, &lease.key) {
+        return Ok(lease.owner.clone());
+    }
+    audit::denied(&caller.identity, Right::Acquire, &lease.key, "the lease is another identity's");
+    Err(ApiError::Forbidden(format!("the lease on {} is not {}'s", lease.key, caller.identity)))
 }

@@ -18,6 +18,13 @@ pub enum ApiError {
     BadRequest(String),
     #[error("the request body did not arrive within {0:?}")]
     BodyTimeout(std::time::Duration),
+    #[error("{0}")]
+    Unauthorized(String),
+    /// `identity` lacks the right (or the lease is not its own).
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    QuotaExceeded(String),
     #[error("no such endpoint")]
     NotFound,
     #[error("method not allowed")]
@@ -44,6 +51,9 @@ impl ApiError {
             ApiError::Body(BodyError::TooLarge(_)) => (ErrorCode::BodyTooLarge, Cause::Client),
             ApiError::Body(_) => (ErrorCode::BadRequest, Cause::Client),
             ApiError::BodyTimeout(_) => (ErrorCode::RequestTimeout, Cause::Client),
+            ApiError::Unauthorized(_) => (ErrorCode::Unauthorized, Cause::Client),
+            ApiError::Forbidden(_) => (ErrorCode::Forbidden, Cause::Client),
+            ApiError::QuotaExceeded(_) => (ErrorCode::QuotaExceeded, Cause::Client),
             ApiError::NotFound => (ErrorCode::NotFound, Cause::Client),
             ApiError::MethodNotAllowed => (ErrorCode::MethodNotAllowed, Cause::Client),
             ApiError::LeaseNotFound => (ErrorCode::LeaseNotFound, Cause::Client),

@@ -16,9 +16,28 @@ use crate::http::{full, Body};
 use crate::raft::types::NodeId;
 
 pub const FORWARDED_BY: &str = "x-fencegate-forwarded-by";
+/// The identity the forwarding member authenticated; the leader decides
+/// rights and ownership with it. Only ever read on the peer plane.
+pub const IDENTITY: &str = "x-fencegate-identity";
 
-pub async fn to_leader(node: &Node, leader: NodeId, parts: &Parts, body: Bytes) -> Result<Response<Body>, ApiError> {
-    let Some(base) = node.peers.get(&leader) else {
+/// The identity a forwarded request carries.
+pub fn identity(headers: &hyper::HeaderMap) -> Result<String, ApiError> {
+    headers
+        .get(IDENTITY)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| crate::auth::identity_ok(v))
+        .map(str::to_string)
+        .ok_or_else(|| ApiError::BadRequest(format!("a forwarded call needs a valid {IDENTITY}")))
+}
+
+pub async fn to_leader(
+    node: &Node,
+    leader: NodeId,
+    parts: &Parts,
+    body: Bytes,
+    identity: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(peer) = node.peers.get(&leader) else {
         return Err(ApiError::NoLeader(format!("leader {leader} is not in peers")));
     };
     // An acquire may wait up to its wait_ms on the leader before proposing.
@@ -29,16 +48,17 @@ pub async fn to_leader(node: &Node, leader: NodeId, parts: &Parts, body: Bytes) 
         .min(node.config.lease.max_wait);
     let timeout = wait + node.config.raft.propose_timeout * 2;
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let mut req = Request::builder().method(parts.method.clone()).uri(format!("{base}{path}"));
+    let mut req = Request::builder().method(parts.method.clone()).uri(format!("{}{path}", peer.url));
     if let Some(ct) = parts.headers.get(CONTENT_TYPE) {
         req = req.header(CONTENT_TYPE, ct);
     }
     let req = req
         .header(FORWARDED_BY, node.id.to_string())
+        .header(IDENTITY, identity)
         .body(Full::new(body))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
 
-    let answer = node
+    let answer = peer
         .http
         .send(req, timeout)
         .await

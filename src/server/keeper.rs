@@ -1,5 +1,6 @@
 //! The lease keeper: one task per node that, while the node is leader,
-//! proposes `Expire` / `EndDelay` when the lease clock says they are due, and
+//! proposes `Expire` / `EndDelay` when the lease clock says they are due,
+//! `Compact` for keys idle longer than `limits.idle_key_retention`, and
 //! keeps the Raft gauges current.
 //!
 //! On becoming leader it first commits an empty entry of its own and waits
@@ -15,8 +16,11 @@ use std::time::Duration;
 use openraft::ServerState;
 use tokio::time::Instant;
 
-use super::Node;
+use std::collections::VecDeque;
+
+use super::{audit, Node};
 use crate::lock::clock;
+use crate::lock::state::{Command, Outcome};
 
 /// Longest sleep between checks, so gauges stay fresh on an idle node.
 const IDLE: Duration = Duration::from_secs(1);
@@ -28,6 +32,7 @@ pub async fn run(node: Arc<Node>) {
     // At most one round of expiry proposals in flight: a leader cut off from
     // its quorum must not pile up proposals that can never commit.
     let mut in_flight: Option<tokio::task::JoinHandle<()>> = None;
+    let mut idle_keys = IdleKeys::default();
     loop {
         let m = metrics.borrow_and_update().clone();
         if m.running_state.is_err() {
@@ -40,6 +45,7 @@ pub async fn run(node: Arc<Node>) {
 
         if m.state != ServerState::Leader {
             ready_term = None;
+            idle_keys = IdleKeys::default();
             node.clock_term.store(0, Ordering::Release);
         } else if ready_term != Some(m.current_term) {
             // openraft 0.9 can restore a leader from its persisted vote after
@@ -70,16 +76,40 @@ pub async fn run(node: Arc<Node>) {
         let mut wake = now + IDLE;
         let idle = in_flight.as_ref().is_none_or(|t| t.is_finished());
         if ready_term.is_some() && idle {
-            let (due, next) = {
+            let (mut due, next) = {
                 let mut s = node.applied.lock();
-                let due = s.clock.due(now);
+                let due: Vec<(Command, Option<String>)> = s
+                    .clock
+                    .due(now)
+                    .into_iter()
+                    .map(|cmd| {
+                        let owner = match &cmd {
+                            Command::Expire { lease_id } => s.locks.lease(lease_id).map(|l| l.owner.clone()),
+                            _ => None,
+                        };
+                        (cmd, owner)
+                    })
+                    .collect();
                 (due, s.clock.next_deadline())
             };
+            if let Some(through) = idle_keys.compact_through(&node, now) {
+                due.push((Command::Compact { through }, None));
+            }
             if !due.is_empty() {
-                // If a proposal is lost the clock re-arms it (`clock::RETRY`).
+                // If a proposal is lost the clock re-arms it (`clock::RETRY`);
+                // a lost compaction is proposed again at the next sample.
                 let (n, timeout) = (node.clone(), node.config.raft.propose_timeout);
                 in_flight = Some(tokio::spawn(async move {
-                    let proposals = due.into_iter().map(|cmd| n.proposer.propose(cmd));
+                    let proposals = due.into_iter().map(|(cmd, owner)| {
+                        let n = n.clone();
+                        async move {
+                            if let (Ok(Outcome::Ended { key, token }), Some(owner)) =
+                                (n.proposer.propose(cmd).await, owner)
+                            {
+                                audit::expired(&owner, &key, token);
+                            }
+                        }
+                    });
                     if tokio::time::timeout(timeout, futures_util::future::join_all(proposals)).await.is_err() {
                         tracing::debug!("expiry proposals not committed within {timeout:?}");
                     }
@@ -94,5 +124,40 @@ pub async fn run(node: Arc<Node>) {
             _ = applied.changed() => {}
             _ = tokio::time::sleep_until(wake) => {}
         }
+    }
+}
+
+/// What the table's revision was at times past, sampled by this leader: a
+/// key whose latest event is at or below the revision of a retention ago has
+/// been idle at least that long. A new leader starts sampling afresh, so it
+/// compacts nothing until it has led for a whole retention (late, never early).
+#[derive(Default)]
+struct IdleKeys {
+    samples: VecDeque<(Instant, u64)>,
+    /// The last `through` proposed.
+    proposed: u64,
+}
+
+impl IdleKeys {
+    /// Sample the revision (eight times per retention), and say what to
+    /// compact, if anything is newly old enough.
+    fn compact_through(&mut self, node: &Node, now: Instant) -> Option<u64> {
+        let retention = node.config.limits.idle_key_retention;
+        let s = node.applied.lock();
+        if self.samples.back().is_none_or(|(t, _)| now.duration_since(*t) >= retention / 8) {
+            self.samples.push_back((now, s.locks.revision()));
+        }
+        let cutoff = now.checked_sub(retention)?;
+        let mut through = None;
+        while let Some((t, rev)) = self.samples.front().copied() {
+            if t > cutoff {
+                break;
+            }
+            through = Some(rev);
+            self.samples.pop_front();
+        }
+        let through = through.filter(|t| *t > self.proposed)?;
+        self.proposed = through;
+        s.locks.compactable(through).then_some(through)
     }
 }

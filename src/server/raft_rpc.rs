@@ -1,16 +1,28 @@
 //! Server side of the peer network (`raft::network`): decode, check
-//! (`raft::guard`), hand to openraft, encode its `Result` as JSON.
+//! (`raft::guard`, and with TLS that the connection's certificate is the
+//! member the RPC claims to come from), hand to openraft, encode its
+//! `Result` as JSON.
 
 use hyper::{Response, StatusCode};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::Node;
-use crate::http::{json, Body};
+use crate::http::{json, Body, Conn};
 use crate::raft::guard::{self, Peers};
 
-pub async fn handle(node: &Node, rpc: &str, body: &[u8]) -> Result<Response<Body>, ApiError> {
+pub async fn handle(node: &Node, rpc: &str, body: &[u8], conn: &Conn) -> Result<Response<Body>, ApiError> {
     let raft = &node.raft;
+    // The sender an RPC claims (the vote's leader or candidate) must be the
+    // member its certificate names: node 2 cannot speak as node 3.
+    let certified = |vote: &openraft::Vote<crate::raft::types::NodeId>| {
+        let sender = vote.leader_id.node_id;
+        if node.tls.is_none() || conn.leaf().is_some_and(|c| crate::tls::identity::certifies_member(c, sender)) {
+            return Ok(());
+        }
+        tracing::warn!(rpc, sender, addr = %conn.addr, "refused raft rpc: the certificate is not member {sender}'s");
+        Err(ApiError::Forbidden(format!("the client certificate does not name member {sender}")))
+    };
     let members = |id| node.peers.contains_key(&id);
     let peers = Peers { me: node.id, members: &members };
     let refuse = |e: String| {
@@ -19,17 +31,20 @@ pub async fn handle(node: &Node, rpc: &str, body: &[u8]) -> Result<Response<Body
     };
     match rpc {
         "append" => {
-            let req = decode(body)?;
+            let req: openraft::raft::AppendEntriesRequest<_> = decode(body)?;
+            certified(&req.vote)?;
             guard::append_request(&req, &peers).map_err(refuse)?;
             Ok(json(StatusCode::OK, &raft.append_entries(req).await))
         }
         "vote" => {
-            let req = decode(body)?;
+            let req: openraft::raft::VoteRequest<_> = decode(body)?;
+            certified(&req.vote)?;
             guard::vote_request(&req, &peers).map_err(refuse)?;
             Ok(json(StatusCode::OK, &raft.vote(req).await))
         }
         "snapshot" => {
-            let req = decode(body)?;
+            let req: openraft::raft::InstallSnapshotRequest<_> = decode(body)?;
+            certified(&req.vote)?;
             guard::snapshot_request(&req, &peers).map_err(refuse)?;
             Ok(json(StatusCode::OK, &raft.install_snapshot(req).await))
         }

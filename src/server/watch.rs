@@ -38,7 +38,17 @@ async fn deliver(tx: &mpsc::Sender<Bytes>, line: Bytes) -> bool {
     matches!(tokio::time::timeout(SLOW_WATCHER, tx.send(line)).await, Ok(Ok(())))
 }
 
-pub fn stream(node: Arc<Node>, query: Option<&str>) -> Result<Response<Body>, ApiError> {
+/// Which keys a watcher may see (its identity's `watch` right).
+pub type Visible = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Open a stream of `query`'s prefix. `may_open` says whether the watcher
+/// may watch anything under it; it then sees only the keys `visible` allows.
+pub fn stream(
+    node: Arc<Node>,
+    query: Option<&str>,
+    may_open: impl FnOnce(&str) -> Result<(), ApiError>,
+    visible: Visible,
+) -> Result<Response<Body>, ApiError> {
     let mut prefix = String::new();
     let mut after = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -55,8 +65,9 @@ pub fn stream(node: Arc<Node>, query: Option<&str>) -> Result<Response<Body>, Ap
         let probe = if prefix.ends_with('/') { format!("{prefix}x") } else { prefix.clone() };
         crate::lock::validate::key(&probe)?;
     }
+    may_open(&prefix)?;
     let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(run(node, prefix, after, tx));
+    tokio::spawn(run(node, prefix, visible, after, tx));
     let mut resp = Response::new(channel_body(rx));
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
     Ok(resp)
@@ -80,15 +91,15 @@ fn event_line(e: &Event) -> WatchLine {
     }
 }
 
-fn state_lines(s: &AppliedState, prefix: &str, out: &mut Vec<Bytes>) {
+fn state_lines(s: &AppliedState, prefix: &str, visible: &Visible, out: &mut Vec<Bytes>) {
     let rev = s.locks.revision();
-    for (key, k) in s.locks.keys_with_prefix(prefix) {
+    for (key, k) in s.locks.keys_with_prefix(prefix).filter(|(key, _)| visible(key)) {
         let holder = s.locks.holder_of(key).map(|(_, l)| l.holder.clone());
         out.push(line(&WatchLine::State { key: key.clone(), held: holder.is_some(), token: k.token, holder, rev }));
     }
 }
 
-async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Sender<Bytes>) {
+async fn run(node: Arc<Node>, prefix: String, visible: Visible, after: Option<u64>, tx: mpsc::Sender<Bytes>) {
     let mut applied = node.applied.subscribe();
     let mut cursor = after;
     // Where the stream is complete up to: what a heartbeat reports.
@@ -98,7 +109,7 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
         {
             let s = node.applied.lock();
             let resumed = cursor.and_then(|c| s.events.after(c)).map(|events| {
-                for e in events.filter(|e| e.key.starts_with(&prefix)) {
+                for e in events.filter(|e| e.key.starts_with(&prefix) && visible(&e.key)) {
                     lines.push(line(&event_line(e)));
                 }
             });
@@ -106,7 +117,7 @@ async fn run(node: Arc<Node>, prefix: String, after: Option<u64>, tx: mpsc::Send
                 if cursor.is_some() {
                     lines.push(line(&WatchLine::Resync { rev: s.locks.revision() }));
                 }
-                state_lines(&s, &prefix, &mut lines);
+                state_lines(&s, &prefix, &visible, &mut lines);
             }
             // Never backwards: a watcher resuming on a node that lags what it
             // has already seen must not get those events twice.
@@ -147,6 +158,7 @@ mod tests {
         let mut s = LockState::default();
         let cmd = AcquireCmd {
             key: "k".into(),
+            owner: "o".into(),
             holder: "h".into(),
             ttl_ms: 1000,
             lock_delay_ms: 0,

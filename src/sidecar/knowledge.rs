@@ -71,6 +71,8 @@ impl LockView {
     /// also used for the stream.
     pub fn start(client: Client, metrics: SidecarMetrics) -> Arc<Self> {
         let endpoints = client.endpoints().to_vec();
+        // The stream's own client: same TLS and token, but lines, not bodies, are bounded.
+        let http = client.options().http_client(MAX_LINE).expect("the client was built from these options");
         let view = Arc::new(Self {
             keys: DashMap::new(),
             client,
@@ -78,7 +80,7 @@ impl LockView {
             metrics,
             reads: Mutex::new(HashMap::new()),
         });
-        tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints));
+        tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints, http));
         view
     }
 
@@ -148,8 +150,7 @@ impl LockView {
 
 /// Keep one watch stream open, rotating through the endpoints, until the view
 /// is dropped.
-async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>) {
-    let http = HttpClient::new(MAX_LINE);
+async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>, http: HttpClient) {
     let mut after: Option<u64> = None;
     // Jittered, so that the sidecars of one failed node do not all reconnect
     // in the same instant; reset once a stream delivered something.

@@ -73,11 +73,11 @@ fn every_failure_names_the_field_and_the_file() {
     ];
     for (config, field, path, says) in cases {
         let e = server_config(&config).unwrap_err();
-        assert_eq!((e.field, e.path.as_path()), (field, path), "{e}");
+        assert_eq!((e.field.as_str(), e.path.as_path()), (field, path), "{e}");
         let text = ConfigError::from(e).to_string();
         assert!(text.contains(&format!("`{field}`")) && text.contains(&*path.to_string_lossy()), "{text}");
         assert!(text.to_lowercase().contains(&says.to_lowercase()), "{field} {}: {text}", path.display());
     }
     let e = upstream_client_config(Some(&UpstreamTls { ca: missing.clone() })).unwrap_err();
-    assert_eq!((e.field, e.path.as_path()), ("upstream_tls.ca", missing.as_path()), "{e}");
+    assert_eq!((e.field.as_str(), e.path.as_path()), ("upstream_tls.ca", missing.as_path()), "{e}");
 }

@@ -25,9 +25,13 @@ pub enum ClientError {
     /// [`Client::new`] got an empty list of endpoints.
     #[error("no endpoints given")]
     NoEndpoints,
-    /// An endpoint is not `http://host:port`: the endpoint as given, and why.
+    /// An endpoint is not `http://host:port` (`https://` with
+    /// [`ClientOptions::tls`]): the endpoint as given, and why.
     #[error("invalid endpoint {0:?}: {1}")]
     BadEndpoint(String, String),
+    /// [`ClientOptions::token`] is not a usable bearer token.
+    #[error("{0}")]
+    BadToken(#[from] crate::http::BadToken),
     /// The key was not granted within the acquire's
     /// [`wait`](field@AcquireOptions::wait): someone else holds it, or it is
     /// in lock-delay (L6). Retry later, or wait longer.
@@ -88,11 +92,38 @@ pub struct ClientOptions {
     /// Deadline for one request to one node (default 3 s); an acquire's wait
     /// is added to it.
     pub request_timeout: Duration,
+    /// Speak HTTPS with this config (endpoints must then be `https://`);
+    /// see [`crate::tls::TlsFiles`]. `None`: plain HTTP.
+    pub tls: Option<rustls::ClientConfig>,
+    /// Bearer token sent with every request (`Authorization: Bearer`), for a
+    /// lock service that authenticates clients by token.
+    pub token: Option<String>,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
-        Self { drift: 0.01, margin: Duration::from_millis(100), request_timeout: Duration::from_secs(3) }
+        Self {
+            drift: 0.01,
+            margin: Duration::from_millis(100),
+            request_timeout: Duration::from_secs(3),
+            tls: None,
+            token: None,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// The HTTP client these options describe (TLS, token), refusing bodies
+    /// above `max_body`. The sidecar's watch stream uses one of its own.
+    pub fn http_client(&self, max_body: usize) -> Result<HttpClient, ClientError> {
+        let http = match &self.tls {
+            Some(tls) => HttpClient::https(max_body, tls.clone(), None),
+            None => HttpClient::new(max_body),
+        };
+        match &self.token {
+            Some(t) => Ok(http.with_bearer(t)?),
+            None => Ok(http),
+        }
     }
 }
 
@@ -184,13 +215,14 @@ impl Client {
         }
         let endpoints: Vec<String> = endpoints.into_iter().map(|e| e.trim_end_matches('/').to_string()).collect();
         for e in &endpoints {
-            crate::url::parse_endpoint(e).map_err(|err| ClientError::BadEndpoint(e.clone(), err))?;
+            crate::url::parse_endpoint(e, options.tls.is_some())
+                .map_err(|err| ClientError::BadEndpoint(e.clone(), err))?;
         }
         let inner = Inner {
             endpoints,
             preferred: AtomicUsize::new(0),
             rediscover: AtomicBool::new(true),
-            http: HttpClient::new(1 << 20),
+            http: options.http_client(1 << 20)?,
             options,
         };
         Ok(Self { inner: Arc::new(inner) })

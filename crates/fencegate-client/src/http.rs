@@ -1,16 +1,21 @@
-//! The HTTP client underneath: one pooled HTTP/1.1 client with a deadline on
-//! every request, bounded body reads, and a reader for NDJSON streams. The
-//! lock service's peer network and the sidecar use it too.
+//! The HTTP client underneath: one pooled HTTP/1.1 client (plain, or HTTPS
+//! with a [`rustls::ClientConfig`]) with a deadline on every request, an
+//! optional bearer token on every request, bounded body reads, and a reader
+//! for NDJSON streams. The lock service's peer network and the sidecar use
+//! it too.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::CONTENT_TYPE;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
+use hyper_rustls::builderstates::WantsProtocols1;
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::ServerName;
 use thiserror::Error;
 
 /// The boxed error of bodies and transports.
@@ -91,26 +96,76 @@ pub struct Reply {
     pub body: Bytes,
 }
 
-/// A pooled HTTP/1.1 client (plain `http://` only) with a per-request
-/// deadline. Cheap to clone; clones share the pool.
+/// A pooled HTTP/1.1 client with a per-request deadline. Cheap to clone;
+/// clones share the pool.
 #[derive(Clone)]
 pub struct HttpClient {
-    inner: Client<HttpConnector, Full<Bytes>>,
+    inner: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     max_body: usize,
+    /// `Authorization` sent with every request that has none of its own.
+    bearer: Option<HeaderValue>,
 }
 
+/// Why [`HttpClient::with_bearer`] refused a token.
+#[derive(Debug, Error)]
+#[error("a bearer token must be 1 to 4096 visible ASCII characters")]
+pub struct BadToken;
+
 impl HttpClient {
-    /// A client that refuses answers with bodies above `max_body` bytes.
+    /// A plain `http://` client that refuses answers with bodies above
+    /// `max_body` bytes (`https://` URLs fail: nothing is trusted).
     pub fn new(max_body: usize) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        let no_roots = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("ring supports TLS 1.2 and 1.3")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        Self::build(max_body, HttpsConnectorBuilder::new().with_tls_config(no_roots).https_or_http())
+    }
+
+    /// An `https://`-only client with `tls`. With `server_name`, every
+    /// server must present a certificate for that name whatever the URL's
+    /// host (a peer is checked to be the member it is configured as).
+    pub fn https(max_body: usize, tls: rustls::ClientConfig, server_name: Option<ServerName<'static>>) -> Self {
+        let builder = HttpsConnectorBuilder::new().with_tls_config(tls).https_only();
+        match server_name {
+            Some(name) => Self::build(max_body, builder.with_server_name_resolver(FixedServerNameResolver::new(name))),
+            None => Self::build(max_body, builder),
+        }
+    }
+
+    fn build(max_body: usize, tls: HttpsConnectorBuilder<WantsProtocols1>) -> Self {
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(Duration::from_secs(2)));
+        // hyper-rustls hands `https://` URIs to the TCP connector, which
+        // refuses them unless told not to.
+        tcp.enforce_http(false);
+        let connector = tls.enable_http1().wrap_connector(tcp);
         let inner = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
-        Self { inner, max_body }
+        Self { inner, max_body, bearer: None }
+    }
+
+    /// This client, sending `Authorization: Bearer <token>` with every request.
+    pub fn with_bearer(mut self, token: &str) -> Result<Self, BadToken> {
+        if token.is_empty() || token.len() > 4096 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(BadToken);
+        }
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| BadToken)?;
+        value.set_sensitive(true);
+        self.bearer = Some(value);
+        Ok(self)
+    }
+
+    fn authorise<B>(&self, req: &mut Request<B>) {
+        if let Some(v) = &self.bearer {
+            req.headers_mut().entry(AUTHORIZATION).or_insert_with(|| v.clone());
+        }
     }
 
     /// Send a request and buffer the whole answer, all within `timeout`.
-    pub async fn send(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Reply, HttpError> {
+    pub async fn send(&self, mut req: Request<Full<Bytes>>, timeout: Duration) -> Result<Reply, HttpError> {
+        self.authorise(&mut req);
         let url = req.uri().to_string();
         let transport = |source: BoxError| HttpError::Transport { url: url.clone(), source };
         let work = async {
@@ -142,7 +197,8 @@ impl HttpClient {
     /// GET `url` and return the answer with its body still streaming (for
     /// NDJSON streams). `timeout` bounds only the wait for the head.
     pub async fn open(&self, url: &str, timeout: Duration) -> Result<Response<Incoming>, HttpError> {
-        let req = Request::get(url).body(Full::new(Bytes::new())).map_err(|_| HttpError::Url(url.into()))?;
+        let mut req = Request::get(url).body(Full::new(Bytes::new())).map_err(|_| HttpError::Url(url.into()))?;
+        self.authorise(&mut req);
         let transport = |source: BoxError| HttpError::Transport { url: url.to_string(), source };
         tokio::time::timeout(timeout, self.inner.request(req))
             .await

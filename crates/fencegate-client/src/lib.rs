@@ -34,6 +34,7 @@ pub mod backoff;
 mod client;
 pub mod http;
 mod lease;
+pub mod tls;
 pub mod url;
 pub mod wire;
 

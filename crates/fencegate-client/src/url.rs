@@ -12,11 +12,14 @@ pub fn parse_base(url: &str) -> Result<Uri, String> {
     Ok(uri)
 }
 
-/// A lock service node: `http://host:port`, nothing after it.
-pub fn parse_endpoint(url: &str) -> Result<Uri, String> {
+/// A lock service node: `http://host:port`, or `https://host:port` when
+/// `tls`; nothing after it.
+pub fn parse_endpoint(url: &str, tls: bool) -> Result<Uri, String> {
     let uri = parse_base(url)?;
-    if uri.scheme_str() != Some("http") {
-        return Err(format!("{url:?} must start with http://"));
+    match (uri.scheme_str(), tls) {
+        (Some("http"), false) | (Some("https"), true) => {}
+        (_, false) => return Err(format!("{url:?} must start with http:// (https:// needs a CA to trust)")),
+        (_, true) => return Err(format!("{url:?} must start with https:// when TLS is configured")),
     }
     if uri.authority().is_none() || uri.port_u16().is_none() {
         return Err(format!("{url:?} must name a host and a port"));
@@ -30,11 +33,13 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert!(parse_endpoint("http://127.0.0.1:7401").is_ok());
-        assert!(parse_endpoint("http://127.0.0.1:7401/").is_ok());
+        assert!(parse_endpoint("http://127.0.0.1:7401", false).is_ok());
+        assert!(parse_endpoint("http://127.0.0.1:7401/", false).is_ok());
+        assert!(parse_endpoint("https://127.0.0.1:7401", true).is_ok());
+        assert!(parse_endpoint("http://127.0.0.1:7401", true).is_err(), "no silent downgrade");
         for bad in ["127.0.0.1:7401", "https://127.0.0.1:7401", "http://127.0.0.1", "http://h:1/x", "http://h:1?q", ""]
         {
-            assert!(parse_endpoint(bad).is_err(), "{bad:?}");
+            assert!(parse_endpoint(bad, false).is_err(), "{bad:?}");
         }
     }
 }

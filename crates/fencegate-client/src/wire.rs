@@ -93,13 +93,18 @@ pub struct LockInfo {
     pub key: String,
     /// Whether a live lease holds the key.
     pub held: bool,
-    /// The latest grant of the key (0 if never granted), also when free.
+    /// The latest grant of the key (0 if never granted, or forgotten), also when free.
     pub token: Token,
     /// The holder's name; `None` when the key is not held.
     pub holder: Option<String>,
     /// The leader's time left before it expires the lease, in milliseconds;
     /// `None` when the key is not held.
     pub expires_in_ms: Option<u64>,
+    /// Set when the service has forgotten idle keys (compaction) and this
+    /// key is not in its table: every token up to this value that this key
+    /// may have had has ended. (A token above it was never this key's.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compacted_below: Option<Token>,
 }
 
 /// 200 to `GET /v1/cluster`: the cluster as the answering node sees it.
@@ -212,6 +217,15 @@ pub enum ErrorCode {
     BodyTooLarge,
     /// 408: the request body did not arrive within the node's `limits.body_timeout`.
     RequestTimeout,
+    /// 401: no credentials where the node requires them, or ones it does
+    /// not know (an unknown token, a certificate naming nobody).
+    Unauthorized,
+    /// 403: the identity lacks the right on this key, or the lease is
+    /// another identity's. Nothing changed.
+    Forbidden,
+    /// 429: a quota (the node's `limits.max_keys` or
+    /// `limits.max_leases_per_identity`) is reached. Nothing changed.
+    QuotaExceeded,
     /// 404: no such path.
     NotFound,
     /// 405: a known path with another method.
@@ -238,6 +252,9 @@ impl ErrorCode {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::BodyTooLarge => "body_too_large",
             ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::LeaseNotFound => "lease_not_found",
@@ -255,6 +272,9 @@ impl ErrorCode {
             ErrorCode::BadRequest | ErrorCode::Unknown => StatusCode::BAD_REQUEST,
             ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+            ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::NotFound | ErrorCode::LeaseNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::Held => StatusCode::CONFLICT,
@@ -448,7 +468,14 @@ mod tests {
             json!({"key": "k", "token": 3, "released": true}),
         );
         pinned(
-            LockInfo { key: "k".into(), held: false, token: 0, holder: None, expires_in_ms: None },
+            LockInfo {
+                key: "k".into(),
+                held: false,
+                token: 0,
+                holder: None,
+                expires_in_ms: None,
+                compacted_below: None,
+            },
             json!({"key": "k", "held": false, "token": 0, "holder": null, "expires_in_ms": null}),
         );
         pinned(
@@ -484,6 +511,9 @@ mod tests {
             ErrorCode::BadRequest,
             ErrorCode::BodyTooLarge,
             ErrorCode::RequestTimeout,
+            ErrorCode::Unauthorized,
+            ErrorCode::Forbidden,
+            ErrorCode::QuotaExceeded,
             ErrorCode::NotFound,
             ErrorCode::MethodNotAllowed,
             ErrorCode::LeaseNotFound,

@@ -9,13 +9,21 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use fencegate_client::http::HttpClient;
+use fencegate_client::tls::TlsFiles;
 use fencegate_client::{Client, ClientOptions, ClusterInfo};
 use tokio::time::Instant;
 
 use crate::ports::{reserve, Reserved};
 use crate::process::{tail, Proc};
 use crate::relay::Relay;
+use crate::sidecar::SidecarOptions;
+use crate::tls::Pki;
 use crate::{http, wait, Bin, Sidecar};
+
+/// The identity the kit itself uses on a secure cluster: admin of every key.
+pub const KIT_IDENTITY: &str = "testkit";
+const KIT_TOKEN: &str = "testkit-admin-token";
 
 pub struct Cluster {
     dir: tempfile::TempDir,
@@ -30,6 +38,23 @@ pub struct Cluster {
     nodes: BTreeMap<u64, Proc>,
     extra_yaml: String,
     log_filter: String,
+    /// The cluster CA and member certificates, on a secure cluster.
+    pki: Option<Pki>,
+    /// How the kit reaches the nodes (TLS and its admin token when secure).
+    options: ClientOptions,
+    http: HttpClient,
+}
+
+/// A secure cluster ([`ClusterOptions::security`]): HTTPS with member
+/// certificates on both planes, clients authenticated by token or
+/// certificate, and an ACL.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// ACL rules (YAML list items, `  - identity: ...`) besides the kit's
+    /// own ([`KIT_IDENTITY`], admin of every key).
+    pub acl: String,
+    /// Bearer tokens as (identity, token); the nodes get their hashes.
+    pub tokens: Vec<(String, String)>,
 }
 
 /// Why a cluster did not come up.
@@ -54,6 +79,8 @@ pub struct ClusterOptions {
     pub data_in: Option<PathBuf>,
     /// `FENCEGATE_LOG` of the nodes.
     pub log_filter: String,
+    /// TLS, authentication and an ACL; `None`: plain HTTP, everyone anonymous.
+    pub security: Option<Security>,
 }
 
 impl Default for ClusterOptions {
@@ -64,6 +91,7 @@ impl Default for ClusterOptions {
             relays: true,
             data_in: None,
             log_filter: "info,openraft=warn".into(),
+            security: None,
         }
     }
 }
@@ -98,7 +126,8 @@ impl Cluster {
         // node is down.
         let reserved: Vec<Reserved> = (0..2 * n).map(|_| reserve()).collect();
         let (ports, peer_ports): (Vec<u16>, Vec<u16>) = reserved.chunks(2).map(|r| (r[0].port, r[1].port)).unzip();
-        let url = |p: &u16| format!("http://127.0.0.1:{p}");
+        let scheme = if o.security.is_some() { "https" } else { "http" };
+        let url = |p: &u16| format!("{scheme}://127.0.0.1:{p}");
         let urls: BTreeMap<u64, String> = (1..=n).zip(ports.iter().map(url)).collect();
         let peer_urls: BTreeMap<u64, String> = (1..=n).zip(peer_ports.iter().map(url)).collect();
         let mut relays = BTreeMap::new();
@@ -109,6 +138,11 @@ impl Cluster {
                 }
             }
         }
+        let (pki, options, security_yaml) = match &o.security {
+            None => (None, ClientOptions::default(), String::new()),
+            Some(sec) => secure(dir.path(), sec),
+        };
+        let http = options.http_client(8 << 20).unwrap();
         let mut c = Cluster {
             dir,
             bin: bin.clone(),
@@ -117,8 +151,11 @@ impl Cluster {
             _reserved: reserved,
             relays,
             nodes: BTreeMap::new(),
-            extra_yaml: o.yaml.clone(),
+            extra_yaml: format!("{security_yaml}{}", o.yaml),
             log_filter: o.log_filter.clone(),
+            pki,
+            options,
+            http,
         };
         c.start_all();
         c
@@ -212,6 +249,7 @@ impl Cluster {
             .into_iter()
             .map(|other| {
                 let url = match self.relays.get(&(id, other)) {
+                    Some(r) if self.pki.is_some() => r.url().replace("http://", "https://"),
                     Some(r) => r.url(),
                     None => self.peer_url(other),
                 };
@@ -219,10 +257,19 @@ impl Cluster {
             })
             .collect();
         let clients: String = self.urls.iter().map(|(other, url)| format!("  {other}: {url}\n")).collect();
+        let tls = match &self.pki {
+            None => String::new(),
+            Some(pki) => {
+                let (cert, key) = pki.member(id);
+                let ca = pki.ca.display();
+                format!("tls:\n  cert: {}\n  key: {}\n  ca: {ca}\n  client_ca: {ca}\n", cert.display(), key.display())
+            }
+        };
+        let addr = |url: &str| url.rsplit("://").next().unwrap().to_string();
         let yaml = format!(
-            "id: {id}\nlisten: {}\npeer_listen: {}\ndata_dir: {}\npeers:\n{peers}clients:\n{clients}{}",
-            self.urls[&id].trim_start_matches("http://"),
-            self.peer_urls[&id].trim_start_matches("http://"),
+            "id: {id}\nlisten: {}\npeer_listen: {}\ndata_dir: {}\npeers:\n{peers}clients:\n{clients}{tls}{}",
+            addr(&self.urls[&id]),
+            addr(&self.peer_urls[&id]),
             self.data_dir(id).display(),
             self.extra_yaml
         );
@@ -310,20 +357,53 @@ impl Cluster {
         }
     }
 
-    /// A client of every node.
+    /// A client of every node (on a secure cluster: the kit's own, an admin).
     pub fn client(&self) -> Client {
-        Client::new(self.urls()).unwrap()
+        Client::with_options(self.urls(), self.options.clone()).unwrap()
     }
 
     /// A client that can only talk to node `id` (which forwards leader calls).
     pub fn client_of(&self, id: u64) -> Client {
-        Client::with_options(vec![self.url(id)], ClientOptions::default()).unwrap()
+        Client::with_options(vec![self.url(id)], self.options.clone()).unwrap()
+    }
+
+    /// The kit's client options (TLS, its admin token), for clients of one's own.
+    pub fn client_options(&self) -> ClientOptions {
+        self.options.clone()
+    }
+
+    /// A client of every node presenting `token` (secure clusters).
+    pub fn client_with_token(&self, token: &str) -> Client {
+        let options = ClientOptions { token: Some(token.into()), ..self.options.clone() };
+        Client::with_options(self.urls(), options).unwrap()
+    }
+
+    /// A client of every node presenting a certificate naming `identity`
+    /// (secure clusters), and no token.
+    pub fn client_with_cert(&self, identity: &str) -> Client {
+        let pki = self.pki.as_ref().expect("a secure cluster");
+        let (cert, key) = pki.client_cert(identity);
+        let files = TlsFiles { ca: pki.ca.clone(), cert: Some(cert), key: Some(key) };
+        let tls = files.client_config(["ca", "cert", "key"]).unwrap();
+        let options = ClientOptions { tls: Some(tls), token: None, ..self.options.clone() };
+        Client::with_options(self.urls(), options).unwrap()
+    }
+
+    /// The cluster's CA and member certificates (secure clusters).
+    pub fn pki(&self) -> Option<&Pki> {
+        self.pki.as_ref()
+    }
+
+    /// GET `path` of node `id` as the kit (2 s at most); the answer's body.
+    pub async fn get(&self, id: u64, path: &str) -> Option<bytes::Bytes> {
+        let url = format!("{}{path}", self.url(id));
+        let a = self.http.call(hyper::Method::GET, &url, None, Duration::from_secs(2)).await.ok()?;
+        Some(a.body)
     }
 
     /// `GET /v1/cluster` of node `id` itself, `None` if it does not answer.
     pub async fn cluster_info(&self, id: u64) -> Option<ClusterInfo> {
-        let v = http::get_json(&format!("{}/v1/cluster", self.url(id))).await?;
-        serde_json::from_value(v).ok()
+        serde_json::from_slice(&self.get(id, "/v1/cluster").await?).ok()
     }
 
     /// The leader as the first answering running node sees it.
@@ -379,8 +459,8 @@ impl Cluster {
         wait::until_ok(&format!("{n} waiting acquires"), within, || async {
             let mut total = 0.0;
             for id in self.nodes.keys() {
-                let text = http::get_text(&format!("{}/metrics", self.url(*id))).await;
-                total += http::metric(&text, "fencegate_lock_waiters").unwrap_or(0.0);
+                let text = self.get(*id, "/metrics").await.unwrap_or_default();
+                total += http::metric(&String::from_utf8_lossy(&text), "fencegate_lock_waiters").unwrap_or(0.0);
             }
             if total as u64 == n {
                 Ok(())
@@ -394,8 +474,46 @@ impl Cluster {
     /// A sidecar in `dir()/name` asking this cluster, in front of `upstream`,
     /// with `yaml` (its routes and any other sections).
     pub async fn sidecar(&self, name: &str, upstream: &str, yaml: &str) -> Sidecar {
-        Sidecar::start(&self.bin, self.dir().join(name), upstream, &self.urls(), yaml).await
+        let o = SidecarOptions { lock_service: self.urls(), yaml: yaml.into(), ..Default::default() };
+        self.sidecar_with(name, upstream, o).await
     }
+
+    /// A sidecar as [`Cluster::sidecar`] with `o` (its `lock_service` is
+    /// set to this cluster; on a secure one, with the CA and a token for
+    /// `o.identity`, which must be one of [`Security::tokens`]).
+    pub async fn sidecar_with(&self, name: &str, upstream: &str, mut o: SidecarOptions) -> Sidecar {
+        o.lock_service = self.urls();
+        if let Some(pki) = &self.pki {
+            let token = o.lock_token.take().unwrap_or_else(|| KIT_TOKEN.into());
+            let token_file = self.dir().join(format!("{name}.token"));
+            std::fs::write(&token_file, format!("{token}\n")).unwrap();
+            o.lock_service_yaml = format!("  ca: {}\n  token_file: {}\n", pki.ca.display(), token_file.display());
+        }
+        Sidecar::start_with(&self.bin, self.dir().join(name), upstream, o).await
+    }
+}
+
+/// The PKI, the kit's client options and the nodes' security sections
+/// (TLS is per node: see `spawn`) of a secure cluster in `dir`.
+fn secure(dir: &Path, sec: &Security) -> (Option<Pki>, ClientOptions, String) {
+    let pki = Pki::new(&dir.join("pki"), "cluster");
+    let tokens_file = dir.join("tokens.yaml");
+    let kit = (KIT_IDENTITY.to_string(), KIT_TOKEN.to_string());
+    let lines: String = sec
+        .tokens
+        .iter()
+        .chain([&kit])
+        .map(|(identity, token)| format!("{identity:?}: {}\n", crate::tls::token_hash(token)))
+        .collect();
+    std::fs::write(&tokens_file, lines).unwrap();
+    let yaml = format!(
+        "auth:\n  tokens_file: {}\nacl:\n  - {{ identity: {KIT_IDENTITY}, prefixes: [\"\"], rights: [admin] }}\n{}",
+        tokens_file.display(),
+        sec.acl
+    );
+    let tls = TlsFiles { ca: pki.ca.clone(), cert: None, key: None }.client_config(["ca", "cert", "key"]).unwrap();
+    let options = ClientOptions { tls: Some(tls), token: Some(KIT_TOKEN.into()), ..ClientOptions::default() };
+    (Some(pki), options, yaml)
 }
 
 impl Drop for Cluster {

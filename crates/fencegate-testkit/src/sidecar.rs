@@ -28,6 +28,11 @@ pub struct Sidecar {
 pub struct SidecarOptions {
     /// The lock service's endpoints (none: no `lock_service` section).
     pub lock_service: Vec<String>,
+    /// More of the `lock_service` section (indented lines: `  ca: ...`).
+    pub lock_service_yaml: String,
+    /// On a secure cluster, the token the sidecar presents
+    /// ([`crate::Cluster::sidecar_with`]; default: the kit's own).
+    pub lock_token: Option<String>,
     /// The rest of the config: `routes:` and any other sections (`limits`,
     /// `tls`, …).
     pub yaml: String,
@@ -37,7 +42,13 @@ pub struct SidecarOptions {
 
 impl Default for SidecarOptions {
     fn default() -> Self {
-        SidecarOptions { lock_service: vec![], yaml: String::new(), log_filter: "info".into() }
+        SidecarOptions {
+            lock_service: vec![],
+            lock_service_yaml: String::new(),
+            lock_token: None,
+            yaml: String::new(),
+            log_filter: "info".into(),
+        }
     }
 }
 
@@ -64,7 +75,7 @@ impl Sidecar {
         let lock_service = if o.lock_service.is_empty() {
             String::new()
         } else {
-            format!("lock_service:\n  endpoints: [{}]\n", o.lock_service.join(", "))
+            format!("lock_service:\n  endpoints: [{}]\n{}", o.lock_service.join(", "), o.lock_service_yaml)
         };
         let reserved = [reserve(), reserve()];
         let (port, metrics_port) = (reserved[0].port, reserved[1].port);

@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use tokio_rustls::TlsConnector;
@@ -27,6 +27,9 @@ pub struct Pki {
     ca_der: CertificateDer<'static>,
     client_chain: Vec<CertificateDer<'static>>,
     client_key: Vec<u8>,
+    issuer: CertifiedIssuer<'static, KeyPair>,
+    dir: PathBuf,
+    name: String,
 }
 
 impl Pki {
@@ -51,11 +54,43 @@ impl Pki {
             ca_der: ca.der().clone(),
             client_chain: vec![client.der().clone()],
             client_key: client_key.serialize_der(),
+            issuer: ca,
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
         };
-        std::fs::write(&pki.ca, ca.pem()).unwrap();
+        std::fs::write(&pki.ca, pki.issuer.pem()).unwrap();
         std::fs::write(&pki.cert, server.pem()).unwrap();
         std::fs::write(&pki.key, server_key.serialize_pem()).unwrap();
         pki
+    }
+
+    /// A certificate this CA signed for `sans`, with common name `cn` if
+    /// given: (cert, key) PEM files named after `stem`.
+    pub fn leaf(&self, stem: &str, sans: &[String], cn: Option<&str>) -> (PathBuf, PathBuf) {
+        let mut params = CertificateParams::new(sans.to_vec()).unwrap();
+        params.distinguished_name = DistinguishedName::new();
+        if let Some(cn) = cn {
+            params.distinguished_name.push(DnType::CommonName, cn);
+        }
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let path = |file: &str| self.dir.join(format!("{}-{stem}-{file}", self.name));
+        let (cert_path, key_path) = (path("cert.pem"), path("key.pem"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
+    /// Member `id`'s certificate: `fencegate-node-<id>`, and the loopback
+    /// names clients reach it by.
+    pub fn member(&self, id: u64) -> (PathBuf, PathBuf) {
+        let sans = [format!("fencegate-node-{id}"), "localhost".into(), "127.0.0.1".into()];
+        self.leaf(&format!("node{id}"), &sans, None)
+    }
+
+    /// A client certificate naming the identity `name` (its common name).
+    pub fn client_cert(&self, name: &str) -> (PathBuf, PathBuf) {
+        self.leaf(&format!("client-{name}"), &[format!("{name}.client.test")], Some(name))
     }
 
     /// The `tls:` section of a sidecar config serving this PKI's server certificate.
@@ -165,4 +200,11 @@ where
 /// An error and all its sources, for assertions on what went wrong.
 fn chain(e: impl std::error::Error) -> String {
     fencegate_client::http::error_chain(&e)
+}
+
+/// `sha256:<hex>` of a bearer token, as a node's tokens file stores it.
+pub fn token_hash(token: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
 }

@@ -13,6 +13,7 @@ use crate::lock::clock::LeaseClock;
 fn acquire(key: &str, lease: &str, ttl_ms: u64, delay_ms: u64, req: Option<&str>) -> Command {
     Command::Acquire(AcquireCmd {
         key: key.into(),
+        owner: "owner".into(),
         holder: format!("holder-of-{key}"),
         ttl_ms,
         lock_delay_ms: delay_ms,
@@ -204,7 +205,7 @@ proptest! {
                     let req = retry_of.map(|r| format!("req{r}"));
                     // The leader decides whether to propose from `admission`:
                     // it must predict exactly what applying will answer.
-                    let predicted = s.admission(&format!("k{key}"), req.as_deref());
+                    let predicted = s.admission(&format!("k{key}"), "owner", req.as_deref());
                     let (o, events) = apply(&mut s, &mut c, now, acquire(&format!("k{key}"), &lease_id, ttl, delay, req.as_deref()));
                     match &predicted {
                         Outcome::Nothing => prop_assert!(events.is_some(), "admitted as free, then {:?}", o),
