@@ -394,6 +394,14 @@ impl Cluster {
         self.pki.as_ref()
     }
 
+    /// A watch of node `id`'s own applied state (`query`: `prefix=...`), as the kit.
+    pub async fn watch(&self, id: u64, query: &str) -> crate::Watch {
+        let url = format!("{}/v1/watch?{query}", self.url(id));
+        crate::Watch::try_open_with(&self.http, &url, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("watch {url}: {e}"))
+    }
+
     /// GET `path` of node `id` as the kit (2 s at most); the answer's body.
     pub async fn get(&self, id: u64, path: &str) -> Option<bytes::Bytes> {
         let url = format!("{}{path}", self.url(id));

@@ -27,7 +27,12 @@ impl Watch {
 
     /// Open `url`, or say why not within `within`.
     pub async fn try_open(url: &str, within: Duration) -> Result<Watch, String> {
-        let resp = HttpClient::new(1 << 20).open(url, within).await.map_err(|e| e.to_string())?;
+        Self::try_open_with(&HttpClient::new(1 << 20), url, within).await
+    }
+
+    /// Open `url` with `http` (TLS, a token: [`crate::Cluster::client_options`]).
+    pub async fn try_open_with(http: &HttpClient, url: &str, within: Duration) -> Result<Watch, String> {
+        let resp = http.open(url, within).await.map_err(|e| e.to_string())?;
         if resp.status() != 200 {
             return Err(format!("status {}", resp.status()));
         }

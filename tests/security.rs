@@ -1,0 +1,244 @@
+//! A secure cluster, attacked and used as its operators would: HTTPS with
+//! member certificates on both planes, clients identified by bearer tokens
+//! or certificates, an ACL per key prefix. Every refusal is checked to have
+//! changed nothing; every later grant still gets a strictly higher token
+//! that each node agrees on (read from each node's own applied state).
+
+use std::time::Duration;
+
+use fencegate::raft::types::TypeConfig;
+use fencegate_client::http::{error_chain, HttpClient, Reply};
+use fencegate_client::tls::TlsFiles;
+use fencegate_client::AcquireOptions;
+use fencegate_testkit::cluster::{ClusterOptions, Security};
+use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::sidecar::SidecarOptions;
+use fencegate_testkit::tls::token_hash;
+use fencegate_testkit::{bin, wait, Cluster, Upstream};
+use hyper::Method;
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use openraft::{LeaderId, Vote};
+
+const ACL: &str = r#"
+  - { identity: deploy, prefixes: ["rack/"], rights: [acquire, read] }
+  - { identity: other, prefixes: ["rack/"], rights: [acquire] }
+  - { identity: ops, prefixes: ["rack/"], rights: [admin] }
+  - { identity: sidecar, prefixes: ["rack/"], rights: [read, watch] }
+  - { identity: cert-user, prefixes: ["fw/"], rights: [acquire] }
+"#;
+
+fn security() -> Security {
+    let tokens = ["deploy", "other", "ops", "sidecar"].map(|id| (id.to_string(), format!("{id}-token")));
+    Security { acl: ACL.into(), tokens: tokens.to_vec() }
+}
+
+async fn secure_cluster() -> Cluster {
+    Cluster::start_with(&bin!(), ClusterOptions { security: Some(security()), ..Default::default() }).await
+}
+
+/// An HTTPS client trusting the cluster CA, presenting `cert` (a member's or
+/// a client's files) and/or `token`.
+fn https(c: &Cluster, cert: Option<(std::path::PathBuf, std::path::PathBuf)>, token: Option<&str>) -> HttpClient {
+    let pki = c.pki().unwrap();
+    let (cert, key) = cert.unzip();
+    let tls = TlsFiles { ca: pki.ca.clone(), cert, key }.client_config(["ca", "cert", "key"]).unwrap();
+    let http = HttpClient::https(1 << 20, tls, None);
+    match token {
+        Some(t) => http.with_bearer(t).unwrap(),
+        None => http,
+    }
+}
+
+async fn call(http: &HttpClient, method: Method, url: &str, body: Option<&str>) -> Result<Reply, String> {
+    http.call(method, url, body.map(|b| b.as_bytes().to_vec()), Duration::from_secs(5))
+        .await
+        .map_err(|e| error_chain(&e))
+}
+
+fn error_of(r: &Reply) -> String {
+    serde_json::from_slice::<serde_json::Value>(&r.body)
+        .map(|v| v["error"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+/// Every node's own applied tokens under `prefix`, in key order.
+async fn tokens_on(c: &Cluster, id: u64, prefix: &str, n: usize) -> Vec<u64> {
+    let mut w = c.watch(id, &format!("prefix={prefix}")).await;
+    let mut seen = vec![];
+    for _ in 0..n {
+        let line = w.next().await;
+        assert_eq!(line["event"], "state", "node {id}: {line}");
+        seen.push(line["token"].as_u64().unwrap());
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_members_speak_raft_and_each_only_as_itself() {
+    let c = secure_cluster().await;
+    let client = c.client();
+    let first = client.acquire("rack/a", AcquireOptions::new(Duration::from_secs(5))).await.unwrap();
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let term = c.cluster_info(leader).await.unwrap().term;
+    let pki = c.pki().unwrap();
+    let vote = |node_id| VoteRequest {
+        vote: Vote { leader_id: LeaderId { term: term + 1, node_id }, committed: false },
+        last_log_id: None,
+    };
+    let append = |node_id, t| AppendEntriesRequest::<TypeConfig> {
+        vote: Vote::new_committed(t, node_id),
+        prev_log_id: None,
+        entries: vec![],
+        leader_commit: None,
+    };
+    let as_node2 = https(&c, Some(pki.member(2)), None);
+    let anonymous = https(&c, None, None);
+    for id in c.ids() {
+        let peer = c.peer_url(id);
+        let body = serde_json::to_string(&vote(3)).unwrap();
+        // No certificate: the handshake itself fails.
+        let e = call(&anonymous, Method::POST, &format!("{peer}/raft/vote"), Some(&body)).await.unwrap_err();
+        assert!(e.contains("CertificateRequired"), "node {id}: {e}");
+        // Plain HTTP on a TLS port is no way in either.
+        let plain = HttpClient::new(1 << 20);
+        let plain_url = peer.replace("https://", "http://");
+        assert!(call(&plain, Method::POST, &format!("{plain_url}/raft/vote"), Some(&body))
+            .await
+            .map(|r| r.status != 200)
+            .unwrap_or(true));
+        // Node 2's certificate claiming to be node 3, as candidate or leader.
+        for (rpc, body) in [("vote", body.clone()), ("append", serde_json::to_string(&append(3, term)).unwrap())] {
+            let a = call(&as_node2, Method::POST, &format!("{peer}/raft/{rpc}"), Some(&body)).await.unwrap();
+            assert_eq!(
+                (a.status.as_u16(), error_of(&a).as_str()),
+                (403, "forbidden"),
+                "node {id}, {rpc} as 3 with 2's certificate"
+            );
+        }
+        // As itself, but with a term that would overflow: the guard refuses.
+        let overflow = serde_json::to_string(&append(2, u64::MAX)).unwrap();
+        let a = call(&as_node2, Method::POST, &format!("{peer}/raft/append"), Some(&overflow)).await.unwrap();
+        assert_eq!(a.status, 400, "node {id}: {}", String::from_utf8_lossy(&a.body));
+        // The client port has no Raft at all, whoever asks.
+        let kit = https(&c, None, Some("ops-token"));
+        let a = call(&kit, Method::POST, &format!("{}/raft/vote", c.url(id)), Some(&body)).await.unwrap();
+        assert_eq!(a.status, 404, "node {id}'s client port");
+    }
+    for id in c.ids() {
+        assert_eq!(c.cluster_info(id).await.unwrap().term, term, "node {id}'s term moved");
+    }
+    let mut tokens = vec![first.token()];
+    for key in ["rack/b", "rack/c"] {
+        tokens.push(client.acquire(key, AcquireOptions::new(Duration::from_secs(5))).await.unwrap().token());
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens rise: {tokens:?}");
+    let applied = c.cluster_info(leader).await.unwrap().commit_index;
+    for id in c.ids() {
+        c.wait_for_applied(id, applied, Duration::from_secs(10)).await;
+        assert_eq!(tokens_on(&c, id, "rack/", 3).await, tokens, "node {id} agrees on every token");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_are_authenticated_and_authorised_per_prefix() {
+    let c = secure_cluster().await;
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let lock = |key: &str| format!("{}/v1/locks/{key}", c.url(leader));
+    let lease = |id: &str, suffix: &str| format!("{}/v1/leases/{id}{suffix}", c.url(leader));
+    let body = Some(r#"{"ttl_ms":30000}"#);
+    let log_index = || async { c.cluster_info(leader).await.unwrap().last_log_index };
+
+    // Who are you?
+    let before = log_index().await;
+    for (who, http) in [("nobody", https(&c, None, None)), ("an unknown token", https(&c, None, Some("guess")))] {
+        let a = call(&http, Method::POST, &lock("rack/1"), body).await.unwrap();
+        assert_eq!((a.status.as_u16(), error_of(&a).as_str()), (401, "unauthorized"), "{who}");
+    }
+    // Health and metrics stay open to supervisors and scrapers.
+    let a = call(&https(&c, None, None), Method::GET, &format!("{}/healthz", c.url(leader)), None).await.unwrap();
+    assert_eq!(a.status, 200);
+
+    // No right: 403, and nothing reaches the log.
+    let deploy = https(&c, None, Some("deploy-token"));
+    let a = call(&deploy, Method::POST, &lock("fw/1"), body).await.unwrap();
+    assert_eq!((a.status.as_u16(), error_of(&a).as_str()), (403, "forbidden"));
+    let sidecar = https(&c, None, Some("sidecar-token"));
+    let a = call(&sidecar, Method::POST, &lock("rack/1"), body).await.unwrap();
+    assert_eq!(a.status, 403, "read and watch are not acquire");
+    assert_eq!(log_index().await, before, "refusals wrote to the log");
+
+    // A lease is its owner's: another identity can neither keep it alive nor release it.
+    let a = call(&deploy, Method::POST, &lock("rack/1"), body).await.unwrap();
+    assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+    let granted: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+    let (id, token) = (granted["lease_id"].as_str().unwrap().to_string(), granted["token"].as_u64().unwrap());
+    let other = https(&c, None, Some("other-token"));
+    let after_grant = log_index().await;
+    for (method, url) in [(Method::POST, lease(&id, "/keepalive")), (Method::DELETE, lease(&id, ""))] {
+        let a = call(&other, method.clone(), &url, None).await.unwrap();
+        assert_eq!((a.status.as_u16(), error_of(&a).as_str()), (403, "forbidden"), "{method} by another identity");
+    }
+    assert_eq!(log_index().await, after_grant);
+    let a = call(&deploy, Method::GET, &lock("rack/1"), None).await.unwrap();
+    assert!(String::from_utf8_lossy(&a.body).contains(r#""held":true"#), "still held");
+    // Also through a follower, which forwards the identity it authenticated.
+    let follower = c.ids().into_iter().find(|i| *i != leader).unwrap();
+    let via = format!("{}/v1/leases/{id}", c.url(follower));
+    assert_eq!(call(&other, Method::DELETE, &via, None).await.unwrap().status, 403, "forwarded");
+
+    // An admin revokes it, and the audit log says who did what to whom.
+    let ops = https(&c, None, Some("ops-token"));
+    let a = call(&ops, Method::DELETE, &lease(&id, ""), None).await.unwrap();
+    assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+    let log = c.log_of(leader);
+    let revoke = log.lines().find(|l| l.contains("fencegate::audit") && l.contains("revoke")).expect("a revoke line");
+    assert!(revoke.contains("ops") && revoke.contains("deploy") && revoke.contains(&token.to_string()), "{revoke}");
+    for event in ["grant", "deny"] {
+        assert!(log.lines().any(|l| l.contains("fencegate::audit") && l.contains(event)), "no {event} line");
+    }
+
+    // A client certificate is an identity too.
+    let cert_user = c.client_with_cert("cert-user");
+    cert_user.acquire("fw/2", AcquireOptions::new(Duration::from_secs(5))).await.unwrap();
+    let Err(e) = cert_user.acquire("rack/2", AcquireOptions::new(Duration::from_secs(5))).await else {
+        panic!("granted without the right");
+    };
+    assert!(e.to_string().contains("forbidden"), "{e}");
+
+    // The tokens file is re-read: a token added to it works without a restart.
+    let late = https(&c, None, Some("late-token"));
+    assert_eq!(call(&late, Method::GET, &lock("rack/1"), None).await.unwrap().status, 401);
+    let file = c.dir().join("tokens.yaml");
+    let mut tokens = std::fs::read_to_string(&file).unwrap();
+    tokens.push_str(&format!("late: {}\n", token_hash("late-token")));
+    std::fs::write(&file, tokens).unwrap();
+    wait::until_ok("the new token to be known", Duration::from_secs(10), || async {
+        // Known now, and without rights: 403 instead of 401.
+        match call(&late, Method::GET, &lock("rack/1"), None).await.map(|a| a.status.as_u16()) {
+            Ok(403) => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+}
+
+/// The sidecar needs only `read` and `watch` on its prefixes to fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_with_read_and_watch_only_fences_correctly() {
+    let c = secure_cluster().await;
+    let up = Upstream::start().await;
+    let fence = "{ mode: strict, consistency: cached }";
+    let yaml = table(&[rack_writes(fence).methods(&["PUT"]), everything_else()]);
+    let o = SidecarOptions { yaml, lock_token: Some("sidecar-token".into()), ..Default::default() };
+    let sc = c.sidecar_with("sc", &up.url(), o).await;
+    let deploy = c.client_with_token("deploy-token");
+    let a = deploy.acquire("rack/7", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    assert_eq!(sc.send("PUT", "/racks/7", Some(a.token()), &[]).await.0, 200, "the holder's write");
+    let token = a.token();
+    a.release().await.unwrap();
+    let b = deploy.acquire("rack/7", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    let (status, v) = sc.send("PUT", "/racks/7", Some(token), &[]).await;
+    assert_eq!((status, v["error"].as_str()), (409, Some("stale_token")), "{v}");
+    assert_eq!(sc.send("PUT", "/racks/7", Some(b.token()), &[]).await.0, 200);
+    assert_eq!(up.tokens("/racks/7"), vec![Some(token), Some(b.token())], "only the holders' writes arrived");
+}
