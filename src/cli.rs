@@ -8,6 +8,7 @@ mod server;
 mod sidecar;
 mod stack;
 mod status;
+mod token;
 
 use std::path::PathBuf;
 
@@ -98,6 +99,12 @@ enum Command {
         #[arg(long)]
         mermaid: Option<PathBuf>,
     },
+    /// Make a bearer token for a client identity: prints the token, then the
+    /// line for the nodes' `auth.tokens_file` (which stores only its hash).
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
     /// Validate a configuration file without starting anything (exit 64 if bad).
     CheckConfig {
         /// A node or sidecar configuration file (a file with `routes` is a sidecar's).
@@ -105,12 +112,49 @@ enum Command {
     },
 }
 
-/// Where the lock service is.
+#[derive(Debug, Subcommand)]
+enum TokenAction {
+    /// A new random token (256 bits) for IDENTITY.
+    New {
+        /// The identity the token stands for, as the ACL names it.
+        identity: String,
+    },
+}
+
+/// Where the lock service is, and how to prove who we are to it.
 #[derive(Debug, clap::Args)]
 struct Endpoints {
     /// Comma-separated node URLs; any node will do, followers forward to the leader.
     #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', default_value = fencegate_client::DEFAULT_ENDPOINT)]
     endpoints: Vec<String>,
+    /// PEM file of the CA that signed the nodes' certificates: speak HTTPS
+    /// (the endpoints must then be https://) and trust only it.
+    #[arg(long, env = "FENCEGATE_CA", value_name = "PEM")]
+    ca: Option<PathBuf>,
+    /// PEM client certificate to present (mTLS; with --key and --ca).
+    #[arg(long, env = "FENCEGATE_CERT", value_name = "PEM", requires = "tls_key", requires = "ca")]
+    cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long = "key", id = "tls_key", env = "FENCEGATE_KEY", value_name = "PEM", requires = "cert")]
+    tls_key: Option<PathBuf>,
+    /// Bearer token for a node with `auth.tokens_file`. Prefer the
+    /// environment variable: a command line is visible to every user of the machine.
+    #[arg(long, env = "FENCEGATE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+impl Endpoints {
+    fn client(self) -> anyhow::Result<fencegate_client::Client> {
+        let tls = match self.ca {
+            None => None,
+            Some(ca) => {
+                let files = fencegate_client::tls::TlsFiles { ca, cert: self.cert, key: self.tls_key };
+                Some(files.client_config(["--ca", "--cert", "--key"])?)
+            }
+        };
+        let options = fencegate_client::ClientOptions { tls, token: self.token, ..Default::default() };
+        Ok(fencegate_client::Client::with_options(self.endpoints, options)?)
+    }
 }
 
 /// Run a subcommand, returning the process exit status.
@@ -126,11 +170,12 @@ pub fn run(cli: Cli) -> i32 {
         match cli.command {
             Command::Server { config } => server::run(&config).await,
             Command::Sidecar { config } => sidecar::run(&config).await,
-            Command::Status { key, endpoints } => status::run(key, endpoints.endpoints).await,
+            Command::Status { key, endpoints } => status::run(key, endpoints.client()?).await,
             Command::Lock { key, ttl, wait, holder, grace, endpoints, command } => {
-                let args = lock::LockArgs { key, ttl, wait, holder, grace, endpoints: endpoints.endpoints, command };
+                let args = lock::LockArgs { key, ttl, wait, holder, grace, client: endpoints.client()?, command };
                 lock::run(args).await
             }
+            Command::Token { action: TokenAction::New { identity } } => token::new(&identity),
             Command::Demo { ttl, pause, mermaid } => demo::run(demo::DemoArgs { ttl, pause, mermaid }).await,
             Command::Dev { data, fresh, free_ports } => dev::run(&data, fresh, free_ports).await,
             Command::CheckConfig { file } => check_config(&file).map(|()| 0),
@@ -158,8 +203,17 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
         crate::tls::SidecarTls::load(&c)?;
         println!("{}: ok (sidecar, {} routes)", file.display(), c.routes.iter().count());
     } else {
-        crate::config::node::NodeConfig::from_yaml(&text)?;
-        println!("{}: ok (lock service node)", file.display());
+        let c = crate::config::node::NodeConfig::from_yaml(&text)?;
+        // The files it names too: certificates, keys, the tokens file.
+        crate::tls::NodeTls::load(&c)?;
+        crate::server::credentials::Credentials::load(&c)?;
+        let security = match (&c.tls, c.clients_authenticate()) {
+            (Some(_), true) => "TLS, clients authenticate",
+            (Some(_), false) => "TLS, clients anonymous",
+            (None, true) => "plain HTTP, clients authenticate",
+            (None, false) => "plain HTTP, clients anonymous",
+        };
+        println!("{}: ok (lock service node; {security})", file.display());
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 
 mod api;
 mod audit;
-mod credentials;
+pub(crate) mod credentials;
 mod error;
 mod forward;
 mod keeper;

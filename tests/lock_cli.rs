@@ -99,3 +99,39 @@ async fn ctrl_c_stops_the_command_and_releases_the_lease_at_once() {
     assert!(started.elapsed() < Duration::from_secs(1));
     next.release().await.unwrap();
 }
+
+/// Against a secure cluster: TLS and a token from the environment for
+/// `lock`, a client certificate on the command line for `status`; without
+/// credentials, a clear refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speaks_tls_and_authenticates_to_a_secure_cluster() {
+    use fencegate_testkit::cluster::{ClusterOptions, Security};
+    let security = Security {
+        acl: "  - { identity: deploy, prefixes: [rack/], rights: [acquire] }\n  - { identity: viewer, prefixes: [rack/], rights: [read] }\n".into(),
+        tokens: vec![("deploy".into(), "deploy-token".into())],
+    };
+    let c = Cluster::start_with(&bin!(), ClusterOptions { security: Some(security), ..Default::default() }).await;
+    let ca = c.pki().unwrap().ca.display().to_string();
+    let mut cmd = lock_cmd(&c, &["rack/9", "--", "sh", "-c", "echo $FENCE_TOKEN"]);
+    cmd.env("FENCEGATE_CA", &ca).env("FENCEGATE_TOKEN", "deploy-token");
+    let out = run(cmd).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let token: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+
+    let (cert, key) = c.pki().unwrap().client_cert("viewer");
+    let mut status = c.bin().tokio_command(&["status", "rack/9", "--ca", &ca, "--cert"]);
+    status.arg(&cert).arg("--key").arg(&key).env("FENCEGATE_ENDPOINTS", c.urls().join(","));
+    let out = run(status).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("token:   {token}")),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut anonymous = lock_cmd(&c, &["rack/9", "--", "true"]);
+    anonymous.env("FENCEGATE_CA", &ca);
+    let out = run(anonymous).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("unauthorized"), "{stderr}");
+}

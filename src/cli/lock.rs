@@ -33,14 +33,14 @@ pub struct LockArgs {
     pub wait: Duration,
     pub holder: Option<String>,
     pub grace: Duration,
-    pub endpoints: Vec<String>,
+    pub client: Client,
     pub command: Vec<String>,
 }
 
 pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
     crate::lock::validate::key(&args.key)?;
     let (program, rest) = args.command.split_first().ok_or_else(|| anyhow::anyhow!("no command given after --"))?;
-    let client = Client::new(args.endpoints)?;
+    let client = args.client;
     let holder = args.holder.unwrap_or_else(default_holder);
     let opts = AcquireOptions::new(args.ttl).wait(args.wait).holder(holder);
     let lease = match client.acquire(&args.key, opts).await {

@@ -2,8 +2,7 @@
 
 use fencegate_client::Client;
 
-pub async fn run(key: Option<String>, endpoints: Vec<String>) -> anyhow::Result<i32> {
-    let client = Client::new(endpoints)?;
+pub async fn run(key: Option<String>, client: Client) -> anyhow::Result<i32> {
     match key {
         Some(key) => {
             crate::lock::validate::key(&key)?;

@@ -362,6 +362,37 @@ lease: { default_ttl: 10s, lock_delay: 2s }
     }
 
     #[test]
+    fn clients_outside_loopback_must_authenticate_or_be_declared_insecure() {
+        let public = GOOD.replace("listen: 127.0.0.1:7402", "listen: 0.0.0.0:7402");
+        let e = NodeConfig::from_yaml(&public).unwrap_err().to_string();
+        assert!(e.contains("`listen`") && e.contains("insecure_clients"), "{e}");
+        assert!(NodeConfig::from_yaml(&format!("{public}insecure_clients: true\n")).is_ok());
+        let tokens = format!("{public}auth: {{ tokens_file: /etc/fencegate/tokens.yaml }}\n");
+        let e = NodeConfig::from_yaml(&tokens).unwrap_err().to_string();
+        assert!(e.contains("`acl`"), "authenticating without an acl: {e}");
+        let acl = format!("{tokens}acl:\n  - {{ identity: ci, prefixes: [rack/], rights: [acquire] }}\n");
+        let c = NodeConfig::from_yaml(&acl).unwrap();
+        assert!(c.clients_authenticate());
+        assert!(c.acl().allows("ci", crate::auth::Right::Acquire, "rack/1"));
+        assert!(!c.acl().allows("ci", crate::auth::Right::Acquire, "fw/1"));
+        assert!(NodeConfig::from_yaml(&GOOD).unwrap().acl().allows("anyone", crate::auth::Right::Admin, "x"));
+    }
+
+    #[test]
+    fn tls_means_https_peers_and_no_insecure_flags() {
+        let tls = "tls: { cert: n2.pem, key: n2.key, ca: ca.pem }\n";
+        let e = NodeConfig::from_yaml(&format!("{GOOD}{tls}")).unwrap_err().to_string();
+        assert!(e.contains("peers.1") && e.contains("https://"), "{e}");
+        let https = format!("{}{tls}", GOOD.replace("http://", "https://"));
+        let c = NodeConfig::from_yaml(&https).unwrap();
+        assert!(!c.clients_authenticate(), "a client_ca or tokens make clients authenticate");
+        let e = NodeConfig::from_yaml(&format!("{https}insecure_peers: true\n")).unwrap_err().to_string();
+        assert!(e.contains("insecure_peers"), "{e}");
+        let public_peers = https.replace("peer_listen: 127.0.0.1:7502", "peer_listen: 0.0.0.0:7502");
+        assert!(NodeConfig::from_yaml(&public_peers).is_ok(), "with tls, peers are authenticated");
+    }
+
+    #[test]
     fn unknown_keys_are_errors_with_a_line() {
         let e = NodeConfig::from_yaml(&format!("{GOOD}colour: blue\n")).unwrap_err().to_string();
         assert!(e.contains("colour") && e.contains("line"), "{e}");
@@ -388,6 +419,16 @@ lease: { default_ttl: 10s, lock_delay: 2s }
             ("lease:", "limits: { header_timeout: 1h }\nlease:", "limits.header_timeout"),
             ("lease:", "limits: { max_connections: 0 }\nlease:", "limits.max_connections"),
             ("lease:", "limits: { max_conections: 5 }\nlease:", "max_conections"),
+            ("lease:", "limits: { max_keys: 0 }\nlease:", "limits.max_keys"),
+            (
+                "lease:",
+                "limits: { max_keys: 10, max_leases_per_identity: 11 }\nlease:",
+                "limits.max_leases_per_identity",
+            ),
+            ("lease:", "limits: { idle_key_retention: 10ms }\nlease:", "limits.idle_key_retention"),
+            ("lease:", "acl: [{ identity: \"a*b\", prefixes: [x], rights: [read] }]\nlease:", "acl[0]"),
+            ("lease:", "acl: [{ identity: a, prefixes: [], rights: [read] }]\nlease:", "acl[0]"),
+            ("lease:", "acl: [{ identity: a, prefixes: [x], rights: [write] }]\nlease:", "write"),
         ] {
             let e = NodeConfig::from_yaml(&GOOD.replace(from, to)).unwrap_err().to_string();
             assert!(e.contains(field), "{from} -> {to}: {e}");
