@@ -375,7 +375,7 @@ lease: { default_ttl: 10s, lock_delay: 2s }
         assert!(c.clients_authenticate());
         assert!(c.acl().allows("ci", crate::auth::Right::Acquire, "rack/1"));
         assert!(!c.acl().allows("ci", crate::auth::Right::Acquire, "fw/1"));
-        assert!(NodeConfig::from_yaml(&GOOD).unwrap().acl().allows("anyone", crate::auth::Right::Admin, "x"));
+        assert!(NodeConfig::from_yaml(GOOD).unwrap().acl().allows("anyone", crate::auth::Right::Admin, "x"));
     }
 
     #[test]
