@@ -222,5 +222,8 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
 fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("FENCEGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Not `eprintln!` on a failed write (a full disk, a closed pipe): it
+    // panics, and kills whatever task was logging — a Raft core, a batcher.
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = fmt.log_internal_errors(false).try_init();
 }

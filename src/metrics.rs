@@ -46,11 +46,19 @@ pub struct LockMetrics {
     pub expirations: IntCounter,
     pub acquire_duration: Histogram,
     pub leases: IntGauge,
+    /// Keys in the table (held, in lock-delay, or idle and not compacted yet).
+    pub keys: IntGauge,
     /// Acquires parked on this node, waiting for their key.
     pub waiters: IntGauge,
 }
 
 impl LockMetrics {
+    /// The gauges that describe the applied table.
+    pub fn set_table(&self, locks: &crate::lock::state::LockState) {
+        self.leases.set(locks.lease_count() as i64);
+        self.keys.set(locks.key_count() as i64);
+    }
+
     pub fn new(r: &Registry) -> prometheus::Result<Self> {
         let buckets = vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
         Ok(Self {
@@ -68,6 +76,10 @@ impl LockMetrics {
                 )?,
             )?,
             leases: register(r, IntGauge::new("fencegate_lock_leases", "Live leases")?)?,
+            keys: register(
+                r,
+                IntGauge::new("fencegate_lock_keys", "Keys in the lock table (idle ones until compacted)")?,
+            )?,
             waiters: register(
                 r,
                 IntGauge::new("fencegate_lock_waiters", "Acquires waiting on this node for their key")?,

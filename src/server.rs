@@ -35,6 +35,9 @@ use crate::raft::types::{NodeId, Raft};
 use crate::tls::NodeTls;
 use fencegate_client::wire::{self, ClusterInfo};
 
+/// redb's page cache.
+const REDB_CACHE: usize = 4 << 20;
+
 /// Largest body a peer or client may send (a Raft append batch is the largest).
 const MAX_PEER_BODY: usize = 64 << 20;
 
@@ -73,7 +76,11 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
         let path = config.data_dir.join("raft.redb");
-        let db = Arc::new(Database::create(&path).with_context(|| format!("opening {}", path.display()))?);
+        // redb caches up to 1 GiB by default; the log is written once and
+        // read back only by lagging followers, so a small cache costs little
+        // and keeps the node's memory bounded by what it holds.
+        let db = Database::builder().set_cache_size(REDB_CACHE).create(&path);
+        let db = Arc::new(db.with_context(|| format!("opening {}", path.display()))?);
         check_node_id(&db, config.id)?;
 
         let registry = Registry::new();

@@ -24,7 +24,8 @@ use crate::metrics::LockMetrics;
 
 const SNAPSHOT: &str = "snapshot";
 
-/// How many recent events are kept for watchers that reconnect.
+/// How many recent events are kept for watchers that reconnect (fewer once
+/// compaction passed them: see `EventLog::forget_through`).
 pub const EVENT_MEMORY: usize = 65_536;
 
 /// Recent events in log order, so that a watcher can resume after a reconnect.
@@ -43,6 +44,19 @@ impl EventLog {
             }
         }
         self.events.push_back(e);
+    }
+
+    /// Forget the events at or below `rev`: `Compact` passed them, so they
+    /// are a retention old, and the keys they were about may be gone. A
+    /// watcher resuming from before them resyncs.
+    fn forget_through(&mut self, rev: u64) {
+        while self.events.front().is_some_and(|e| e.rev <= rev) {
+            self.events.pop_front();
+        }
+        self.forgotten_through = self.forgotten_through.max(rev);
+        if self.events.capacity() > 4 * self.events.len().max(1024) {
+            self.events.shrink_to_fit();
+        }
     }
 
     /// Events after revision `rev`, or `None` when some of them are forgotten
@@ -113,7 +127,7 @@ impl StateMachineStore {
         if let Some(snap) = read_meta::<StoredSnapshot>(&db, SNAPSHOT)? {
             restore(&mut state, &snap)?;
         }
-        metrics.leases.set(state.locks.lease_count() as i64);
+        metrics.set_table(&state.locks);
         let index = watch::Sender::new(state.applied_index());
         Ok(Self { applied: Arc::new(Applied { state: Mutex::new(state), index, metrics }), db })
     }
@@ -154,8 +168,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
 /// Apply one command and feed its event to the clock, the event log and the metrics.
 fn apply_one(s: &mut AppliedState, cmd: &Command, now: Instant, metrics: &LockMetrics) -> Outcome {
     let (outcome, event) = s.locks.apply(cmd);
-    if let Command::EndDelay { key, token } = cmd {
-        s.clock.delay_ended(key, *token);
+    match cmd {
+        Command::EndDelay { key, token } => s.clock.delay_ended(key, *token),
+        Command::Compact { .. } => s.events.forget_through(s.locks.compacted_below()),
+        _ => {}
     }
     if let Some(e) = event {
         match e.kind {
@@ -200,7 +216,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 };
                 out.push(outcomes);
             }
-            metrics.leases.set(s.locks.lease_count() as i64);
+            metrics.set_table(&s.locks);
             s.applied_index()
         };
         self.applied.index.send_replace(last);
@@ -224,7 +240,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let last = {
             let mut s = self.applied.lock();
             restore(&mut s, &stored)?;
-            self.applied.metrics.leases.set(s.locks.lease_count() as i64);
+            self.applied.metrics.set_table(&s.locks);
             s.applied_index()
         };
         let db = self.db.clone();

@@ -10,6 +10,11 @@
 //!
 //! Knowledge only moves forward: the latest token never decreases, and once
 //! the lease of the latest token is known to have ended, it stays ended.
+//!
+//! The service forgets idle keys (compaction). A key it no longer has is
+//! ended: a read says so with `compacted_below`, and a state dump (at the
+//! start of a stream, or after a resync) that does not list a known key
+//! says so too. That needs the `watch` right on every key the routes use.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,6 +51,14 @@ impl Known {
             self.live = held;
         } else if token == self.latest {
             self.live &= held;
+        }
+    }
+
+    /// The service has no entry for the key: every grant of it up to
+    /// `ended_through` has ended.
+    fn merge_absent(&mut self, ended_through: Token) {
+        if self.latest <= ended_through {
+            self.live = false;
         }
     }
 }
@@ -110,6 +123,31 @@ impl LockView {
         self.keys.entry(key.to_string()).or_default().merge(token, held);
     }
 
+    /// What a linearizable read said of `key`.
+    fn learn_read(&self, key: &str, info: &wire::LockInfo) {
+        match info.compacted_below {
+            // Forgotten by the service: only what we knew can have ended.
+            Some(below) if info.token == 0 => {
+                if let Some(mut k) = self.keys.get_mut(key) {
+                    k.merge_absent(below);
+                }
+            }
+            _ => self.learn(key, info.token, info.held),
+        }
+    }
+
+    /// A complete state dump of the table at revision `rev` listed only
+    /// `listed`: every other key granted by then has been forgotten, so its
+    /// lease has ended. (One granted later, learnt by a read meanwhile, is
+    /// not judged by the dump.)
+    fn forgotten_unless(&self, listed: &std::collections::HashSet<String>, rev: u64) {
+        for mut k in self.keys.iter_mut() {
+            if k.latest <= rev && !listed.contains(k.key()) {
+                k.value_mut().live = false;
+            }
+        }
+    }
+
     /// Read `key` linearizably with a read that started no earlier than
     /// `arrived`, sharing one with concurrent callers when possible.
     pub async fn read(self: &Arc<Self>, key: &str, arrived: Instant) -> Result<(), String> {
@@ -128,7 +166,7 @@ impl LockView {
                         let outcome = client.read(&key).await;
                         let Some(v) = view.upgrade() else { return };
                         if let Ok(info) = &outcome {
-                            v.learn(&key, info.token, info.held);
+                            v.learn_read(&key, info);
                         }
                         {
                             // Only this read's entry: a newer one may have replaced it.
@@ -191,6 +229,9 @@ async fn follow(
         return Err(format!("{url} answered {}", resp.status()));
     }
     let mut lines = LineReader::new(resp.into_body());
+    // The keys of a state dump in progress, and the revision it reflects:
+    // one comes first without `after`, and after a `resync` line.
+    let mut dump = after.is_none().then(|| (std::collections::HashSet::new(), None));
     loop {
         let line = tokio::time::timeout(STREAM_SILENCE, lines.next_line(MAX_LINE))
             .await
@@ -198,6 +239,30 @@ async fn follow(
             .map_err(|e| e.to_string())?;
         let Some(line) = line else { return Ok(()) };
         let l: WatchLine = serde_json::from_slice(&line).map_err(|e| format!("bad watch line: {e}"))?;
+        match (&l, &mut dump) {
+            (WatchLine::State { key, rev, .. }, Some((listed, at))) => {
+                listed.insert(key.clone());
+                *at = Some(*rev);
+            }
+            (WatchLine::Resync { .. }, _) => dump = Some(Default::default()),
+            // The first line after a dump: the dump is complete. An empty
+            // one reflects the table just before this line's event (or at
+            // this heartbeat).
+            (_, Some((listed, at))) => {
+                let at = at.or(match l {
+                    WatchLine::Heartbeat { rev } => Some(rev),
+                    WatchLine::Granted { rev, .. }
+                    | WatchLine::Released { rev, .. }
+                    | WatchLine::Expired { rev, .. } => Some(rev.saturating_sub(1)),
+                    _ => None,
+                });
+                if let Some(at) = at {
+                    view.forgotten_unless(listed, at);
+                }
+                dump = None;
+            }
+            _ => {}
+        }
         // Resume only from a point the stream is complete up to: an event,
         // or a heartbeat (sent after everything before it). Not from a state
         // line: a stream cut in the middle of the state dump must resync.
@@ -289,6 +354,45 @@ mod tests {
         late.await.unwrap().unwrap();
         assert_eq!(count.load(Ordering::SeqCst), 2, "10 concurrent callers share one read; the late one gets its own");
         assert_eq!(view.get("rack/1"), Knowledge { latest: 34, live: true, known: true, floor: 0 });
+    }
+
+    /// Keys a complete dump at revision 40 does not list were forgotten by
+    /// the service: ended. One granted after the dump is not judged by it.
+    #[tokio::test]
+    async fn a_state_dump_ends_the_keys_it_no_longer_lists() {
+        let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
+        let url = slow_reads(Arc::default()).await;
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics);
+        for (key, token) in [("rack/gone", 30), ("rack/listed", 35), ("rack/later", 45)] {
+            view.learn(key, token, true);
+        }
+        let listed = ["rack/listed".to_string()].into_iter().collect();
+        view.forgotten_unless(&listed, 40);
+        assert!(!view.get("rack/gone").live, "forgotten, so ended");
+        assert!(view.get("rack/listed").live);
+        assert!(view.get("rack/later").live, "granted after the dump");
+        let info = |token, compacted_below| wire::LockInfo {
+            key: "rack/listed".into(),
+            held: false,
+            token,
+            holder: None,
+            expires_in_ms: None,
+            compacted_below,
+        };
+        view.learn_read("rack/listed", &info(0, Some(30)));
+        assert!(view.get("rack/listed").live, "a watermark below its grant says nothing of it");
+        view.learn_read("rack/listed", &info(0, Some(36)));
+        assert!(!view.get("rack/listed").live, "read as forgotten: ended");
+    }
+
+    #[test]
+    fn a_forgotten_key_has_ended_up_to_the_watermark() {
+        let mut k = Known::default();
+        k.merge(34, true);
+        k.merge_absent(30);
+        assert!(k.live, "a watermark below the latest grant says nothing of it");
+        k.merge_absent(40);
+        assert_eq!((k.latest, k.live), (34, false));
     }
 
     #[test]
