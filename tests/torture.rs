@@ -2,7 +2,8 @@
 //! and a real sidecar under a seeded schedule of faults, workers that pause
 //! past their TTL, a recording upstream, and a checker that reports every
 //! invariant separately — plus a control arm without the sidecar that must
-//! show violations, proving the checker can fail.
+//! show violations, proving the checker can fail. The sidecar arm's cluster
+//! speaks TLS on both planes and authenticates every client.
 //!
 //! - short profile (part of `cargo test`): `cargo test --test torture short`
 //! - long profile: `TORTURE_SECONDS=600 TORTURE_SEED=7 TORTURE_NODES=5 cargo test --release --test torture -- --ignored --nocapture`
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use checker::Report;
 use fencegate_client::AcquireOptions;
+use fencegate_testkit::cluster::{ClusterOptions, Security};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::{bin, Cluster, Upstream};
 use history::{History, Kind, Outcome};
@@ -64,9 +66,12 @@ fn applied(up: &Upstream, w: &Workload, prefix: &str) -> BTreeMap<String, Vec<u6
         .collect()
 }
 
+/// The cluster runs as in production: TLS on the peer and client planes,
+/// the clients and the sidecar authenticated, an ACL.
 async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
     let w = workload();
-    let mut c = Cluster::start(&bin!(), nodes, NODE_YAML).await;
+    let o = ClusterOptions { nodes, yaml: NODE_YAML.into(), security: Some(Security::default()), ..Default::default() };
+    let mut c = Cluster::start_with(&bin!(), o).await;
     let up = Upstream::start().await;
     let mut sc = c.sidecar("sidecar", &up.url(), &routes()).await;
     let history = Arc::new(History::new());
