@@ -188,6 +188,31 @@ async fn a_body_that_never_arrives_is_answered_408() {
     n.node.shutdown().await;
 }
 
+/// A keep-alive connection that goes quiet after its answer is closed after
+/// `limits.header_timeout`, and so is one that never sends anything: idle
+/// connections cannot pile up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_after_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let n = one_node_with(dir.path(), "limits: { header_timeout: 300ms }\n").await;
+    let addr = n.url.trim_start_matches("http://").to_string();
+    let mut used = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    used.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let got = used.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..got]).starts_with("HTTP/1.1 200"), "answered, kept alive");
+    let silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let t = tokio::time::Instant::now();
+    for (what, mut conn) in [("after an answer", used), ("without a request", silent)] {
+        let closed = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await;
+        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "idle {what}: still open after 5 s ({closed:?})");
+    }
+    assert!(t.elapsed() >= Duration::from_millis(250), "not before the timeout: {:?}", t.elapsed());
+    let _ = n.stop.send(());
+    n.node.shutdown().await;
+}
+
 /// Raft is not part of the client API, and the peer plane serves nothing
 /// of the client API but what followers forward.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
