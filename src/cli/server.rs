@@ -7,6 +7,7 @@ use crate::config::ConfigFile;
 use crate::server::{serve, Listeners, Node};
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {
+    exit_on_panic();
     // Validate everything before binding anything.
     let config = NodeConfig::load(path)?;
     let listeners = Listeners::bind(&config).await?;
@@ -37,6 +38,19 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
 
 /// Exit status when the Raft core stopped (EX_SOFTWARE).
 pub const EXIT_CORE_STOPPED: i32 = 70;
+
+/// A panic anywhere in a node is fatal: a task that died (a request
+/// batcher, a replication stream) would leave a node that looks alive and
+/// refuses everything. Exit as a stopped core does, for the supervisor to
+/// restart the node from its durable log.
+fn exit_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        tracing::error!("panic: {info}; exiting");
+        std::process::exit(EXIT_CORE_STOPPED);
+    }));
+}
 
 /// Ctrl-C or SIGTERM. From then on, a second one exits at once.
 pub async fn shutdown_signal() {
