@@ -116,14 +116,35 @@ async fn only_members_speak_raft_and_each_only_as_itself() {
             );
         }
         // As itself, but with a term that would overflow: the guard refuses.
+        // (Node 2's own certificate is no peer of node 2's.)
         let overflow = serde_json::to_string(&append(2, u64::MAX)).unwrap();
         let a = call(&as_node2, Method::POST, &format!("{peer}/raft/append"), Some(&overflow)).await.unwrap();
-        assert_eq!(a.status, 400, "node {id}: {}", String::from_utf8_lossy(&a.body));
+        let expected = if id == 2 { 403 } else { 400 };
+        assert_eq!(a.status, expected, "node {id}: {}", String::from_utf8_lossy(&a.body));
         // The client port has no Raft at all, whoever asks.
         let kit = https(&c, None, Some("ops-token"));
         let a = call(&kit, Method::POST, &format!("{}/raft/vote", c.url(id)), Some(&body)).await.unwrap();
         assert_eq!(a.status, 404, "node {id}'s client port");
     }
+    // Forwarded leader calls carry the identity a member authenticated:
+    // nobody but that member may send one. A client certificate of the
+    // same CA is no member's; node 2's may not forward as node 3.
+    let as_client = https(&c, Some(pki.client_cert("intruder")), None);
+    let forged = |by: u64| {
+        hyper::Request::post(format!("{}/v1/locks/rack/forged", c.peer_url(leader)))
+            .header("x-fencegate-forwarded-by", by.to_string())
+            .header("x-fencegate-identity", "testkit")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    for (who, http, by) in [("a client's certificate", &as_client, 2), ("node 2's as 3", &as_node2, 3)] {
+        let a = http.send(forged(by), Duration::from_secs(5)).await.unwrap();
+        assert_eq!((a.status.as_u16(), error_of(&a).as_str()), (403, "forbidden"), "{who}");
+    }
+    let body = serde_json::to_string(&vote(2)).unwrap();
+    let a = call(&as_client, Method::POST, &format!("{}/raft/vote", c.peer_url(leader)), Some(&body)).await.unwrap();
+    assert_eq!(a.status, 403, "a client's certificate speaks no Raft");
+    assert_eq!(client.read("rack/forged").await.unwrap().token, 0, "nothing was granted");
     for id in c.ids() {
         assert_eq!(c.cluster_info(id).await.unwrap().term, term, "node {id}'s term moved");
     }

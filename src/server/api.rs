@@ -70,6 +70,13 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
 }
 
 async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Response<Body>, ApiError> {
+    // With TLS, nothing on the peer plane is for anyone but a member: a
+    // certificate of the same CA that names no member (a client's) is
+    // refused before any body is read.
+    let member = match node.tls {
+        None => None,
+        Some(_) => Some(certified_member(&node, conn)?),
+    };
     let path = req.uri().path();
     if let Some(rpc) = path.strip_prefix("/raft/") {
         only(req.method(), Method::POST)?;
@@ -80,13 +87,33 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
     if path == wire::CLUSTER_PATH {
         return only(req.method(), Method::GET).map(|_| cluster(&node));
     }
-    if req.headers().contains_key(forward::FORWARDED_BY) {
-        // The member that forwarded it authenticated the client; the peer
-        // plane itself is members only (mTLS, or declared trusted).
+    if let Some(by) = req.headers().get(forward::FORWARDED_BY) {
+        // The member that forwarded it authenticated the client, and only
+        // a member may say so: with TLS, the one its certificate names.
+        let by = by.to_str().ok().and_then(|b| b.parse::<u64>().ok());
+        if member.is_some_and(|m| by != Some(m)) {
+            audit::peer_refused(conn.addr, "a forwarded call from another member than the certificate's");
+            return Err(ApiError::Forbidden("forwarded by another member than the certificate names".into()));
+        }
         let identity = forward::identity(req.headers())?;
         return route(node, req, Caller { identity, forwarded: true }).await;
     }
     Err(ApiError::NotFound)
+}
+
+/// The member (other than this node) the connection's certificate names.
+fn certified_member(node: &Node, conn: &Conn) -> Result<u64, ApiError> {
+    let leaf = conn.leaf();
+    let member = node
+        .peers
+        .keys()
+        .copied()
+        .filter(|id| *id != node.id)
+        .find(|id| leaf.is_some_and(|cert| crate::tls::identity::certifies_member(cert, *id)));
+    member.ok_or_else(|| {
+        audit::peer_refused(conn.addr, "a certificate that names no other member");
+        ApiError::Forbidden("the peer plane is for members: the certificate names none".into())
+    })
 }
 
 /// Who is calling the Lock API.

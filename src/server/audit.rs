@@ -34,3 +34,8 @@ pub fn denied(identity: &str, right: Right, key: &str, why: &str) {
 pub fn unauthenticated(addr: std::net::SocketAddr, why: &str) {
     tracing::warn!(target: TARGET, event = "unauthenticated", %addr, why);
 }
+
+/// A connection to the peer plane whose certificate does not fit what it did.
+pub fn peer_refused(addr: std::net::SocketAddr, why: &str) {
+    tracing::warn!(target: TARGET, event = "peer_refused", %addr, why);
+}

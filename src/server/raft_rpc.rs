@@ -20,7 +20,10 @@ pub async fn handle(node: &Node, rpc: &str, body: &[u8], conn: &Conn) -> Result<
         if node.tls.is_none() || conn.leaf().is_some_and(|c| crate::tls::identity::certifies_member(c, sender)) {
             return Ok(());
         }
-        tracing::warn!(rpc, sender, addr = %conn.addr, "refused raft rpc: the certificate is not member {sender}'s");
+        super::audit::peer_refused(
+            conn.addr,
+            &format!("a {rpc} claiming member {sender}, whose certificate it is not"),
+        );
         Err(ApiError::Forbidden(format!("the client certificate does not name member {sender}")))
     };
     let members = |id| node.peers.contains_key(&id);
