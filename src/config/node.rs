@@ -233,6 +233,12 @@ impl ConfigFile for NodeConfig {
                 ),
             ));
         }
+        if self.auth.tokens_file.is_some() && !tls && !self.listen.ip().is_loopback() {
+            return Err(ConfigError::invalid(
+                "auth.tokens_file",
+                format!("bearer tokens on {} without tls would cross the network in clear text", self.listen),
+            ));
+        }
         let authenticated = self.clients_authenticate();
         if authenticated && self.insecure_clients {
             return Err(ConfigError::invalid("insecure_clients", "contradicts client authentication"));
@@ -368,6 +374,13 @@ lease: { default_ttl: 10s, lock_delay: 2s }
         assert!(e.contains("`listen`") && e.contains("insecure_clients"), "{e}");
         assert!(NodeConfig::from_yaml(&format!("{public}insecure_clients: true\n")).is_ok());
         let tokens = format!("{public}auth: {{ tokens_file: /etc/fencegate/tokens.yaml }}\n");
+        let e = NodeConfig::from_yaml(&tokens).unwrap_err().to_string();
+        assert!(e.contains("auth.tokens_file") && e.contains("clear text"), "tokens without tls: {e}");
+        let tls = "tls: { cert: n2.pem, key: n2.key, ca: ca.pem }\n";
+        let tokens = format!(
+            "{}{tls}auth: {{ tokens_file: /etc/fencegate/tokens.yaml }}\n",
+            public.replace("http://", "https://")
+        );
         let e = NodeConfig::from_yaml(&tokens).unwrap_err().to_string();
         assert!(e.contains("`acl`"), "authenticating without an acl: {e}");
         let acl = format!("{tokens}acl:\n  - {{ identity: ci, prefixes: [rack/], rights: [acquire] }}\n");

@@ -353,7 +353,13 @@ impl SidecarConfig {
         }
         for (i, url) in endpoints.iter().enumerate() {
             let field = format!("lock_service.endpoints[{i}]");
-            endpoint_url(&field, url, service.ca.is_some())?;
+            let uri = endpoint_url(&field, url, service.ca.is_some())?;
+            if service.token_file.is_some() && service.ca.is_none() && !fencegate_client::url::is_loopback(&uri) {
+                return Err(ConfigError::invalid(
+                    "lock_service.token_file",
+                    format!("the token would cross the network to {url} in clear text: set lock_service.ca"),
+                ));
+            }
             if endpoints[..i].contains(url) {
                 return Err(ConfigError::invalid(field, format!("{url:?} is listed twice")));
             }
@@ -651,6 +657,21 @@ routes:
         // Present but unused is still checked.
         let e = err(&MINIMAL.replace("lock_key: rack/{rack}", "fence: off").replace("[http://127.0.0.1:7401]", "[x]"));
         assert!(e.contains("lock_service.endpoints[0]"), "{e}");
+    }
+
+    #[test]
+    fn the_lock_service_credentials_need_tls_off_this_machine() {
+        let with = |service: &str| MINIMAL.replace("{ endpoints: [http://127.0.0.1:7401] }", service);
+        parsed(&with("{ endpoints: [http://127.0.0.1:7401], token_file: t }"));
+        let e = err(&with("{ endpoints: [http://10.0.0.1:7401], token_file: t }"));
+        assert!(e.contains("lock_service.token_file") && e.contains("clear text"), "{e}");
+        parsed(&with("{ endpoints: [https://10.0.0.1:7401], ca: ca.pem, token_file: t }"));
+        let e = err(&with("{ endpoints: [http://10.0.0.1:7401], ca: ca.pem }"));
+        assert!(e.contains("https://"), "{e}");
+        let e = err(&with("{ endpoints: [https://10.0.0.1:7401], cert: c.pem, key: k.pem }"));
+        assert!(e.contains("lock_service.ca"), "{e}");
+        let e = err(&with("{ endpoints: [https://10.0.0.1:7401], ca: ca.pem, cert: c.pem }"));
+        assert!(e.contains("lock_service.cert"), "{e}");
     }
 
     #[test]

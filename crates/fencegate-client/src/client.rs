@@ -215,8 +215,12 @@ impl Client {
         }
         let endpoints: Vec<String> = endpoints.into_iter().map(|e| e.trim_end_matches('/').to_string()).collect();
         for e in &endpoints {
-            crate::url::parse_endpoint(e, options.tls.is_some())
+            let uri = crate::url::parse_endpoint(e, options.tls.is_some())
                 .map_err(|err| ClientError::BadEndpoint(e.clone(), err))?;
+            if options.token.is_some() && options.tls.is_none() && !crate::url::is_loopback(&uri) {
+                let why = "a bearer token must not cross the network in clear text: use https:// (with a CA)";
+                return Err(ClientError::BadEndpoint(e.clone(), why.into()));
+            }
         }
         let inner = Inner {
             endpoints,

@@ -27,9 +27,31 @@ pub fn parse_endpoint(url: &str, tls: bool) -> Result<Uri, String> {
     Ok(uri)
 }
 
+/// Whether `uri`'s host is this machine: `localhost`, or a loopback address.
+/// A secret sent there in clear text does not cross a network.
+pub fn is_loopback(uri: &Uri) -> bool {
+    let host = uri.host().unwrap_or("").trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_hosts() {
+        for (url, local) in [
+            ("http://127.0.0.1:1", true),
+            ("http://127.9.9.9:1", true),
+            ("http://[::1]:1", true),
+            ("http://LocalHost:1", true),
+            ("http://10.0.0.1:1", false),
+            ("http://lock1.example.net:1", false),
+            ("http://localhost.example.net:1", false),
+        ] {
+            assert_eq!(is_loopback(&url.parse().unwrap()), local, "{url}");
+        }
+    }
 
     #[test]
     fn endpoints() {
