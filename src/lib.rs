@@ -3,6 +3,7 @@
 //!
 //! See ARCHITECTURE.md for the codemap and the invariants.
 
+pub mod audit;
 pub mod auth;
 pub mod batch;
 pub mod cli;

@@ -5,7 +5,6 @@
 //! tests can run a real node on `127.0.0.1:0` exactly as `fencegate server` does.
 
 mod api;
-mod audit;
 pub(crate) mod credentials;
 mod error;
 mod forward;

@@ -41,8 +41,13 @@ pub const REQUEST_ID_MEMORY: usize = 65_536;
 pub enum Command {
     /// Take `key` if it is free. Never queues: waiting is the leader's job.
     Acquire(AcquireCmd),
-    /// A holder gives the lease back.
-    Release { lease_id: String },
+    /// A holder gives the lease back, or an admin revokes it: `by` is who
+    /// asked (empty in entries written before it was recorded).
+    Release {
+        lease_id: String,
+        #[serde(default)]
+        by: String,
+    },
     /// The leader saw the lease's deadline pass without a keepalive.
     Expire { lease_id: String },
     /// The leader saw the lock-delay that followed the expiry at `token` pass.
@@ -185,7 +190,7 @@ impl LockState {
     pub fn apply(&mut self, cmd: &Command) -> (Outcome, Option<Event>) {
         match cmd {
             Command::Acquire(a) => self.acquire(a),
-            Command::Release { lease_id } => self.end(lease_id, false),
+            Command::Release { lease_id, .. } => self.end(lease_id, false),
             Command::Expire { lease_id } => self.end(lease_id, true),
             Command::EndDelay { key, token } => {
                 if let Some(k) = self.keys.get_mut(key) {

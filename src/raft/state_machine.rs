@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use super::log_store::{blocking, read_meta, write_meta};
 use super::types::{Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::audit;
 use crate::lock::clock::LeaseClock;
 use crate::lock::state::{Command, Event, EventKind, LockState, Outcome};
 use crate::metrics::LockMetrics;
@@ -167,7 +168,24 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
 
 /// Apply one command and feed its event to the clock, the event log and the metrics.
 fn apply_one(s: &mut AppliedState, cmd: &Command, now: Instant, metrics: &LockMetrics) -> Outcome {
+    // The owner of a lease this command ends, before it is gone.
+    let owner = match cmd {
+        Command::Release { lease_id, .. } | Command::Expire { lease_id } => {
+            s.locks.lease(lease_id).map(|l| l.owner.clone())
+        }
+        _ => None,
+    };
     let (outcome, event) = s.locks.apply(cmd);
+    if let (Some(e), Some(owner)) = (&event, &owner) {
+        match cmd {
+            Command::Release { by, .. } if by != owner && !by.is_empty() => audit::revoked(by, owner, &e.key, e.token),
+            Command::Release { .. } => audit::released(owner, &e.key, e.token),
+            _ => audit::expired(owner, &e.key, e.token),
+        }
+    }
+    if let (Command::Acquire(a), Some(e)) = (cmd, &event) {
+        audit::granted(&a.owner, &e.key, e.token);
+    }
     match cmd {
         Command::EndDelay { key, token } => s.clock.delay_ended(key, *token),
         Command::Compact { .. } => s.events.forget_through(s.locks.compacted_below()),

@@ -22,7 +22,8 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::proposer::RaftCallError;
-use super::{audit, forward, raft_rpc, watch, Node};
+use super::{forward, raft_rpc, watch, Node};
+use crate::audit;
 use crate::auth::Right;
 use crate::http::{full, json, parse_json, read_body, Body, Conn};
 use crate::lock::state::{AcquireCmd, Command, Grant, Outcome};
@@ -282,7 +283,6 @@ async fn acquire(
     let result = wait_for_grant(node, cmd, received + Duration::from_millis(wait_ms)).await;
     node.lock_metrics.acquire_duration.observe(received.elapsed().as_secs_f64());
     let g = result?;
-    audit::granted(&caller.identity, &g.key, g.token);
     Ok(json(StatusCode::OK, &Granted { key: g.key, token: g.token, lease_id: g.lease_id, ttl_ms: g.ttl_ms }))
 }
 
@@ -445,28 +445,23 @@ async fn release(node: &Node, caller: &Caller, lease_id: &str) -> Result<Respons
     // Unknown lease ids are answered from the (linearizable) state, so that
     // guessing or replaying them writes nothing to the log.
     linearizable(node).await?;
-    let Some(owner) = node.applied.lock().locks.lease(lease_id).map(|l| may_use(node, caller, l)).transpose()? else {
+    if node.applied.lock().locks.lease(lease_id).map(|l| may_use(node, caller, l)).transpose()?.is_none() {
         return Err(ApiError::LeaseNotFound);
-    };
-    match propose(node, Command::Release { lease_id: lease_id.to_string() }).await? {
-        Outcome::Ended { key, token } => {
-            match owner == caller.identity {
-                true => audit::released(&caller.identity, &key, token),
-                false => audit::revoked(&caller.identity, &owner, &key, token),
-            }
-            Ok(json(StatusCode::OK, &Released { key, token, released: true }))
-        }
+    }
+    let cmd = Command::Release { lease_id: lease_id.to_string(), by: caller.identity.clone() };
+    match propose(node, cmd).await? {
+        Outcome::Ended { key, token } => Ok(json(StatusCode::OK, &Released { key, token, released: true })),
         Outcome::NoSuchLease => Err(ApiError::LeaseNotFound),
         other => Err(ApiError::Internal(format!("release produced {other:?}"))),
     }
 }
 
 /// A lease may be kept alive or released by its owner (if it still has the
-/// `acquire` right on the key), or by an admin of the key. Returns the owner.
-fn may_use(node: &Node, caller: &Caller, lease: &crate::lock::state::Lease) -> Result<String, ApiError> {
+/// `acquire` right on the key), or by an admin of the key.
+fn may_use(node: &Node, caller: &Caller, lease: &crate::lock::state::Lease) -> Result<(), ApiError> {
     let own = lease.owner == caller.identity && node.acl.allows(&caller.identity, Right::Acquire, &lease.key);
     if own || node.acl.allows(&caller.identity, Right::Admin, &lease.key) {
-        return Ok(lease.owner.clone());
+        return Ok(());
     }
     audit::denied(&caller.identity, Right::Acquire, &lease.key, "the lease is another identity's");
     Err(ApiError::Forbidden(format!("the lease on {} is not {}'s", lease.key, caller.identity)))

@@ -18,9 +18,9 @@ use tokio::time::Instant;
 
 use std::collections::VecDeque;
 
-use super::{audit, Node};
+use super::Node;
 use crate::lock::clock;
-use crate::lock::state::{Command, Outcome};
+use crate::lock::state::Command;
 
 /// Longest sleep between checks, so gauges stay fresh on an idle node.
 const IDLE: Duration = Duration::from_secs(1);
@@ -78,38 +78,18 @@ pub async fn run(node: Arc<Node>) {
         if ready_term.is_some() && idle {
             let (mut due, next) = {
                 let mut s = node.applied.lock();
-                let due: Vec<(Command, Option<String>)> = s
-                    .clock
-                    .due(now)
-                    .into_iter()
-                    .map(|cmd| {
-                        let owner = match &cmd {
-                            Command::Expire { lease_id } => s.locks.lease(lease_id).map(|l| l.owner.clone()),
-                            _ => None,
-                        };
-                        (cmd, owner)
-                    })
-                    .collect();
+                let due = s.clock.due(now);
                 (due, s.clock.next_deadline())
             };
             if let Some(through) = idle_keys.compact_through(&node, now) {
-                due.push((Command::Compact { through }, None));
+                due.push(Command::Compact { through });
             }
             if !due.is_empty() {
                 // If a proposal is lost the clock re-arms it (`clock::RETRY`);
                 // a lost compaction is proposed again at the next sample.
                 let (n, timeout) = (node.clone(), node.config.raft.propose_timeout);
                 in_flight = Some(tokio::spawn(async move {
-                    let proposals = due.into_iter().map(|(cmd, owner)| {
-                        let n = n.clone();
-                        async move {
-                            if let (Ok(Outcome::Ended { key, token }), Some(owner)) =
-                                (n.proposer.propose(cmd).await, owner)
-                            {
-                                audit::expired(&owner, &key, token);
-                            }
-                        }
-                    });
+                    let proposals = due.into_iter().map(|cmd| n.proposer.propose(cmd));
                     if tokio::time::timeout(timeout, futures_util::future::join_all(proposals)).await.is_err() {
                         tracing::debug!("expiry proposals not committed within {timeout:?}");
                     }

@@ -20,7 +20,7 @@ pub async fn handle(node: &Node, rpc: &str, body: &[u8], conn: &Conn) -> Result<
         if node.tls.is_none() || conn.leaf().is_some_and(|c| crate::tls::identity::certifies_member(c, sender)) {
             return Ok(());
         }
-        super::audit::peer_refused(
+        crate::audit::peer_refused(
             conn.addr,
             &format!("a {rpc} claiming member {sender}, whose certificate it is not"),
         );

@@ -39,10 +39,10 @@ fn grant_hold_release_regrant() {
     let holder = Some("holder-of-rack/42".into());
     assert_eq!(o, Outcome::Held { key: "rack/42".into(), holder, token: 1, lock_delay: false });
     assert!(ev.is_none());
-    let (o, ev) = s.apply(&Command::Release { lease_id: "L1".into() });
+    let (o, ev) = s.apply(&Command::Release { lease_id: "L1".into(), by: "owner".into() });
     assert_eq!(o, Outcome::Ended { key: "rack/42".into(), token: 1 });
     assert_eq!(ev.unwrap().rev, 2, "a release takes a revision too");
-    let (o, _) = s.apply(&Command::Release { lease_id: "L1".into() });
+    let (o, _) = s.apply(&Command::Release { lease_id: "L1".into(), by: "owner".into() });
     assert_eq!(o, Outcome::NoSuchLease);
     let (o, _) = s.apply(&acquire("rack/42", "L3", 1000, 0, None));
     assert_eq!(granted(&o).unwrap().token, 3);
@@ -91,7 +91,7 @@ fn expiry_with_lock_delay_blocks_until_end_delay() {
 fn release_never_starts_a_lock_delay() {
     let mut s = LockState::default();
     s.apply(&acquire("k", "L1", 1000, 5000, None));
-    s.apply(&Command::Release { lease_id: "L1".into() });
+    s.apply(&Command::Release { lease_id: "L1".into(), by: "owner".into() });
     assert!(granted(&s.apply(&acquire("k", "L2", 1000, 0, None)).0).is_some());
 }
 
@@ -240,7 +240,7 @@ proptest! {
                 }
                 Step::Release(i) => {
                     if let Some(id) = leases.get(i as usize).cloned() {
-                        apply(&mut s, &mut c, now, Command::Release { lease_id: id.clone() });
+                        apply(&mut s, &mut c, now, Command::Release { lease_id: id.clone(), by: "owner".into() });
                         acked.remove(&id);
                     }
                 }

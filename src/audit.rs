@@ -1,7 +1,8 @@
 //! The audit log: one structured line (target `fencegate::audit`) for every
 //! grant, release, revocation, expiry and refusal, naming the identity.
-//! Written by the node that decided: the leader for state changes, the
-//! receiving node for refusals.
+//! State changes are written by every node as it applies them (so that no
+//! applied change goes unlogged, whatever became of the request, and every
+//! node's log holds the whole trail); refusals by the node that refused.
 
 use crate::auth::Right;
 use crate::lock::state::Token;
