@@ -286,10 +286,10 @@ async fn acquire(
     Ok(json(StatusCode::OK, &Granted { key: g.key, token: g.token, lease_id: g.lease_id, ttl_ms: g.ttl_ms }))
 }
 
-/// The quotas of `limits`, checked on the leader before anything is
-/// proposed. Concurrent acquires may overshoot them by what one batch
-/// carries: they bound memory, not exclusion. A retry of a granted request
-/// always gets its grant back.
+/// The quotas of `limits`, checked on the leader before each proposal.
+/// Acquires proposed at the same moment may overshoot them by their number:
+/// quotas bound memory, not exclusion. A retry of a granted request always
+/// gets its grant back.
 fn within_quotas(node: &Node, key: &str, identity: &str, request_id: Option<&str>) -> Result<(), ApiError> {
     let limits = &node.config.limits;
     let s = node.applied.lock();
@@ -333,6 +333,8 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
             _ => false,
         };
         if try_now {
+            // Again at each try: waiting must not be a way past a quota.
+            within_quotas(node, &cmd.key, &cmd.owner, cmd.request_id.as_deref())?;
             match propose(node, Command::Acquire(cmd.clone())).await? {
                 Outcome::Granted(g) => return Ok(g),
                 Outcome::Held { .. } => {} // lost a race with the log; wait for the next change

@@ -188,6 +188,34 @@ async fn a_body_that_never_arrives_is_answered_408() {
     n.node.shutdown().await;
 }
 
+/// Quotas: beyond `max_leases_per_identity` or `max_keys`, 429 and nothing
+/// proposed; a key that is already in the table needs no new room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_refuse_with_429_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = one_node_with(dir.path(), "limits: { max_keys: 3, max_leases_per_identity: 2 }\n").await;
+    let client = Client::new(vec![n.url.clone()]).unwrap();
+    let opts = || AcquireOptions::new(Duration::from_secs(30));
+    let a = client.acquire("q/a", opts()).await.unwrap();
+    let _b = client.acquire("q/b", opts()).await.unwrap();
+    let quota = |r: Result<fencegate_client::Lease, ClientError>| match r {
+        Err(ClientError::Refused { status, error, .. }) => (status.as_u16(), error),
+        Err(e) => panic!("{e}"),
+        Ok(l) => panic!("granted {}", l.token()),
+    };
+    let revision = || n.node.applied.lock().locks.revision();
+    let before = revision();
+    assert_eq!(quota(client.acquire("q/c", opts()).await), (429, ErrorCode::QuotaExceeded), "a third lease");
+    a.release().await.unwrap();
+    let c = client.acquire("q/c", opts()).await.unwrap();
+    assert_eq!(c.token(), before + 2, "the refusal took no revision");
+    c.release().await.unwrap();
+    assert_eq!(quota(client.acquire("q/d", opts()).await), (429, ErrorCode::QuotaExceeded), "a fourth key");
+    client.acquire("q/a", opts()).await.expect("a key in the table needs no room");
+    let _ = n.stop.send(());
+    n.node.shutdown().await;
+}
+
 /// A keep-alive connection that goes quiet after its answer is closed after
 /// `limits.header_timeout`, and so is one that never sends anything: idle
 /// connections cannot pile up.
