@@ -72,16 +72,33 @@ impl AclRule {
         if self.prefixes.is_empty() || self.rights.is_empty() {
             return Err("a rule needs at least one prefix and one right".into());
         }
-        if let Some(p) = self.prefixes.iter().find(|p| p.len() > 512) {
-            return Err(format!("prefix {:?}... is longer than a key can be", &p[..32]));
+        for p in &self.prefixes {
+            // A prefix ends at a segment boundary (`rack/`), or is a whole key.
+            let key = p.strip_suffix('/').unwrap_or(p);
+            if !p.is_empty() && crate::lock::validate::key(key).is_err() {
+                let shown: String = p.chars().take(64).collect();
+                return Err(format!(
+                    "prefix {shown:?} must be \"\" (every key), a key prefix ending in / (rack/), or a whole key"
+                ));
+            }
         }
         Ok(())
     }
 
+    /// `anonymous` is no identity a pattern stands for: only a rule naming
+    /// it exactly gives it rights.
     fn matches(&self, identity: &str) -> bool {
         match self.identity.strip_suffix('*') {
-            Some(start) => identity.starts_with(start),
+            Some(start) => identity != ANONYMOUS && identity.starts_with(start),
             None => self.identity == identity,
+        }
+    }
+
+    /// `rack/` covers `rack/42` but not `rackspace/1`; `rack/42` only itself.
+    fn covers(prefix: &str, key: &str) -> bool {
+        match prefix.is_empty() || prefix.ends_with('/') {
+            true => key.starts_with(prefix),
+            false => key == prefix,
         }
     }
 
@@ -112,7 +129,9 @@ impl Acl {
     /// Whether `identity` has `right` on `key`.
     pub fn allows(&self, identity: &str, right: Right, key: &str) -> bool {
         let Some(rules) = &self.rules else { return true };
-        rules.iter().any(|r| r.matches(identity) && r.grants(right) && r.prefixes.iter().any(|p| key.starts_with(p)))
+        rules
+            .iter()
+            .any(|r| r.matches(identity) && r.grants(right) && r.prefixes.iter().any(|p| AclRule::covers(p, key)))
     }
 
     /// Whether `identity` may open a watch of `prefix`: it may watch some key
@@ -122,7 +141,7 @@ impl Acl {
         rules.iter().any(|r| {
             r.matches(identity)
                 && r.grants(Right::Watch)
-                && r.prefixes.iter().any(|p| p.starts_with(prefix) || prefix.starts_with(p.as_str()))
+                && r.prefixes.iter().any(|p| p.starts_with(prefix) || AclRule::covers(p, prefix))
         })
     }
 }
@@ -160,8 +179,9 @@ impl Tokens {
                 OneOrMany::Many(h) => h,
             };
             for h in hashes {
+                // The value is not repeated: it may be a token pasted by mistake.
                 let hash = parse_hash(&h).ok_or_else(|| {
-                    format!("{identity}: {h:?} is not sha256:<64 hex digits> (`fencegate token new` prints one)")
+                    format!("{identity}: a value is not sha256:<64 hex digits> (`fencegate token new` prints one)")
                 })?;
                 if let Some(other) = owners.insert(hash, identity.clone()) {
                     return Err(format!("one token hash is listed for both {other} and {identity}"));
@@ -227,6 +247,13 @@ mod tests {
         assert!(!acl.allows("sidecar-a", Right::Acquire, "fw/1"));
         assert!(acl.allows("ops", Right::Acquire, "anything"), "admin implies every right");
         assert!(!acl.allows("nobody", Right::Read, "rack/42"));
+        let exact =
+            Acl::rules(vec![rule("e", &["rack/4", "fw/"], &[Right::Read]), rule("*", &["pub/"], &[Right::Read])]);
+        assert!(exact.allows("e", Right::Read, "rack/4"));
+        assert!(!exact.allows("e", Right::Read, "rack/42"), "a whole key is not a prefix of its neighbours");
+        assert!(!exact.allows("e", Right::Read, "fwx/1"));
+        assert!(exact.allows("anyone", Right::Read, "pub/1"));
+        assert!(!exact.allows(ANONYMOUS, Right::Read, "pub/1"), "a pattern never stands for anonymous");
         assert!(!Acl::rules(vec![]).allows("ops", Right::Read, "x"), "no rules: nothing");
         assert!(Acl::open().allows("anyone", Right::Admin, "x"));
     }
@@ -249,6 +276,10 @@ mod tests {
         assert!(rule("x\ty", &["a/"], &[Right::Read]).validate().is_err());
         assert!(rule("ci", &[], &[Right::Read]).validate().is_err());
         assert!(rule("ci", &["a/"], &[]).validate().is_err());
+        assert!(rule("ci", &["a/b", "a/", ""], &[Right::Read]).validate().is_ok());
+        for bad in ["rack/*", "a//", "/a", "a b/", "é/"] {
+            assert!(rule("ci", &[bad], &[Right::Read]).validate().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -142,6 +142,11 @@ async fn idle_keys_are_compacted_and_their_tokens_still_refused() {
         let (status, v) = sc.send("PUT", "/racks/old", Some(t2), &[]).await;
         assert_eq!(status, 409, "{}: ended t2 {v}", sc.dir.display());
     }
+    // Those that never knew the key call its tokens stale, not forged.
+    for sc in &fresh {
+        let (_, v) = sc.send("PUT", "/racks/old", Some(t1), &[]).await;
+        assert_eq!(v["error"], "stale_token", "{}: {v}", sc.dir.display());
+    }
     assert!(up.tokens("/racks/old").is_empty(), "nothing reached the upstream");
     // And the key is as good as new: its next grant is above everything.
     let again = client.acquire("rack/old", AcquireOptions::new(Duration::from_secs(5))).await.unwrap();

@@ -55,6 +55,8 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
 
     let mut child = Command::new(program)
         .args(rest)
+        // CMD gets the fencing token, not our credentials.
+        .env_remove("FENCEGATE_TOKEN")
         .env("FENCE_KEY", &args.key)
         .env("FENCE_TOKEN", lease.token().to_string())
         .env("FENCE_LEASE_ID", lease.lease_id())

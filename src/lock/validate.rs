@@ -9,7 +9,7 @@ pub const MAX_REQUEST_ID_LEN: usize = 64;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum InvalidInput {
-    #[error("key must be 1..={MAX_KEY_LEN} bytes of [A-Za-z0-9._:-] segments separated by single '/', got {0:?}")]
+    #[error("key must be 1..={MAX_KEY_LEN} bytes of [A-Za-z0-9._:-] segments (not . or ..) separated by single '/', got {0:?}")]
     Key(String),
     #[error("holder must be 1..={MAX_HOLDER_LEN} printable ASCII characters")]
     Holder,
@@ -24,8 +24,11 @@ pub enum InvalidInput {
 /// Keys look like paths (`rack/42`): non-empty segments of a safe alphabet, so
 /// that they can be templated from URL paths and printed in logs unescaped.
 pub fn key(k: &str) -> Result<(), InvalidInput> {
+    // `.` and `..` are not segments: a proxy in front that normalises paths
+    // would read `rack/../fw/1` as another key.
     let segment_ok = |s: &str| {
-        !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        !matches!(s, "" | "." | "..")
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
     };
     if k.is_empty() || k.len() > MAX_KEY_LEN || !k.split('/').all(segment_ok) {
         return Err(InvalidInput::Key(k.chars().take(MAX_KEY_LEN).collect()));
@@ -70,11 +73,11 @@ mod tests {
 
     #[test]
     fn keys() {
-        for ok in ["a", "rack/42", "dc-1/rack_2/slot:3", "a.b"] {
+        for ok in ["a", "rack/42", "dc-1/rack_2/slot:3", "a.b", "a/.b", "a/.../b"] {
             assert_eq!(key(ok), Ok(()), "{ok}");
         }
         let long = "x".repeat(MAX_KEY_LEN + 1);
-        for bad in ["", "/a", "a/", "a//b", "a b", "ä", "a?b", "a%2Fb", long.as_str()] {
+        for bad in ["", "/a", "a/", "a//b", "a b", "ä", "a?b", "a%2Fb", ".", "a/../b", "a/./b", "..", long.as_str()] {
             assert!(key(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use hyper::header::AUTHORIZATION;
 use hyper::HeaderMap;
@@ -31,8 +31,8 @@ pub struct Credentials {
 struct TokenFile {
     path: PathBuf,
     current: RwLock<Arc<Tokens>>,
-    /// The file's modification time and length when last read.
-    stamp: RwLock<Option<(SystemTime, u64)>>,
+    /// The SHA-256 of the contents last taken.
+    digest: RwLock<Option<[u8; 32]>>,
 }
 
 impl Credentials {
@@ -42,7 +42,10 @@ impl Credentials {
         let tokens = match &config.auth.tokens_file {
             None => None,
             Some(path) => {
-                let file = TokenFile { path: path.clone(), current: RwLock::default(), stamp: RwLock::default() };
+                if !path.is_file() {
+                    return Err(ConfigError::invalid("auth.tokens_file", format!("{}: no such file", path.display())));
+                }
+                let file = TokenFile { path: path.clone(), current: RwLock::default(), digest: RwLock::default() };
                 file.reload().map_err(|e| ConfigError::invalid("auth.tokens_file", e))?;
                 Some(file)
             }
@@ -98,18 +101,24 @@ impl Credentials {
 }
 
 impl TokenFile {
-    /// Read the file again if its modification time or length changed.
+    /// Read the file again; take its tokens if its contents changed. A file
+    /// that is gone leaves no token valid (fail closed); one that does not
+    /// parse keeps the old tokens (a half-written edit must not lock
+    /// everyone out). Replace it by renaming a new file over it.
     fn reload(&self) -> Result<(), String> {
-        let meta = std::fs::metadata(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
-        let stamp = Some((meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len()));
-        if *self.stamp.read().expect("never poisoned") == stamp {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(format!("{}: {e}", self.path.display())),
+        };
+        let digest = crate::auth::token_hash(&text);
+        if *self.digest.read().expect("never poisoned") == Some(digest) {
             return Ok(());
         }
-        let text = std::fs::read_to_string(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
         let tokens = Tokens::parse(&text).map_err(|e| format!("{}: {e}", self.path.display()))?;
         tracing::info!(path = %self.path.display(), tokens = tokens.count(), "tokens file read");
         *self.current.write().expect("never poisoned") = Arc::new(tokens);
-        *self.stamp.write().expect("never poisoned") = stamp;
+        *self.digest.write().expect("never poisoned") = Some(digest);
         Ok(())
     }
 }

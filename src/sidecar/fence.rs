@@ -99,6 +99,13 @@ pub struct Knowledge {
     pub known: bool,
     /// The highest token this sidecar has forwarded for the key (persisted).
     pub floor: Token,
+    /// `live` is false only because a state dump did not list the key
+    /// (compacted, or not visible to this sidecar's `watch` right): a
+    /// linearizable read decides.
+    pub presumed_ended: bool,
+    /// Every token up to this of a key the lock service no longer has has
+    /// ended (the highest `compacted_below` read so far).
+    pub compacted_below: Token,
 }
 
 /// The verdict.
@@ -141,6 +148,9 @@ pub fn decide(mode: FenceMode, token: Token, k: &Knowledge, fresh: bool) -> Verd
         if k.live || mode == FenceMode::Monotonic {
             return Verdict::Forward;
         }
+        if k.presumed_ended && !fresh {
+            return Verdict::AskService;
+        }
         // S4: strict refuses a lease known to have ended.
         return reject(Reason::LeaseExpired, k.latest);
     }
@@ -149,7 +159,12 @@ pub fn decide(mode: FenceMode, token: Token, k: &Knowledge, fresh: bool) -> Verd
         return Verdict::Forward;
     }
     if fresh {
-        // The service says the latest grant is below `token`: never granted.
+        // The service says the latest grant is below `token`: never granted
+        // for this key — unless the service forgot the key, and the token
+        // is one it may have had (then it is merely stale).
+        if k.latest == 0 && token <= k.compacted_below {
+            return reject(Reason::StaleToken, k.compacted_below);
+        }
         return reject(Reason::UnknownToken, k.latest);
     }
     Verdict::AskService
@@ -201,7 +216,7 @@ mod tests {
     }
 
     fn k(latest: Token, live: bool, floor: Token) -> Knowledge {
-        Knowledge { latest, live, known: true, floor }
+        Knowledge { latest, live, known: true, floor, ..Default::default() }
     }
 
     #[test]
@@ -237,8 +252,22 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_presumed_ended_is_asked_about_and_a_compacted_token_is_stale() {
+        let presumed = Knowledge { presumed_ended: true, ..k(34, false, 0) };
+        assert_eq!(decide(Strict, 34, &presumed, false), Verdict::AskService);
+        assert_eq!(decide(Strict, 34, &presumed, true), Verdict::Reject { reason: Reason::LeaseExpired, current: 34 });
+        let forgotten = Knowledge { compacted_below: 50, ..k(0, false, 0) };
+        assert_eq!(decide(Strict, 40, &forgotten, true), Verdict::Reject { reason: Reason::StaleToken, current: 50 });
+        assert_eq!(
+            decide(Monotonic, 40, &forgotten, true),
+            Verdict::Reject { reason: Reason::StaleToken, current: 50 }
+        );
+        assert_eq!(decide(Strict, 51, &forgotten, true), Verdict::Reject { reason: Reason::UnknownToken, current: 0 });
+    }
+
+    #[test]
     fn the_persisted_floor_holds_without_the_service() {
-        let restarted = Knowledge { latest: 0, live: false, known: false, floor: 40 };
+        let restarted = Knowledge { latest: 0, live: false, known: false, floor: 40, ..Default::default() };
         assert_eq!(decide(Strict, 39, &restarted, false), Verdict::Reject { reason: Reason::StaleToken, current: 40 });
         assert_eq!(decide(Strict, 40, &restarted, false), Verdict::AskService, "strict must know the lease is live");
         assert_eq!(decide(Monotonic, 40, &restarted, false), Verdict::Forward);

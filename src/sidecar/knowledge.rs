@@ -42,23 +42,34 @@ const MAX_LINE: usize = 64 << 10;
 struct Known {
     latest: Token,
     live: bool,
+    /// `live` was cleared only by a state dump that did not list the key.
+    presumed_ended: bool,
 }
 
 impl Known {
     fn merge(&mut self, token: Token, held: bool) {
         if token > self.latest {
-            self.latest = token;
-            self.live = held;
+            (self.latest, self.live, self.presumed_ended) = (token, held, false);
         } else if token == self.latest {
             self.live &= held;
+            self.presumed_ended &= held;
         }
+    }
+
+    /// A linearizable read: the truth now. Only it may undo a presumption
+    /// (a watch line may come from a lagging node).
+    fn merge_read(&mut self, token: Token, held: bool) {
+        if token == self.latest && held && self.presumed_ended {
+            (self.live, self.presumed_ended) = (true, false);
+        }
+        self.merge(token, held);
     }
 
     /// The service has no entry for the key: every grant of it up to
     /// `ended_through` has ended.
     fn merge_absent(&mut self, ended_through: Token) {
         if self.latest <= ended_through {
-            self.live = false;
+            (self.live, self.presumed_ended) = (false, false);
         }
     }
 }
@@ -73,6 +84,8 @@ struct InflightRead {
 
 pub struct LockView {
     keys: DashMap<String, Known>,
+    /// The highest `compacted_below` a read returned.
+    compacted_below: std::sync::atomic::AtomicU64,
     client: Client,
     up: AtomicBool,
     metrics: SidecarMetrics,
@@ -88,6 +101,7 @@ impl LockView {
         let http = client.options().http_client(MAX_LINE).expect("the client was built from these options");
         let view = Arc::new(Self {
             keys: DashMap::new(),
+            compacted_below: Default::default(),
             client,
             up: AtomicBool::new(false),
             metrics,
@@ -99,9 +113,17 @@ impl LockView {
 
     /// What is known of `key`, with `floor` filled in by the caller.
     pub fn get(&self, key: &str) -> Knowledge {
+        let compacted_below = self.compacted_below.load(Ordering::Relaxed);
         match self.keys.get(key) {
-            Some(k) => Knowledge { latest: k.latest, live: k.live, known: true, floor: 0 },
-            None => Knowledge::default(),
+            Some(k) => Knowledge {
+                latest: k.latest,
+                live: k.live,
+                known: true,
+                presumed_ended: k.presumed_ended,
+                compacted_below,
+                floor: 0,
+            },
+            None => Knowledge { compacted_below, ..Knowledge::default() },
         }
     }
 
@@ -128,11 +150,13 @@ impl LockView {
         match info.compacted_below {
             // Forgotten by the service: only what we knew can have ended.
             Some(below) if info.token == 0 => {
+                self.compacted_below.fetch_max(below, Ordering::Relaxed);
                 if let Some(mut k) = self.keys.get_mut(key) {
                     k.merge_absent(below);
                 }
             }
-            _ => self.learn(key, info.token, info.held),
+            _ if info.token == 0 => {}
+            _ => self.keys.entry(key.to_string()).or_default().merge_read(info.token, info.held),
         }
     }
 
@@ -142,8 +166,9 @@ impl LockView {
     /// not judged by the dump.)
     fn forgotten_unless(&self, listed: &std::collections::HashSet<String>, rev: u64) {
         for mut k in self.keys.iter_mut() {
-            if k.latest <= rev && !listed.contains(k.key()) {
-                k.value_mut().live = false;
+            if k.latest <= rev && k.live && !listed.contains(k.key()) {
+                let known = k.value_mut();
+                (known.live, known.presumed_ended) = (false, true);
             }
         }
     }
@@ -353,7 +378,7 @@ mod tests {
         }
         late.await.unwrap().unwrap();
         assert_eq!(count.load(Ordering::SeqCst), 2, "10 concurrent callers share one read; the late one gets its own");
-        assert_eq!(view.get("rack/1"), Knowledge { latest: 34, live: true, known: true, floor: 0 });
+        assert_eq!(view.get("rack/1"), Knowledge { latest: 34, live: true, known: true, ..Default::default() });
     }
 
     /// Keys a complete dump at revision 40 does not list were forgotten by
@@ -368,7 +393,7 @@ mod tests {
         }
         let listed = ["rack/listed".to_string()].into_iter().collect();
         view.forgotten_unless(&listed, 40);
-        assert!(!view.get("rack/gone").live, "forgotten, so ended");
+        assert!(!view.get("rack/gone").live && view.get("rack/gone").presumed_ended, "forgotten, so ended");
         assert!(view.get("rack/listed").live);
         assert!(view.get("rack/later").live, "granted after the dump");
         let info = |token, compacted_below| wire::LockInfo {
@@ -383,6 +408,15 @@ mod tests {
         assert!(view.get("rack/listed").live, "a watermark below its grant says nothing of it");
         view.learn_read("rack/listed", &info(0, Some(36)));
         assert!(!view.get("rack/listed").live, "read as forgotten: ended");
+        assert_eq!(view.get("rack/other").compacted_below, 36);
+        // A presumption is undone by a read that finds the lease live (a key
+        // the sidecar may read but not watch), a read's end is final.
+        let gone = wire::LockInfo { key: "rack/gone".into(), held: true, token: 30, ..info(30, None) };
+        view.learn_read("rack/gone", &gone);
+        assert!(view.get("rack/gone").live);
+        view.learn("rack/gone", 30, true);
+        view.learn_read("rack/listed", &wire::LockInfo { held: true, ..info(35, None) });
+        assert!(!view.get("rack/listed").live, "an end a read saw stays");
     }
 
     #[test]
