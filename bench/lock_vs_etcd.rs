@@ -21,12 +21,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use common::etcd::{base64, start_etcd, Etcd};
 use common::fencegate_cluster;
+use common::locks::{call, p50_p99_ms, pairs, plural, Backend, FencegateApi, Held, LOAD_TIMEOUT, TTL};
 use common::procs::Usage;
 use common::report::{self, mib, Spread, Table};
 use fencegate_client::http::HttpClient;
@@ -40,13 +40,9 @@ const CLIENTS: [usize; 4] = [1, 16, 64, 256];
 /// closest to saturation.
 const MEASURED_CLIENTS: usize = 256;
 const HOLDERS: usize = 64;
-/// Long enough that no lease under load expires.
-const TTL: Duration = Duration::from_secs(30);
 /// Failover grants are never released; they expire while the killed member
 /// restarts, before the next repetition.
 const FAILOVER_TTL: Duration = Duration::from_secs(2);
-/// Under load a slow answer is a result, not an error.
-const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// While failing over, give up on a dead member quickly and try the next.
 const FAILOVER_TIMEOUT: Duration = Duration::from_millis(300);
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -56,57 +52,6 @@ const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 /// A second fencegate cluster, tuned so that it campaigns after 450–600 ms,
 /// shows what an operator gets by halving the timeouts (failover only).
 const FAST_RAFT: &str = "raft:\n  heartbeat: 50ms\n  election_timeout_min: 150ms\n  election_timeout_max: 300ms\n";
-
-/// A lock held: its fencing token and the lease to keep alive or release.
-struct Held {
-    token: u64,
-    lease: String,
-}
-
-/// The lock calls, sent to member `url`.
-trait Backend: Clone + Send + Sync + 'static {
-    fn acquire(
-        &self,
-        url: &str,
-        key: &str,
-        ttl: Duration,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Held>> + Send;
-    fn release(&self, url: &str, held: &Held) -> impl Future<Output = Result<()>> + Send;
-    fn keepalive(&self, url: &str, held: &Held) -> impl Future<Output = Result<()>> + Send;
-}
-
-/// `method url` with an optional JSON body; the JSON answer if 200.
-async fn call(http: &HttpClient, method: Method, url: &str, body: Option<Value>, timeout: Duration) -> Result<Value> {
-    let a = http.call(method, url, body.map(|b| b.to_string().into_bytes()), timeout).await?;
-    if a.status != 200 {
-        bail!("{url}: {} {}", a.status, String::from_utf8_lossy(&a.body));
-    }
-    Ok(serde_json::from_slice(&a.body)?)
-}
-
-#[derive(Clone)]
-struct FencegateApi(HttpClient);
-
-impl Backend for FencegateApi {
-    async fn acquire(&self, url: &str, key: &str, ttl: Duration, timeout: Duration) -> Result<Held> {
-        let body = json!({"ttl_ms": ttl.as_millis() as u64, "holder": "bench"});
-        let v = call(&self.0, Method::POST, &format!("{url}/v1/locks/{key}"), Some(body), timeout).await?;
-        Ok(Held {
-            token: v["token"].as_u64().context("no token")?,
-            lease: v["lease_id"].as_str().context("no lease_id")?.into(),
-        })
-    }
-
-    async fn release(&self, url: &str, held: &Held) -> Result<()> {
-        call(&self.0, Method::DELETE, &format!("{url}/v1/leases/{}", held.lease), None, LOAD_TIMEOUT).await.map(drop)
-    }
-
-    async fn keepalive(&self, url: &str, held: &Held) -> Result<()> {
-        let url = format!("{url}/v1/leases/{}/keepalive", held.lease);
-        call(&self.0, Method::POST, &url, None, LOAD_TIMEOUT).await.map(drop)
-    }
-}
 
 /// etcd's JSON gateway: 64-bit numbers travel as decimal strings, keys and
 /// values as base64, and fields with default values (false, 0) are left out.
@@ -263,36 +208,6 @@ fn cpu_seconds<S: Servers>(s: &S) -> f64 {
     s.urls().keys().map(|&id| Usage::of_tree(s.member_pid(id)).cpu_seconds).sum()
 }
 
-/// `clients` closed loops for `seconds`, each acquiring and releasing a key of
-/// its own: pairs per second and every pair's latency.
-async fn pairs<B: Backend>(api: &B, url: &str, tag: &str, clients: usize, seconds: f64) -> (f64, Vec<Duration>) {
-    let start = Instant::now();
-    let until = start + Duration::from_secs_f64(seconds);
-    let tasks: Vec<_> = (0..clients)
-        .map(|c| {
-            let (api, url, key) = (api.clone(), url.to_string(), format!("bench/{tag}/{c}"));
-            tokio::spawn(async move {
-                let (mut latencies, mut last_token) = (vec![], 0);
-                while Instant::now() < until {
-                    let t = Instant::now();
-                    let held = api.acquire(&url, &key, TTL, LOAD_TIMEOUT).await.unwrap();
-                    // The one property both must have for fencing.
-                    assert!(held.token > last_token, "{key}: token {} after {last_token}", held.token);
-                    last_token = held.token;
-                    api.release(&url, &held).await.unwrap();
-                    latencies.push(t.elapsed());
-                }
-                latencies
-            })
-        })
-        .collect();
-    let mut all = vec![];
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    (all.len() as f64 / start.elapsed().as_secs_f64(), all)
-}
-
 /// `HOLDERS` leases, each kept alive back to back for `seconds`: keepalives/s.
 async fn keepalives<B: Backend>(api: &B, url: &str, tag: &str, seconds: f64) -> f64 {
     let mut held = vec![];
@@ -392,15 +307,13 @@ async fn measure<B: Backend, S: Servers>(api: &B, s: &mut S, http: &HttpClient, 
     for clients in CLIENTS {
         progress(&plural(clients, "client"));
         let (fsyncs, cpu) = (metric(http, &url, S::FSYNCS).await, cpu_seconds(s));
-        let (rate, mut latencies) = pairs(api, &url, &format!("{rep}/{clients}"), clients, seconds).await;
+        let (rate, latencies) = pairs(api, &url, &format!("{rep}/{clients}"), clients, seconds).await;
         r.pairs_per_s.push(rate);
+        let grants = latencies.len() as f64;
         if clients == 1 {
-            latencies.sort();
-            let ms = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
-            (r.p50_ms, r.p99_ms) = (ms(0.50), ms(0.99));
+            (r.p50_ms, r.p99_ms) = p50_p99_ms(latencies);
         }
         if clients == MEASURED_CLIENTS {
-            let grants = latencies.len() as f64;
             r.grants_per_fsync = grants / (metric(http, &url, S::FSYNCS).await - fsyncs);
             r.cpu_s_per_1000 = (cpu_seconds(s) - cpu) / grants * 1000.0;
         }
@@ -514,10 +427,6 @@ async fn main() {
         table.markdown()
     );
     report::write("lock_vs_etcd", "Lock service vs etcd", &markdown, json);
-}
-
-fn plural(n: usize, what: &str) -> String {
-    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
 }
 
 fn etcd_version() -> String {

@@ -1,6 +1,6 @@
 """Plots for bench/results/<name>.json, written next to them as <name>.svg.
 
-    python bench/plot.py bench/results [proxies] [lock_vs_etcd] [scale]
+    python bench/plot.py bench/results [proxies] [lock_vs_etcd] [scale] [tls]
 
 Each value in the JSON is a Spread {median, min, max} over repetitions:
 points and bars show the median, error bars the min-max range.
@@ -94,7 +94,18 @@ def scale(r, fig):
           "sidecar memory vs distinct keys", "keys", "RSS MiB", logx=True)
 
 
-PLOTS = {"proxies": proxies, "lock_vs_etcd": lock_vs_etcd, "scale": scale}
+def tls(r, fig):
+    axes = fig.subplots(1, 2)
+    systems = r["systems"]
+    t = r["throughput"]
+    lines(axes[0], {s: ([x["clients"] for x in t], [x[s] for x in t]) for s in systems},
+          "acquire+release pairs/s", "clients", "pairs/s", logx=True)
+    labels = [f"{s} {q}" for q in ("p50", "p99") for s in systems]
+    bars(axes[1], labels, [r["latency_ms"][q][s] for q in ("p50", "p99") for s in systems],
+         "1 client: acquire+release latency", "ms")
+
+
+PLOTS = {"proxies": proxies, "lock_vs_etcd": lock_vs_etcd, "scale": scale, "tls": tls}
 
 
 def main():

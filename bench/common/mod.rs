@@ -1,11 +1,12 @@
 //! Shared by the benchmarks: what processes cost (/proc), load generators,
-//! result files, and the etcd cluster. The fencegate processes (cluster,
-//! sidecar), the upstream and ports come from `fencegate-testkit`, the same
-//! kit the tests use, set up here for measuring.
+//! the lock client logic, result files, and the etcd cluster. The fencegate
+//! processes (cluster, sidecar), the upstream and ports come from
+//! `fencegate-testkit`, the same kit the tests use, set up here for measuring.
 #![allow(dead_code)] // each benchmark uses a part
 
 pub mod etcd;
 pub mod load;
+pub mod locks;
 pub mod procs;
 pub mod report;
 
@@ -21,14 +22,19 @@ use fencegate_testkit::{bin, Cluster, Sidecar};
 /// costs), warnings only in the logs; `extra_yaml` ends every node's config
 /// (a `raft:` section, say).
 pub async fn fencegate_cluster(extra_yaml: &str) -> Cluster {
-    let options = ClusterOptions {
+    Cluster::start_with(&bin!(), cluster_options(extra_yaml)).await
+}
+
+/// The options of [`fencegate_cluster`], for a benchmark to change some
+/// (`security`, say).
+pub fn cluster_options(extra_yaml: &str) -> ClusterOptions {
+    ClusterOptions {
         yaml: extra_yaml.into(),
         relays: false,
         data_in: Some(env!("CARGO_TARGET_TMPDIR").into()),
         log_filter: "warn".into(),
         ..Default::default()
-    };
-    Cluster::start_with(&bin!(), options).await
+    }
 }
 
 /// A `fencegate sidecar` asking `cluster`, in front of the upstream on

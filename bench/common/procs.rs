@@ -33,7 +33,8 @@ impl Usage {
         total
     }
 
-    fn of_pid(pid: u32) -> Option<Usage> {
+    /// One process alone (the benchmark itself, without the servers it started).
+    pub fn of_pid(pid: u32) -> Option<Usage> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // Fields after the command name, which is in parentheses and may hold spaces.
         let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
