@@ -74,9 +74,11 @@ async fn load(c: &Cluster, from: usize, n: usize) -> Duration {
 async fn compacted(c: &Cluster) {
     for id in c.ids() {
         wait::until_ok(&format!("node {id} compacting the idle keys"), Duration::from_secs(60), || async {
-            match keys_on(c, id).await {
-                n if n == 0.0 => Ok(()),
-                n => Err(n),
+            let n = keys_on(c, id).await;
+            if n == 0.0 {
+                Ok(())
+            } else {
+                Err(n)
             }
         })
         .await;
