@@ -81,6 +81,9 @@ pub struct Conn {
     pub addr: SocketAddr,
     /// Leaf first; `None` over plain TCP or when the client sent none.
     pub certs: Option<Arc<[CertificateDer<'static>]>>,
+    /// What the handler made of `certs`, kept for the connection's later
+    /// requests (parsing a certificate per request costs throughput).
+    pub named: Arc<std::sync::OnceLock<Option<String>>>,
 }
 
 impl Conn {
@@ -131,7 +134,7 @@ where
         tokio::spawn(async move {
             let _slot = slot;
             let Some(acceptor) = opts.tls.clone() else {
-                let conn = Conn { addr: peer, certs: None };
+                let conn = Conn { addr: peer, certs: None, named: Arc::default() };
                 return connection(stream, conn, &opts, watcher, handle).await;
             };
             // In the connection's own task, so a client that stalls its
@@ -139,7 +142,7 @@ where
             match tokio::time::timeout(opts.header_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => {
                     let certs = tls.get_ref().1.peer_certificates().map(|c| c.to_vec().into());
-                    connection(tls, Conn { addr: peer, certs }, &opts, watcher, handle).await
+                    connection(tls, Conn { addr: peer, certs, named: Arc::default() }, &opts, watcher, handle).await
                 }
                 Ok(Err(e)) => tracing::debug!("TLS handshake with {peer}: {e}"),
                 Err(_) => tracing::debug!("TLS handshake with {peer}: timed out after {:?}", opts.header_timeout),

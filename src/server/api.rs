@@ -83,7 +83,7 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
         only(req.method(), Method::POST)?;
         let rpc = rpc.to_string();
         let body = body_within(&node, req.into_body(), super::MAX_PEER_BODY).await?;
-        return raft_rpc::handle(&node, &rpc, &body, conn).await;
+        return raft_rpc::handle(&node, &rpc, &body, member, conn).await;
     }
     if path == wire::CLUSTER_PATH {
         return only(req.method(), Method::GET).map(|_| cluster(&node));
@@ -102,16 +102,15 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
     Err(ApiError::NotFound)
 }
 
-/// The member (other than this node) the connection's certificate names.
+/// The member (other than this node) the connection's certificate names,
+/// worked out once per connection.
 fn certified_member(node: &Node, conn: &Conn) -> Result<u64, ApiError> {
-    let leaf = conn.leaf();
-    let member = node
-        .peers
-        .keys()
-        .copied()
-        .filter(|id| *id != node.id)
-        .find(|id| leaf.is_some_and(|cert| crate::tls::identity::certifies_member(cert, *id)));
-    member.ok_or_else(|| {
+    let named = conn.named.get_or_init(|| {
+        let cert = conn.leaf()?;
+        let mut others = node.peers.keys().copied().filter(|id| *id != node.id);
+        others.find(|id| crate::tls::identity::certifies_member(cert, *id)).map(|id| id.to_string())
+    });
+    named.as_deref().and_then(|id| id.parse().ok()).ok_or_else(|| {
         audit::peer_refused(conn.addr, "a certificate that names no other member");
         ApiError::Forbidden("the peer plane is for members: the certificate names none".into())
     })

@@ -90,7 +90,9 @@ impl Credentials {
             };
         }
         if let (true, Some(cert)) = (self.certificates, conn.leaf()) {
-            return identity::client_name(cert)
+            let named = conn.named.get_or_init(|| identity::client_name(cert));
+            return named
+                .clone()
                 .ok_or_else(|| ApiError::Unauthorized("the client certificate names no identity".into()));
         }
         if self.required {

@@ -11,13 +11,20 @@ use super::Node;
 use crate::http::{json, Body, Conn};
 use crate::raft::guard::{self, Peers};
 
-pub async fn handle(node: &Node, rpc: &str, body: &[u8], conn: &Conn) -> Result<Response<Body>, ApiError> {
+/// `member`: with TLS, the member the connection's certificate names.
+pub async fn handle(
+    node: &Node,
+    rpc: &str,
+    body: &[u8],
+    member: Option<u64>,
+    conn: &Conn,
+) -> Result<Response<Body>, ApiError> {
     let raft = &node.raft;
     // The sender an RPC claims (the vote's leader or candidate) must be the
     // member its certificate names: node 2 cannot speak as node 3.
     let certified = |vote: &openraft::Vote<crate::raft::types::NodeId>| {
         let sender = vote.leader_id.node_id;
-        if node.tls.is_none() || conn.leaf().is_some_and(|c| crate::tls::identity::certifies_member(c, sender)) {
+        if member.is_none_or(|m| m == sender) {
             return Ok(());
         }
         crate::audit::peer_refused(
