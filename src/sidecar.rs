@@ -94,6 +94,12 @@ impl Sidecar {
                     e @ MatchError::InvalidKey { .. } => {
                         Answer::BadRequest { error: Problem::InvalidKey, message: e.to_string() }
                     }
+                    e @ MatchError::BadParam { .. } => {
+                        Answer::BadRequest { error: Problem::InvalidParam, message: e.to_string() }
+                    }
+                    e @ MatchError::UnfencedWrite { .. } => {
+                        Answer::BadRequest { error: Problem::UnfencedWrite, message: e.to_string() }
+                    }
                 };
                 return self.answer("-", None, a);
             }
@@ -154,6 +160,9 @@ impl Sidecar {
             });
         }
         let h = req.headers();
+        if let Some(why) = disguise(h, req.uri().query()) {
+            return Err(Answer::BadRequest { error: Problem::DisguisedRequest, message: why });
+        }
         let lengths = h.get_all(CONTENT_LENGTH).iter().count();
         let ambiguous = |m: &str| Answer::BadRequest { error: Problem::AmbiguousFraming, message: m.to_string() };
         if lengths > 1 {
@@ -236,6 +245,40 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
     }
 }
 
+/// Headers by which frameworks and proxies take a request for another
+/// method or path than the one routed (method-override middleware, IIS
+/// URL rewrite, Symfony, nginx setups).
+const DISGUISES: [&str; 7] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-original-method",
+    "x-override-url",
+];
+
+/// Why a request may reach the upstream as something other than what it was
+/// routed as, if it may: the route (and the fence) would then judge the
+/// wrong request. Also a `Connection` header naming `X-Fence-Token`, which
+/// would have the token checked here and dropped before the upstream.
+fn disguise(h: &hyper::HeaderMap, query: Option<&str>) -> Option<String> {
+    if let Some(name) = DISGUISES.iter().find(|n| h.contains_key(**n)) {
+        return Some(format!("{name} would make the upstream take this request as another one"));
+    }
+    let method_param = |p: &str| p.split_once('=').map_or(p, |(k, _)| k).eq_ignore_ascii_case("_method");
+    if query.is_some_and(|q| q.split('&').any(method_param)) {
+        return Some("a _method parameter would make the upstream take this request as another method".into());
+    }
+    let named = h.get_all(hyper::header::CONNECTION).iter().flat_map(|v| v.as_bytes().split(|b| *b == b','));
+    for name in named {
+        if name.trim_ascii().eq_ignore_ascii_case(fencegate_client::TOKEN_HEADER.as_bytes()) {
+            return Some("Connection names X-Fence-Token: the upstream would not get the token checked here".into());
+        }
+    }
+    None
+}
+
 /// How long shutdown waits for connections to finish their answers.
 const CONNECTION_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -246,4 +289,43 @@ pub async fn serve_metrics(listener: TcpListener, registry: Registry, shutdown: 
         std::future::ready(crate::metrics::respond(&registry, req.uri().path()))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use hyper::header::{HeaderName, HeaderValue};
+
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> hyper::HeaderMap {
+        let mut h = hyper::HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn requests_in_disguise_are_named() {
+        for (pairs, query) in [
+            (vec![("X-HTTP-Method-Override", "PUT")], None),
+            (vec![("x-http-method", "DELETE")], None),
+            (vec![("X-Method-Override", "PATCH")], None),
+            (vec![("X-Original-URL", "/racks/42")], None),
+            (vec![("X-Rewrite-URL", "/racks/42")], None),
+            (vec![], Some("_method=PUT")),
+            (vec![], Some("a=1&_METHOD=put")),
+            (vec![("Connection", "close, X-Fence-Token")], None),
+            (vec![("Connection", "keep-alive"), ("Connection", " x-fence-token ")], None),
+        ] {
+            assert!(disguise(&headers(&pairs), query).is_some(), "{pairs:?} {query:?}");
+        }
+        for (pairs, query) in [
+            (vec![("Connection", "close"), ("X-Fence-Token", "7")], None),
+            (vec![], Some("method=PUT&x_method=1")),
+            (vec![("X-Forwarded-For", "10.0.0.1")], None),
+        ] {
+            assert!(disguise(&headers(&pairs), query).is_none(), "{pairs:?} {query:?}");
+        }
+    }
 }

@@ -82,6 +82,11 @@ pub fn parse_token(headers: &HeaderMap) -> Result<Option<Token>, Reason> {
     if bytes.is_empty() || bytes.len() > 20 || !bytes.iter().all(u8::is_ascii_digit) {
         return Err(Reason::MalformedToken);
     }
+    // One spelling per token: `03` would reach the upstream as `03`, which
+    // an upstream comparing strings or reading octal takes for another.
+    if bytes.len() > 1 && bytes[0] == b'0' {
+        return Err(Reason::MalformedToken);
+    }
     std::str::from_utf8(bytes).ok().and_then(|s| s.parse().ok()).map(Some).ok_or(Reason::MalformedToken)
 }
 
@@ -190,6 +195,7 @@ mod tests {
         assert_eq!(parse_token(&headers(&[])), Ok(None));
         assert_eq!(parse_token(&headers(&[b"34"])), Ok(Some(34)));
         assert_eq!(parse_token(&headers(&[b"18446744073709551615"])), Ok(Some(u64::MAX)));
+        assert_eq!(parse_token(&headers(&[b"0"])), Ok(Some(0)), "0 is canonical (and refused as never granted)");
         for bad in [
             &b""[..],
             b"abc",
@@ -204,6 +210,8 @@ mod tests {
             b"18446744073709551616",
             b"99999999999999999999",
             b"000000000000000000001",
+            b"03",
+            b"00",
         ] {
             assert_eq!(
                 parse_token(&headers(&[bad])),

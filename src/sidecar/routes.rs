@@ -47,6 +47,13 @@ pub enum MatchError {
     MalformedPath(String),
     #[error("route {route:?} maps this path to lock key {key:?}, which is not a valid key")]
     InvalidKey { route: String, key: String },
+    /// A typed parameter (`{rack:int}`) whose value has no canonical form.
+    #[error("route {route:?}: {message}")]
+    BadParam { route: String, message: String },
+    /// An unsafe method on a path a fenced route covers for other methods
+    /// would reach the upstream through an unfenced route.
+    #[error("{method} on this path would pass unfenced through route {through:?}, but route {fenced:?} fences this path; list {method} in {fenced:?}'s methods")]
+    UnfencedWrite { method: String, through: String, fenced: String },
     #[error("no route matches this request")]
     NoRoute,
 }
@@ -89,7 +96,23 @@ impl Routes {
                 continue;
             }
             let Some(values) = route.path.matches(&segments, body) else { continue };
-            let Some(template) = &route.lock_key else { return Ok(Matched { route, key: None }) };
+            let values = values.map_err(|message| MatchError::BadParam { route: route.name.clone(), message })?;
+            let Some(template) = &route.lock_key else {
+                // A write the fenced route would have taken with another
+                // method must not slip through an unfenced one.
+                if !is_safe(method) {
+                    let fenced =
+                        self.routes.iter().find(|r| r.lock_key.is_some() && r.path.matches(&segments, body).is_some());
+                    if let Some(fenced) = fenced {
+                        return Err(MatchError::UnfencedWrite {
+                            method: method.to_string(),
+                            through: route.name.clone(),
+                            fenced: fenced.name.clone(),
+                        });
+                    }
+                }
+                return Ok(Matched { route, key: None });
+            };
             let key = template.render(&values);
             // The request is this route's, whatever its key looks like: trying
             // the next route instead could forward a fenced write through an
@@ -106,6 +129,11 @@ impl Routes {
     pub fn iter(&self) -> impl Iterator<Item = &Route> {
         self.routes.iter()
     }
+}
+
+/// Methods that do not change state (RFC 9110 §9.2.1).
+fn is_safe(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE)
 }
 
 impl Route {
@@ -184,8 +212,19 @@ struct PathTemplate {
 enum Segment {
     /// Percent-decoded, and compared with the request's decoded segment.
     Literal(Vec<u8>),
-    Param,
+    Param(ParamType),
     Rest,
+}
+
+/// What a parameter's value must be, and its one canonical spelling (so that
+/// one resource always renders one lock key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ParamType {
+    /// Taken as it is.
+    Any,
+    /// `{rack:int}`: decimal digits only, rendered without leading zeros
+    /// (`042` is `42`); anything else (`42.json`, `42.0`, `-1`) is refused.
+    Int,
 }
 
 impl PathTemplate {
@@ -204,7 +243,13 @@ impl PathTemplate {
                     Some(_) => {
                         return Err(format!("{part} takes the rest of the path, so it must be the last segment"))
                     }
-                    None => (inner, Segment::Param),
+                    None => match inner.split_once(':') {
+                        None => (inner, Segment::Param(ParamType::Any)),
+                        Some((name, "int")) => (name, Segment::Param(ParamType::Int)),
+                        Some((_, other)) => {
+                            return Err(format!("{part}: unknown parameter type {other:?} (known: int)"))
+                        }
+                    },
                 };
                 if !is_param_name(name) {
                     return Err(format!("{part}: a parameter name is [A-Za-z_][A-Za-z0-9_]*"));
@@ -231,8 +276,9 @@ impl PathTemplate {
         Ok(template)
     }
 
-    /// The parameters' values if `segments` (of the canonical path `body`) match.
-    fn matches<'p>(&self, segments: &[(usize, &'p str)], body: &'p str) -> Option<Vec<&'p str>> {
+    /// The parameters' values if `segments` (of the canonical path `body`)
+    /// match; `Err` if they match but a typed value has no canonical form.
+    fn matches<'p>(&self, segments: &[(usize, &'p str)], body: &'p str) -> Option<Result<Vec<&'p str>, String>> {
         let mut values = Vec::with_capacity(self.params.len());
         let mut next = segments.iter();
         for segment in &self.segments {
@@ -243,16 +289,35 @@ impl PathTemplate {
                         return None;
                     }
                 }
-                Segment::Param => values.push(next.next()?.1),
+                Segment::Param(_) => values.push(next.next()?.1),
                 Segment::Rest => {
                     // Slicing `body` keeps the separators: the remainder is
                     // exactly what follows, trailing slash aside.
                     values.push(next.next().map_or("", |&(at, _)| &body[at..]));
-                    return Some(values);
+                    return Some(Ok(values));
                 }
             }
         }
-        next.next().is_none().then_some(values)
+        next.next().is_none().then(|| self.canonical(values))
+    }
+
+    /// Typed values in their canonical spelling.
+    fn canonical<'p>(&self, mut values: Vec<&'p str>) -> Result<Vec<&'p str>, String> {
+        let types = self.segments.iter().filter_map(|s| match s {
+            Segment::Param(t) => Some(*t),
+            Segment::Rest => Some(ParamType::Any),
+            Segment::Literal(_) => None,
+        });
+        for (value, t) in values.iter_mut().zip(types) {
+            if t == ParamType::Int {
+                if value.is_empty() || value.len() > 20 || !value.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(format!("{value:?} is not an integer"));
+                }
+                let trimmed = value.trim_start_matches('0');
+                *value = if trimmed.is_empty() { "0" } else { trimmed };
+            }
+        }
+        Ok(values)
     }
 }
 
@@ -416,11 +481,14 @@ fn split(body: &str) -> Vec<(usize, &str)> {
         .collect()
 }
 
+/// Literals compare ignoring ASCII case: many frameworks (Express, ASP.NET,
+/// Spring by default on some versions) route `/RACKS/42` as `/racks/42`, and
+/// a fenced route must catch every spelling its upstream would serve.
 fn literal_eq(segment: &str, literal: &[u8]) -> bool {
     if segment.contains('%') {
-        decode(segment) == literal
+        decode(segment).eq_ignore_ascii_case(literal)
     } else {
-        segment.as_bytes() == literal
+        segment.as_bytes().eq_ignore_ascii_case(literal)
     }
 }
 
@@ -702,7 +770,49 @@ mod tests {
         }
         let t = routes("[{ name: sp, path: '/a%20b/{id}', lock_key: 'k/{id}' }]");
         assert_eq!(find(&t, "PUT", "/a%20b/1"), found("sp", Some("k/1")));
-        assert_eq!(find(&t, "PUT", "/a%20B/1"), Err(MatchError::NoRoute));
+        assert_eq!(find(&t, "PUT", "/a%20B/1"), found("sp", Some("k/1")), "literals ignore case");
+    }
+
+    /// Every spelling a lenient upstream would take for rack 42 is fenced
+    /// as rack/42, or refused: never forwarded unfenced.
+    #[test]
+    fn case_insensitive_literals_typed_ids_and_no_unfenced_writes_on_fenced_paths() {
+        let t = routes(TABLE);
+        for path in ["/RACKS/42", "/Racks/42", "/rAcKs/42/"] {
+            assert_eq!(find(&t, "PUT", path), found("rack-writes", Some("rack/42")), "{path}");
+        }
+        assert_eq!(find(&t, "GET", "/RACKS/42"), found("reads", None), "reads stay unfenced");
+        // PURGE, MOVE, ... are not listed on rack-writes: the catch-all would
+        // take them, but `reads` is GET/HEAD only and there is no other: so
+        // none matches... and with a catch-all for every method, refused.
+        let open = routes(&format!("{TABLE}- {{ name: any, path: '/{{*rest}}', fence: off }}\n"));
+        for method in ["PURGE", "MOVE", "COPY", "PROPPATCH", "MERGE", "PUTT"] {
+            let e = find(&open, method, "/racks/42").unwrap_err();
+            assert!(
+                matches!(&e, MatchError::UnfencedWrite { fenced, through, .. } if fenced == "rack-writes" && through == "any"),
+                "{method}: {e:?}"
+            );
+        }
+        assert_eq!(find(&open, "GET", "/racks/42"), found("reads", None));
+        assert_eq!(find(&open, "OPTIONS", "/racks/42"), found("any", None), "safe methods pass");
+        assert_eq!(find(&open, "PURGE", "/other/42"), found("any", None), "not a fenced path");
+        let typed = routes("[{ name: r, path: '/racks/{rack:int}', lock_key: 'rack/{rack}' }]");
+        for (path, key) in [
+            ("/racks/42", "rack/42"),
+            ("/racks/042", "rack/42"),
+            ("/racks/0042", "rack/42"),
+            ("/racks/0", "rack/0"),
+            ("/racks/000", "rack/0"),
+        ] {
+            assert_eq!(find(&typed, "PUT", path), found("r", Some(key)), "{path}");
+        }
+        for path in
+            ["/racks/42.json", "/racks/42.", "/racks/42.0", "/racks/-1", "/racks/4x", "/racks/123456789012345678901"]
+        {
+            assert!(matches!(find(&typed, "PUT", path), Err(MatchError::BadParam { .. })), "{path}");
+        }
+        assert!(build_err("[{ name: r, path: '/racks/{rack:float}', lock_key: 'rack/{rack}' }]")
+            .contains("unknown parameter type"));
     }
 
     #[test]

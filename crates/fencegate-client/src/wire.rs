@@ -380,6 +380,16 @@ pub enum Problem {
     MalformedMethod,
     /// 400: framing two HTTP parsers could read differently.
     AmbiguousFraming,
+    /// 400: a typed path parameter (`{rack:int}`) whose value has no
+    /// canonical form.
+    InvalidParam,
+    /// 400: an unsafe method on a path a fenced route covers, which only an
+    /// unfenced route would take.
+    UnfencedWrite,
+    /// 400: a request that asks the upstream to take it as another method
+    /// or path (method-override or URL-rewrite headers, `_method`), or that
+    /// tells a proxy to drop `X-Fence-Token` (`Connection`).
+    DisguisedRequest,
     /// 404: no route matches.
     NoRoute,
     /// 413: the body is above `limits.max_body`.
@@ -396,9 +406,13 @@ impl Problem {
     /// The HTTP status the sidecar answers this problem with.
     pub fn status(self) -> StatusCode {
         match self {
-            Problem::MalformedPath | Problem::InvalidKey | Problem::MalformedMethod | Problem::AmbiguousFraming => {
-                StatusCode::BAD_REQUEST
-            }
+            Problem::MalformedPath
+            | Problem::InvalidKey
+            | Problem::MalformedMethod
+            | Problem::AmbiguousFraming
+            | Problem::InvalidParam
+            | Problem::UnfencedWrite
+            | Problem::DisguisedRequest => StatusCode::BAD_REQUEST,
             Problem::NoRoute => StatusCode::NOT_FOUND,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
