@@ -269,7 +269,10 @@ async fn observed_mode_keeps_a_durable_high_water_mark_without_a_lock_service() 
 /// routing, method-override middleware, URL-rewrite headers, WebDAV verbs,
 /// tokens read as numbers) would apply: each is fenced or refused, with
 /// this status and error, and none reaches the upstream. One line each.
-const SPELLINGS: &[(&str, &str, &[(&str, &str)], u16, &str)] = &[
+/// (method, path, headers, status, error).
+type Spelling = (&'static str, &'static str, &'static [(&'static str, &'static str)], u16, &'static str);
+
+const SPELLINGS: &[Spelling] = &[
     ("PUT", "/RACKS/1", &[], 428, "missing_token"),
     ("PATCH", "/Racks/1", &[], 428, "missing_token"),
     ("DELETE", "/rAcKs/1/", &[], 428, "missing_token"),
