@@ -197,7 +197,16 @@ pub fn run(cli: Cli) -> i32 {
 fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
     let text = crate::config::read(file)?;
     let doc: serde_yaml_ng::Value = crate::config::parse_yaml(&text)?;
-    if doc.get("routes").is_some() {
+    // Told apart by fields only one kind has, never by which parse fails.
+    let (sidecar, node) = (doc.get("routes").is_some(), doc.get("peers").is_some());
+    if sidecar == node {
+        return Err(ConfigError::invalid(
+            "routes",
+            "a sidecar config has `routes`, a node config has `peers`: this file has both or neither",
+        )
+        .into());
+    }
+    if sidecar {
         let c = crate::config::sidecar::SidecarConfig::from_yaml(&text)?;
         // The files it names too: a mistyped cert path is found here, not at startup.
         crate::tls::SidecarTls::load(&c)?;

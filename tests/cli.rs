@@ -26,6 +26,25 @@ fn check_config_accepts_the_shipped_configs_and_rejects_bad_ones_with_64() {
     assert!(err.contains("colour") && err.contains("line 5"), "{err}");
     let (code, _, err) = fencegate(&["check-config", "/nonexistent.yaml"]);
     assert_eq!(code, 64, "{err}");
+    // Which kind of file it is comes from its fields, not from which parse fails.
+    let neither = dir.path().join("neither.yaml");
+    std::fs::write(
+        &neither,
+        "listen: 127.0.0.1:1
+",
+    )
+    .unwrap();
+    let (code, _, err) = fencegate(&["check-config", neither.to_str().unwrap()]);
+    assert!(code == 64 && err.contains("both or neither"), "{code} {err}");
+    // A fenced route behind a catch-all that takes its writes is refused, naming both.
+    let shadowed = dir.path().join("shadowed.yaml");
+    std::fs::write(
+        &shadowed,
+        "listen: 127.0.0.1:1\nupstream: http://127.0.0.1:2\nstate_dir: x\nroutes:\n  - { name: all, path: '/{*rest}', fence: off }\n  - { name: racks, methods: [PUT], path: '/racks/{rack}', lock_key: 'rack/{rack}', fence: { mode: observed } }\n",
+    )
+    .unwrap();
+    let (code, _, err) = fencegate(&["check-config", shadowed.to_str().unwrap()]);
+    assert!(code == 64 && err.contains("\"racks\"") && err.contains("\"all\""), "{code} {err}");
     // `server` validates before binding anything, with the same exit status.
     let (code, _, _) = fencegate(&["server", "--config", bad.to_str().unwrap()]);
     assert_eq!(code, 64);

@@ -305,7 +305,23 @@ pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri) -> Result<
             Route::build(spec).map_err(|e| ConfigError::invalid(format!("routes[{i}].{}", e.field), e.message))?;
         compiled.push(route);
     }
-    Ok(Routes::new(compiled))
+    let routes = Routes::new(compiled);
+    if let Some((i, earlier, request)) = routes.shadowed() {
+        let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
+        let name = |j: usize| names[j];
+        return Err(ConfigError::invalid(
+            format!("routes[{i}]"),
+            format!(
+                "fenced route {:?} is shadowed by the earlier route {:?} (routes[{earlier}]), which takes {request}: \
+                 put {:?} first, or narrow {:?}",
+                name(i),
+                name(earlier),
+                name(i),
+                name(earlier)
+            ),
+        ));
+    }
+    Ok(routes)
 }
 
 impl SidecarConfig {
@@ -657,6 +673,25 @@ routes:
         // Present but unused is still checked.
         let e = err(&MINIMAL.replace("lock_key: rack/{rack}", "fence: off").replace("[http://127.0.0.1:7401]", "[x]"));
         assert!(e.contains("lock_service.endpoints[0]"), "{e}");
+    }
+
+    #[test]
+    fn routes_that_would_unfence_by_accident_are_refused_naming_both() {
+        let catch_all = "  - { name: all, path: '/{*rest}', fence: off }\n";
+        let fenced = "  - { name: racks, methods: [PUT], path: '/racks/{rack}', lock_key: 'rack/{rack}' }\n";
+        let table = |routes: &str| MINIMAL.split("routes:").next().unwrap().to_string() + "routes:\n" + routes;
+        parsed(&table(&format!("{fenced}{catch_all}")));
+        let e = err(&table(&format!("{catch_all}{fenced}")));
+        assert!(
+            e.contains("routes[1]") && e.contains("\"racks\"") && e.contains("\"all\"") && e.contains("PUT /racks/x"),
+            "{e}"
+        );
+        let reads = "  - { name: reads, methods: [GET], path: '/{*rest}', fence: off }\n";
+        parsed(&table(&format!("{reads}{fenced}")));
+        let typo = fenced.replace("[PUT]", "[PUTT]");
+        let e = err(&table(&typo));
+        assert!(e.contains("routes[0].methods") && e.contains("PUTT"), "{e}");
+        parsed(&table(&fenced.replace("[PUT]", "[PUT, PURGE, X-FLASH]")));
     }
 
     #[test]

@@ -129,6 +129,30 @@ impl Routes {
     pub fn iter(&self) -> impl Iterator<Item = &Route> {
         self.routes.iter()
     }
+
+    /// A fenced route that some of its own requests never reach, because an
+    /// earlier route takes them: (its index, the earlier route's index, a
+    /// request that shows it). A config with one is a mistake: with an
+    /// unfenced route first, its writes would be refused (or, for safe
+    /// methods, go unfenced).
+    pub fn shadowed(&self) -> Option<(usize, usize, String)> {
+        let every = [Method::PUT, Method::POST, Method::PATCH, Method::DELETE, Method::GET];
+        for (i, route) in self.routes.iter().enumerate().filter(|(_, r)| r.lock_key.is_some()) {
+            let sample = route.path.sample();
+            for method in route.methods.as_deref().unwrap_or(&every) {
+                let taker = match self.find(method, &sample) {
+                    Ok(m) => m.route.name.clone(),
+                    Err(MatchError::UnfencedWrite { through, .. }) => through,
+                    Err(_) => continue,
+                };
+                if taker != route.name {
+                    let earlier = self.routes.iter().position(|r| r.name == taker).expect("a route of the table");
+                    return Some((i, earlier, format!("{method} {sample}")));
+                }
+            }
+        }
+        None
+    }
 }
 
 /// Methods that do not change state (RFC 9110 §9.2.1).
@@ -176,6 +200,59 @@ impl Route {
     }
 }
 
+/// The methods of the IANA registry (RFC 9110, WebDAV and its extensions,
+/// PATCH), the common unregistered PURGE and QUERY, and UPnP's M-SEARCH,
+/// NOTIFY, SUBSCRIBE and UNSUBSCRIBE: a route listing anything else (`PUTT`)
+/// is surely mistyped, and would leave the write it meant to fence to the
+/// routes after it.
+const KNOWN_METHODS: &[&str] = &[
+    "M-SEARCH",
+    "NOTIFY",
+    "SUBSCRIBE",
+    "UNSUBSCRIBE",
+    "ACL",
+    "BASELINE-CONTROL",
+    "BIND",
+    "CHECKIN",
+    "CHECKOUT",
+    "CONNECT",
+    "COPY",
+    "DELETE",
+    "GET",
+    "HEAD",
+    "LABEL",
+    "LINK",
+    "LOCK",
+    "MERGE",
+    "MKACTIVITY",
+    "MKCALENDAR",
+    "MKCOL",
+    "MKREDIRECTREF",
+    "MKWORKSPACE",
+    "MOVE",
+    "OPTIONS",
+    "ORDERPATCH",
+    "PATCH",
+    "POST",
+    "PRI",
+    "PROPFIND",
+    "PROPPATCH",
+    "PURGE",
+    "PUT",
+    "QUERY",
+    "REBIND",
+    "REPORT",
+    "SEARCH",
+    "TRACE",
+    "UNBIND",
+    "UNCHECKOUT",
+    "UNLINK",
+    "UNLOCK",
+    "UPDATE",
+    "UPDATEREDIRECTREF",
+    "VERSION-CONTROL",
+];
+
 /// Methods are case-sensitive (RFC 9110): `put` would be a different, custom
 /// method, and in a config it is surely a typo that leaves PUT unfenced.
 fn parse_methods(names: Option<&[String]>) -> Result<Option<Vec<Method>>, String> {
@@ -184,12 +261,18 @@ fn parse_methods(names: Option<&[String]>) -> Result<Option<Vec<Method>>, String
         return Err("must not be empty (leave it out to match every method)".into());
     }
     let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    let known = |n: &str| KNOWN_METHODS.contains(&n) || n.starts_with("X-");
     let mut methods: Vec<Method> = Vec::with_capacity(names.len());
     for name in names {
         let method = Some(name)
             .filter(|n| !n.is_empty() && n.bytes().all(|b| is_tchar(b) && !b.is_ascii_lowercase()))
             .and_then(|n| Method::from_bytes(n.as_bytes()).ok())
             .ok_or_else(|| format!("{name:?} is not an upper-case HTTP method"))?;
+        if !known(name) {
+            return Err(format!(
+                "{name} is not a registered HTTP method (a typo?); a method of your own must start with X-"
+            ));
+        }
         if methods.contains(&method) {
             return Err(format!("{name} is listed twice"));
         }
@@ -299,6 +382,17 @@ impl PathTemplate {
             }
         }
         next.next().is_none().then(|| self.canonical(values))
+    }
+
+    /// A request path this template matches (`x` for a parameter, `1` for
+    /// an `int` one).
+    fn sample(&self) -> String {
+        let parts = self.source.split('/').skip(1).map(|part| match part.strip_prefix('{') {
+            Some(p) if p.ends_with(":int}") => "1",
+            Some(_) => "x",
+            None => part,
+        });
+        format!("/{}", parts.collect::<Vec<_>>().join("/"))
     }
 
     /// Typed values in their canonical spelling.
