@@ -11,10 +11,8 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -22,7 +20,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
@@ -184,7 +182,13 @@ where
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
     let peer = conn.addr;
+    // Set once a whole request head has arrived: until then (nothing sent,
+    // one byte, a partial or complete HTTP/2 preface) the connection is
+    // silent, and dropped after the header timeout.
+    let seen = Arc::new(AtomicBool::new(false));
+    let requested = seen.clone();
     let service = hyper::service::service_fn(move |req| {
+        requested.store(true, Ordering::Relaxed);
         let answer = handle(req, conn.clone());
         async move { Ok::<_, Infallible>(answer.await) }
     });
@@ -205,10 +209,9 @@ where
         }
         return;
     }
-    // Telling HTTP/1.1 from HTTP/2 waits for the client's first bytes, with
-    // no timeout of hyper's: a client that sends nothing is dropped here.
-    let seen = Arc::new(AtomicBool::new(false));
-    let io = FirstByte { io, seen: seen.clone() };
+    // Telling HTTP/1.1 from HTTP/2 waits for the client's first bytes, and
+    // HTTP/2 for its first request, with no timeout of hyper's: a client
+    // that sends no complete request is dropped here.
     let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), service));
     let silent = async {
         tokio::time::sleep(opts.header_timeout).await;
@@ -220,50 +223,7 @@ where
         result = conn => if let Err(e) = result {
             tracing::debug!(listener = opts.name, "connection from {peer}: {e}");
         },
-        () = silent => tracing::debug!(listener = opts.name, "{peer} sent nothing within {:?}", opts.header_timeout),
-    }
-}
-
-/// An IO that notes when the first byte has been read from it.
-struct FirstByte<I> {
-    io: I,
-    seen: Arc<AtomicBool>,
-}
-
-impl<I: AsyncRead + Unpin> AsyncRead for FirstByte<I> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.seen.store(true, Ordering::Relaxed);
-        }
-        polled
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for FirstByte<I> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, data)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        () = silent => tracing::debug!(listener = opts.name, "{peer} sent no request within {:?}", opts.header_timeout),
     }
 }
 
@@ -347,21 +307,36 @@ mod tests {
         assert!(!s.answered.load(Ordering::SeqCst));
     }
 
-    /// With HTTP/2 on, hyper waits for the first bytes without a timeout of
-    /// its own; a connection that sends nothing must still be dropped.
+    /// With HTTP/2 on, hyper waits for the first bytes, and HTTP/2 for the
+    /// first request, without a timeout of its own; a connection that sends
+    /// no complete request must still be dropped.
     #[tokio::test]
     async fn a_silent_connection_is_dropped_after_the_header_timeout_with_http2_on() {
-        use tokio::io::AsyncReadExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let opts = Listener { http2: true, header_timeout: Duration::from_millis(200), ..Listener::http1("test") };
         tokio::spawn(serve(listener, opts, std::future::pending(), |_req, _peer| async {
             Response::new(crate::http::full("x"))
         }));
-        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let mut buf = [0u8; 16];
-        let read = tokio::time::timeout(Duration::from_secs(2), silent.read(&mut buf)).await;
-        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "still open after 2 s: {read:?}");
+        // Nothing; one byte; half the HTTP/2 preface; all of it (and its
+        // SETTINGS) but no request: none of them is a request.
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+        for sent in [&b""[..], b"G", &preface[..12], preface] {
+            let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+            silent.write_all(sent).await.unwrap();
+            let mut buf = [0u8; 256];
+            let closed = tokio::time::timeout(Duration::from_secs(2), async {
+                loop {
+                    match silent.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {} // the server's SETTINGS
+                    }
+                }
+            })
+            .await;
+            assert!(closed.is_ok(), "still open after 2 s, having sent {sent:?}");
+        }
     }
 
     /// At the connection limit the loop stops accepting: the next client
