@@ -118,8 +118,33 @@ impl Sidecar {
             None => None,
         };
         let limit = self.settings.limits.max_body;
-        let (parts, body) = req.into_parts();
-        let body = Limited::new(body, limit as usize).map_err(|e| -> BoxError { e }).boxed();
+        let (mut parts, body) = req.into_parts();
+        let body = if matched.key.is_some() && !parts.headers.contains_key(CONTENT_LENGTH) {
+            // A fenced write of unannounced length (chunked, or HTTP/2
+            // without Content-Length) is read whole first: one over the
+            // limit is refused before the upstream sees any of it, never
+            // cut off half-way through a write the upstream may apply.
+            let whole = tokio::time::timeout(route.timeout, crate::http::read_body(body, limit as usize)).await;
+            let bytes = match whole {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(crate::http::BodyError::TooLarge(_))) => {
+                    return self.answer(name, matched.key.as_deref(), Answer::TooLarge { limit })
+                }
+                Ok(Err(e)) => {
+                    let a = Answer::BadRequest { error: Problem::AmbiguousFraming, message: e.to_string() };
+                    return self.answer(name, matched.key.as_deref(), a);
+                }
+                Err(_) => {
+                    let message = format!("the body did not arrive within the route's timeout ({:?})", route.timeout);
+                    let a = Answer::BadRequest { error: Problem::BodyTimeout, message };
+                    return self.answer(name, matched.key.as_deref(), a);
+                }
+            };
+            parts.headers.insert(CONTENT_LENGTH, bytes.len().into());
+            http_body_util::Full::new(bytes).map_err(|e| -> BoxError { match e {} }).boxed()
+        } else {
+            Limited::new(body, limit as usize).map_err(|e| -> BoxError { e }).boxed()
+        };
         let started = Instant::now();
         let tls = self.acceptor.is_some();
         let req = Request::from_parts(parts, body);

@@ -304,3 +304,27 @@ async fn no_spelling_of_a_write_reaches_the_upstream_unfenced() {
     let (got, v) = s.send(me, "GET", "/RACKS/1", None, &[]).await;
     assert_eq!(got, 200, "{v}");
 }
+
+/// A fenced write of unannounced length is read whole before the upstream
+/// sees any of it: over `max_body` it is a clean 413 and nothing arrives;
+/// within it, the upstream gets it with a `Content-Length`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_fenced_write_over_the_limit_never_reaches_the_upstream() {
+    let (s, me) = (shared().await, "chunked");
+    let chunked = |size: usize, token: u64| {
+        format!(
+            "PUT /observed/7 HTTP/1.1\r\nHost: x\r\n{TAG}: {me}\r\nx-fence-token: {token}\r\nTransfer-Encoding: chunked\r\n\r\n{size:x}\r\n{}\r\n0\r\n\r\n",
+            "x".repeat(size)
+        )
+    };
+    let answer = raw_tcp(s.sc.port, &chunked(2048, 70)).await;
+    assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("body_too_large"), "{answer}");
+    assert!(s.arrivals_of(me).is_empty(), "the upstream saw {:?}", s.arrivals_of(me));
+    let answer = raw_tcp(s.sc.port, &chunked(100, 71)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let arrived = s.arrivals_of(me);
+    assert_eq!(arrived.len(), 1, "{arrived:?}");
+    assert_eq!(arrived[0].headers.get("content-length").map(|v| v.as_bytes()), Some(&b"100"[..]));
+    let applied: Vec<_> = s.up.seen().into_iter().filter(|a| a.headers.get(TAG).is_some_and(|v| v == me)).collect();
+    assert_eq!(applied.iter().map(|a| a.body.len()).collect::<Vec<_>>(), vec![100], "the whole body, once");
+}

@@ -394,6 +394,9 @@ pub enum Problem {
     NoRoute,
     /// 413: the body is above `limits.max_body`.
     BodyTooLarge,
+    /// 408: a fenced write's body (of unannounced length) did not arrive
+    /// within the route's timeout.
+    BodyTimeout,
     /// 504: the upstream did not answer within the route's timeout.
     UpstreamTimeout,
     /// 502: the upstream could not be reached, or the exchange broke.
@@ -415,6 +418,7 @@ impl Problem {
             | Problem::DisguisedRequest => StatusCode::BAD_REQUEST,
             Problem::NoRoute => StatusCode::NOT_FOUND,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Problem::UpstreamError => StatusCode::BAD_GATEWAY,
             Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
