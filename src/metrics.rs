@@ -20,19 +20,6 @@ pub fn exposition(r: &Registry) -> hyper::Response<crate::http::Body> {
     resp
 }
 
-/// The metrics listener of the sidecar: `/metrics`, `/healthz`, else 404.
-pub fn respond(r: &Registry, path: &str) -> hyper::Response<crate::http::Body> {
-    match path {
-        "/metrics" => exposition(r),
-        "/healthz" => hyper::Response::new(crate::http::full("ok\n")),
-        _ => crate::http::refusal(
-            hyper::StatusCode::NOT_FOUND,
-            crate::http::Cause::Client,
-            &serde_json::json!({"error": "not_found"}),
-        ),
-    }
-}
-
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> prometheus::Result<T> {
     r.register(Box::new(c.clone()))?;
     Ok(c)

@@ -307,13 +307,46 @@ fn disguise(h: &hyper::HeaderMap, query: Option<&str>) -> Option<String> {
 /// How long shutdown waits for connections to finish their answers.
 const CONNECTION_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Serve `/metrics` (and `/healthz`) on the metrics listener.
-pub async fn serve_metrics(listener: TcpListener, registry: Registry, shutdown: impl Future<Output = ()>) {
+/// Serve the metrics listener: `/metrics`; `/healthz` (liveness: 503 while
+/// the floor store cannot be written, which a restart may cure); `/readyz`
+/// (readiness: 503 unless the sidecar can fence now: the floor store
+/// writable and, if a route needs it, the watch of the lock service live).
+pub async fn serve_metrics(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl Future<Output = ()>) {
     let opts = crate::http::Listener::http1("metrics");
     crate::http::serve(listener, opts, shutdown, move |req: Request<Incoming>, _| {
-        std::future::ready(crate::metrics::respond(&registry, req.uri().path()))
+        let sidecar = sidecar.clone();
+        async move { sidecar.probe(req.uri().path()).await }
     })
     .await
+}
+
+impl Sidecar {
+    async fn probe(&self, path: &str) -> Response<Body> {
+        if path == "/metrics" {
+            return crate::metrics::exposition(&self.registry);
+        }
+        if path != "/healthz" && path != "/readyz" {
+            let body = serde_json::json!({"error": "not_found"});
+            return crate::http::refusal(hyper::StatusCode::NOT_FOUND, crate::http::Cause::Client, &body);
+        }
+        let floors = &self.fencer.floors;
+        let watch_down = self.fencer.view.as_ref().is_some_and(|v| !v.is_up());
+        let trouble = if floors.is_broken() && !floors.probe().await {
+            Some("the floor store cannot be written")
+        } else if path == "/readyz" && watch_down {
+            Some("the lock service watch is down")
+        } else {
+            None
+        };
+        match trouble {
+            None => Response::new(crate::http::full("ok\n")),
+            Some(why) => {
+                let mut resp = Response::new(crate::http::full(format!("{why}\n")));
+                *resp.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
+                resp
+            }
+        }
+    }
 }
 
 #[cfg(test)]

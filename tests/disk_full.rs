@@ -299,3 +299,60 @@ async fn a_full_disk_stops_nodes_with_70_and_restarted_they_keep_every_grant() {
     }
     assert!(states.windows(2).all(|w| w[0] == w[1]), "the nodes' states differ");
 }
+
+/// A sidecar's floor store on a full disk: writes that need a new floor get
+/// 500 and `/healthz` fails; once space is free the store reopens itself
+/// (no restart), `/healthz` is ok again, writes go on, and the floors made
+/// durable before are still enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_under_the_floor_store_is_reported_and_recovered_from() {
+    use fencegate_testkit::routes::{everything_else, table, Route};
+    use fencegate_testkit::sidecar::SidecarOptions;
+    use fencegate_testkit::{Sidecar, Upstream};
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _disk = Tmpfs::mount(dir.path(), "8m");
+    let up = Upstream::start().await;
+    let routes = table(&[
+        Route::fenced("observed", "/observed/{rack}", "rack/{rack}", "{ mode: observed }").methods(&["PUT"]),
+        everything_else(),
+    ]);
+    let o = SidecarOptions { yaml: routes, ..Default::default() };
+    let sc = Sidecar::start_with(&bin!(), dir.path().join("sc"), &up.url(), o).await;
+    let http = HttpClient::new(1 << 16);
+    let health = |path: &'static str| {
+        let (http, url) = (http.clone(), format!("http://127.0.0.1:{}{path}", sc.metrics_port));
+        async move {
+            http.call(hyper::Method::GET, &url, None, Duration::from_secs(5)).await.map(|a| a.status.as_u16()).ok()
+        }
+    };
+    assert_eq!(sc.send("PUT", "/observed/first", Some(50), &[]).await.0, 200);
+    assert_eq!(health("/healthz").await, Some(200));
+
+    let filler = dir.path().join("filler");
+    fill(&filler);
+    // Each new key needs a new floor: one commit after another, until the disk refuses one.
+    let mut refused = None;
+    for i in 0..2000u64 {
+        let (status, v) = sc.send("PUT", &format!("/observed/k{i}"), Some(100 + i), &[]).await;
+        if status != 200 {
+            refused = Some((status, v));
+            break;
+        }
+    }
+    let (status, v) = refused.expect("no floor write failed on a full disk");
+    assert_eq!((status, v["error"].as_str()), (500, Some("internal")), "{v}");
+    assert_eq!(health("/healthz").await, Some(503), "a store that cannot be written is not healthy");
+    assert_eq!(health("/readyz").await, Some(503));
+
+    std::fs::remove_file(&filler).unwrap();
+    // No restart: the store reopens itself when it is next used (or probed).
+    assert_eq!(health("/healthz").await, Some(200), "recovered once space is free");
+    assert_eq!(health("/readyz").await, Some(200));
+    assert_eq!(sc.send("PUT", "/observed/after", Some(5000), &[]).await.0, 200);
+    let (status, v) = sc.send("PUT", "/observed/first", Some(49), &[]).await;
+    assert_eq!((status, v["error"].as_str()), (409, Some("stale_token")), "the old floor holds: {v}");
+}

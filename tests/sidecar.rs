@@ -283,3 +283,33 @@ async fn linearizable_routes_see_every_grant_that_completed_before_the_request()
         assert_eq!(control_up.tokens(&path), vec![Some(a), Some(a)]);
     }
 }
+
+/// `/readyz` says whether the sidecar can fence now: not while its watch of
+/// the lock service is down (the whole cluster stopped), again once it is
+/// back. `/healthz` (liveness) stays ok: a restart would not help.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_lock_service() {
+    let mut c = Cluster::start(&bin!(), 3, "").await;
+    let up = Upstream::start().await;
+    let sc = c.sidecar("sc", &up.url(), &routes("strict", "cached")).await;
+    let probe = |path: &'static str| {
+        let url = format!("http://127.0.0.1:{}{path}", sc.metrics_port);
+        async move { raw("GET", &url, None).await.0 }
+    };
+    let wait_for = |path: &'static str, status: u16, within: u64| async move {
+        let what = format!("{path} answering {status}");
+        fencegate_testkit::wait::until_ok(&what, Duration::from_secs(within), || async {
+            match probe(path).await {
+                s if s == status => Ok(()),
+                s => Err(s),
+            }
+        })
+        .await
+    };
+    wait_for("/readyz", 200, 15).await;
+    c.kill_all();
+    wait_for("/readyz", 503, 20).await;
+    assert_eq!(probe("/healthz").await, 200, "alive, only not ready");
+    c.start_all();
+    wait_for("/readyz", 200, 30).await;
+}

@@ -26,7 +26,7 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
     };
     if let Some(l) = metrics_listener {
         tracing::info!(listen = %l.local_addr()?, "sidecar metrics");
-        tokio::spawn(serve_metrics(l, sidecar.registry.clone(), wait(stopped.clone())));
+        tokio::spawn(serve_metrics(l, sidecar.clone(), wait(stopped.clone())));
     }
     let (upstream, tls) = (&sidecar.settings.upstream, sidecar.settings.tls.is_some());
     tracing::info!(listen = %listener.local_addr()?, %upstream, tls, "fencegate sidecar serving");

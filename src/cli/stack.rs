@@ -120,11 +120,7 @@ impl Stack {
         sc.lock_service = Some(LockServiceConfig { endpoints: endpoints.clone(), ..Default::default() });
         sc.state_dir = data.join("sidecar");
         let sidecar = Sidecar::new(sc.validate()?)?;
-        tasks.push(tokio::spawn(crate::sidecar::serve_metrics(
-            metrics_listener,
-            sidecar.registry.clone(),
-            until_stopped(),
-        )));
+        tasks.push(tokio::spawn(crate::sidecar::serve_metrics(metrics_listener, sidecar.clone(), until_stopped())));
         tasks.push(tokio::spawn(crate::sidecar::serve(sc_listener, sidecar, until_stopped())));
 
         let client = fencegate_client::Client::new(endpoints.clone())?;
