@@ -1005,5 +1005,38 @@ mod tests {
                 proptest::prop_assert_eq!(got, find(&t, method, &lenient(&path)), "{} vs {}", path, lenient(&path));
             }
         }
+
+        /// A lenient framework (routes ignoring case, `parseInt` on ids, which
+        /// reads `042` and `42.json` as 42) writes to rack N: the sidecar
+        /// fences that write with `rack/N`, or refuses it. Never another key,
+        /// never unfenced.
+        #[test]
+        fn a_write_a_lenient_upstream_applies_to_rack_n_is_fenced_as_rack_n_or_refused(
+            method in proptest::sample::select(vec!["PUT", "POST", "PATCH", "DELETE", "PURGE", "MOVE", "GET"]),
+            upper in proptest::collection::vec(proptest::bool::ANY, 5),
+            zeros in 0usize..4,
+            n in 0u64..100_000,
+            suffix in proptest::sample::select(vec!["", ".json", ".", ".0", "x", "-1"]),
+            slash in proptest::bool::ANY,
+        ) {
+            let t = routes(concat!(
+                "[{ name: r, methods: [PUT, POST, PATCH, DELETE], path: '/racks/{rack:int}', lock_key: 'rack/{rack}' },",
+                " { name: any, path: '/{*rest}', fence: off }]"
+            ));
+            let literal: String = "racks".chars().zip(&upper).map(|(c, u)| if *u { c.to_ascii_uppercase() } else { c }).collect();
+            let id = format!("{}{n}{suffix}", "0".repeat(zeros));
+            let path = format!("/{literal}/{id}{}", if slash { "/" } else { "" });
+            // The lenient upstream: case-insensitive route, parseInt(id).
+            let digits: String = id.chars().take_while(char::is_ascii_digit).collect();
+            let rack: Option<u64> = digits.parse().ok();
+            let write = method != "GET";
+            match (find(&t, method, &path), rack) {
+                (Ok((route, key)), Some(rack)) if write => {
+                    proptest::prop_assert_eq!((route.as_str(), key), ("r", Some(format!("rack/{rack}"))), "{} {}", method, path);
+                }
+                (Ok((route, _)), _) if write => proptest::prop_assert!(route == "r", "{} {} went through {}", method, path, route),
+                _ => {} // refused, or a read
+            }
+        }
     }
 }
