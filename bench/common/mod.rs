@@ -42,14 +42,31 @@ pub fn cluster_options(extra_yaml: &str) -> ClusterOptions {
 /// (strict mode, `consistency` = cached | linearizable); any other path is
 /// unfenced. Returns once it serves.
 pub async fn fenced_sidecar(cluster: &Cluster, name: &str, upstream_port: u16, consistency: &str) -> Sidecar {
+    let upstream = format!("http://127.0.0.1:{upstream_port}");
+    cluster.sidecar_with(name, &upstream, fenced_options(consistency)).await
+}
+
+/// [`fenced_sidecar`], run by another build of `fencegate` (`bin`), asking a
+/// plain (not secure) `cluster`.
+pub async fn fenced_sidecar_of(
+    bin: &fencegate_testkit::Bin,
+    cluster: &Cluster,
+    name: &str,
+    upstream_port: u16,
+    consistency: &str,
+) -> Sidecar {
+    let upstream = format!("http://127.0.0.1:{upstream_port}");
+    let options = SidecarOptions { lock_service: cluster.urls(), ..fenced_options(consistency) };
+    Sidecar::start_with(bin, cluster.dir().join(name), &upstream, options).await
+}
+
+fn fenced_options(consistency: &str) -> SidecarOptions {
     let fence = format!("{{ mode: strict, consistency: {consistency} }}");
-    let options = SidecarOptions {
+    SidecarOptions {
         yaml: table(&[rack_writes(&fence).methods(&["PUT"]), everything_else()]),
         log_filter: "warn".into(),
         ..Default::default()
-    };
-    let upstream = format!("http://127.0.0.1:{upstream_port}");
-    cluster.sidecar_with(name, &upstream, options).await
+    }
 }
 
 /// Until something accepts connections on `port` (a proxy, say).
