@@ -128,6 +128,10 @@ pub struct RouteConfig {
     /// tokens for its key (the S1 residual window).
     #[serde(with = "humantime_serde", default = "default_route_timeout")]
     pub timeout: Duration,
+    /// On a `fence: off` route: forward unsafe methods on paths a fenced
+    /// route covers (for other methods), instead of refusing them.
+    #[serde(default)]
+    pub allow_unfenced_writes: bool,
 }
 
 fn default_route_timeout() -> Duration {
@@ -300,6 +304,7 @@ pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri) -> Result<
             missing_token: r.missing_token,
             upstream,
             timeout: r.timeout,
+            allow_unfenced_writes: r.allow_unfenced_writes,
         };
         let route =
             Route::build(spec).map_err(|e| ConfigError::invalid(format!("routes[{i}].{}", e.field), e.message))?;

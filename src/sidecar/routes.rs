@@ -28,6 +28,8 @@ pub struct Route {
     /// Where the route's requests go (its own upstream or the default one).
     pub upstream: Uri,
     pub timeout: Duration,
+    /// An unfenced route that may take unsafe methods on fenced paths.
+    allow_unfenced_writes: bool,
     path: PathTemplate,
     /// `Some` exactly when the route is fenced.
     lock_key: Option<KeyTemplate>,
@@ -69,6 +71,7 @@ pub struct RouteSpec<'a> {
     pub missing_token: MissingToken,
     pub upstream: Uri,
     pub timeout: Duration,
+    pub allow_unfenced_writes: bool,
 }
 
 /// Why a route cannot be built: which of its fields, and what is wrong.
@@ -100,7 +103,7 @@ impl Routes {
             let Some(template) = &route.lock_key else {
                 // A write the fenced route would have taken with another
                 // method must not slip through an unfenced one.
-                if !is_safe(method) {
+                if !is_safe(method) && !route.allow_unfenced_writes {
                     let fenced =
                         self.routes.iter().find(|r| r.lock_key.is_some() && r.path.matches(&segments, body).is_some());
                     if let Some(fenced) = fenced {
@@ -177,6 +180,9 @@ impl Route {
             }
             (Some(_), false) => return Err(error("lock_key", "must not be set on a route with `fence: off`".into())),
         };
+        if r.allow_unfenced_writes && r.fence.is_fenced() {
+            return Err(error("allow_unfenced_writes", "is for routes with `fence: off`".into()));
+        }
         Ok(Route {
             name: r.name.to_string(),
             methods,
@@ -184,6 +190,7 @@ impl Route {
             missing_token: r.missing_token,
             upstream: r.upstream,
             timeout: r.timeout,
+            allow_unfenced_writes: r.allow_unfenced_writes,
             path,
             lock_key,
         })
@@ -890,6 +897,11 @@ mod tests {
         assert_eq!(find(&open, "GET", "/racks/42"), found("reads", None));
         assert_eq!(find(&open, "OPTIONS", "/racks/42"), found("any", None), "safe methods pass");
         assert_eq!(find(&open, "PURGE", "/other/42"), found("any", None), "not a fenced path");
+        let allowed =
+            routes(&format!("{TABLE}- {{ name: any, path: '/{{*rest}}', fence: off, allow_unfenced_writes: true }}\n"));
+        assert_eq!(find(&allowed, "PURGE", "/racks/42"), found("any", None), "said in so many words");
+        let e = build_err("[{ name: r, path: '/r/{x}', lock_key: 'r/{x}', allow_unfenced_writes: true }]");
+        assert!(e.contains("allow_unfenced_writes"), "{e}");
         let typed = routes("[{ name: r, path: '/racks/{rack:int}', lock_key: 'rack/{rack}' }]");
         for (path, key) in [
             ("/racks/42", "rack/42"),
