@@ -127,24 +127,44 @@ fn cpu_seconds(pid: u32) -> f64 {
 async fn out_of_descriptors_the_accept_loop_backs_off_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let [port, peer_port] = free_ports::<2>();
-    let url = format!("http://127.0.0.1:{port}");
     let config = dir.path().join("node.yaml");
     let yaml = format!(
         "id: 1\nlisten: 127.0.0.1:{port}\npeer_listen: 127.0.0.1:{peer_port}\ndata_dir: {}\npeers:\n  1: http://127.0.0.1:{peer_port}\n",
         dir.path().join("data").display()
     );
     std::fs::write(&config, yaml).unwrap();
+    let health = format!("http://127.0.0.1:{port}/healthz");
+    out_of_descriptors(dir.path(), &format!("server --config '{}'", config.display()), port, &health).await;
+}
+
+/// The sidecar shares the accept loop: the same, with its connections held
+/// on its proxy port and its health read on its metrics port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_sidecar_backs_off_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let [port, metrics_port, upstream_port] = free_ports::<3>();
+    let config = dir.path().join("sidecar.yaml");
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nmetrics_listen: 127.0.0.1:{metrics_port}\nupstream: http://127.0.0.1:{upstream_port}\nstate_dir: {}\nroutes:\n  - {{ name: all, path: '/{{*rest}}', fence: off }}\n",
+        dir.path().join("state").display()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let health = format!("http://127.0.0.1:{metrics_port}/healthz");
+    out_of_descriptors(dir.path(), &format!("sidecar --config '{}'", config.display()), port, &health).await;
+}
+
+/// Run `fencegate <args>` with 64 descriptors, open far more connections to
+/// `port` than it can accept: it must neither spin nor flood its log, and
+/// must serve `health` again once they are gone.
+async fn out_of_descriptors(dir: &std::path::Path, args: &str, port: u16, health: &str) {
     let bin = bin!();
-    let script = format!("ulimit -n 64 && exec '{}' server --config '{}'", bin.path().display(), config.display());
+    let script = format!("ulimit -n 64 && exec '{}' {args}", bin.path().display());
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &script]).env("FENCEGATE_LOG", "info,openraft=error");
-    let log = dir.path().join("node.log");
-    let node = Proc::spawn("node", cmd, &log);
-    wait::until_ok("the node serving", Duration::from_secs(20), || async {
-        match HttpClient::new(1024)
-            .call(hyper::Method::GET, &format!("{url}/healthz"), None, Duration::from_secs(1))
-            .await
-        {
+    let log = dir.join("process.log");
+    let process = Proc::spawn("fencegate", cmd, &log);
+    wait::until_ok("serving", Duration::from_secs(20), || async {
+        match HttpClient::new(1024).call(hyper::Method::GET, health, None, Duration::from_secs(1)).await {
             Ok(a) if a.status == 200 => Ok(()),
             other => Err(other.map(|a| a.status).map_err(|e| e.to_string())),
         }
@@ -152,7 +172,7 @@ async fn out_of_descriptors_the_accept_loop_backs_off_and_recovers() {
     .await;
 
     // Far more connections than descriptors: the kernel completes them, the
-    // node cannot accept them all.
+    // process cannot accept them all.
     let mut held = vec![];
     for _ in 0..150 {
         held.push(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap());
@@ -166,16 +186,17 @@ async fn out_of_descriptors_the_accept_loop_backs_off_and_recovers() {
         }
     })
     .await;
-    let (cpu0, lines0) = (cpu_seconds(node.pid()), std::fs::read_to_string(&log).unwrap().matches("accept:").count());
+    let count = || std::fs::read_to_string(&log).unwrap().matches("accept:").count();
+    let (cpu0, lines0) = (cpu_seconds(process.pid()), count());
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (cpu1, lines1) = (cpu_seconds(node.pid()), std::fs::read_to_string(&log).unwrap().matches("accept:").count());
-    eprintln!("out of descriptors: {:.2} CPU s and {} accept warnings in 3 s", cpu1 - cpu0, lines1 - lines0);
+    let (cpu1, lines1) = (cpu_seconds(process.pid()), count());
+    eprintln!("{args}: out of descriptors, {:.2} CPU s and {} accept warnings in 3 s", cpu1 - cpu0, lines1 - lines0);
     assert!(cpu1 - cpu0 < 0.6, "{:.2} CPU seconds in 3 s: the accept loop spins", cpu1 - cpu0);
     assert!(lines1 - lines0 <= 6, "{} accept warnings in 3 s: not rate-limited", lines1 - lines0);
 
     drop(held);
-    wait::until_ok("the node serving again", Duration::from_secs(20), || async {
-        let a = raw_answer("GET", &format!("{url}/healthz"), None).await;
+    wait::until_ok("serving again", Duration::from_secs(20), || async {
+        let a = raw_answer("GET", health, None).await;
         if a.status == 200 {
             Ok(())
         } else {
@@ -183,5 +204,5 @@ async fn out_of_descriptors_the_accept_loop_backs_off_and_recovers() {
         }
     })
     .await;
-    drop(node);
+    drop(process);
 }
