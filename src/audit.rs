@@ -9,21 +9,57 @@ use crate::lock::state::Token;
 
 const TARGET: &str = "fencegate::audit";
 
-pub fn granted(identity: &str, key: &str, token: Token) {
-    tracing::info!(target: TARGET, event = "grant", identity, key, token);
+/// A state change, as applied: recorded under the state's lock, written
+/// after it is released (writing a log line is I/O, and the apply loop
+/// holds the lock every API call needs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Grant {
+        owner: String,
+        key: String,
+        token: Token,
+    },
+    Release {
+        owner: String,
+        key: String,
+        token: Token,
+    },
+    /// An admin (`by`) released a lease another identity owns.
+    Revoke {
+        by: String,
+        owner: String,
+        key: String,
+        token: Token,
+    },
+    Expire {
+        owner: String,
+        key: String,
+        token: Token,
+    },
 }
 
-pub fn released(identity: &str, key: &str, token: Token) {
-    tracing::info!(target: TARGET, event = "release", identity, key, token);
-}
-
-/// An admin released a lease another identity owns.
-pub fn revoked(identity: &str, owner: &str, key: &str, token: Token) {
-    tracing::warn!(target: TARGET, event = "revoke", identity, owner, key, token);
-}
-
-pub fn expired(owner: &str, key: &str, token: Token) {
-    tracing::info!(target: TARGET, event = "expire", identity = owner, key, token);
+impl Change {
+    pub fn write(&self) {
+        match self {
+            Change::Grant { owner, key, token } => {
+                tracing::info!(target: TARGET, event = "grant", identity = owner.as_str(), key = key.as_str(), token)
+            }
+            Change::Release { owner, key, token } => {
+                tracing::info!(target: TARGET, event = "release", identity = owner.as_str(), key = key.as_str(), token)
+            }
+            Change::Revoke { by, owner, key, token } => tracing::warn!(
+                target: TARGET,
+                event = "revoke",
+                identity = by.as_str(),
+                owner = owner.as_str(),
+                key = key.as_str(),
+                token
+            ),
+            Change::Expire { owner, key, token } => {
+                tracing::info!(target: TARGET, event = "expire", identity = owner.as_str(), key = key.as_str(), token)
+            }
+        }
+    }
 }
 
 /// `identity` lacked `right` on `key` (or the lease was not its own).

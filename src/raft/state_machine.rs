@@ -166,8 +166,15 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     }
 }
 
-/// Apply one command and feed its event to the clock, the event log and the metrics.
-fn apply_one(s: &mut AppliedState, cmd: &Command, now: Instant, metrics: &LockMetrics) -> Outcome {
+/// Apply one command and feed its event to the clock, the event log and the
+/// metrics; a state change's audit record goes to `changes`.
+fn apply_one(
+    s: &mut AppliedState,
+    cmd: &Command,
+    now: Instant,
+    metrics: &LockMetrics,
+    changes: &mut Vec<audit::Change>,
+) -> Outcome {
     // The owner of a lease this command ends, before it is gone.
     let owner = match cmd {
         Command::Release { lease_id, .. } | Command::Expire { lease_id } => {
@@ -176,15 +183,18 @@ fn apply_one(s: &mut AppliedState, cmd: &Command, now: Instant, metrics: &LockMe
         _ => None,
     };
     let (outcome, event) = s.locks.apply(cmd);
-    if let (Some(e), Some(owner)) = (&event, &owner) {
-        match cmd {
-            Command::Release { by, .. } if by != owner && !by.is_empty() => audit::revoked(by, owner, &e.key, e.token),
-            Command::Release { .. } => audit::released(owner, &e.key, e.token),
-            _ => audit::expired(owner, &e.key, e.token),
-        }
-    }
-    if let (Command::Acquire(a), Some(e)) = (cmd, &event) {
-        audit::granted(&a.owner, &e.key, e.token);
+    if let Some(e) = &event {
+        let (key, token) = (e.key.clone(), e.token);
+        let change = match (cmd, owner) {
+            (Command::Acquire(a), _) => Some(audit::Change::Grant { owner: a.owner.clone(), key, token }),
+            (Command::Release { by, .. }, Some(owner)) if *by != owner && !by.is_empty() => {
+                Some(audit::Change::Revoke { by: by.clone(), owner, key, token })
+            }
+            (Command::Release { .. }, Some(owner)) => Some(audit::Change::Release { owner, key, token }),
+            (Command::Expire { .. }, Some(owner)) => Some(audit::Change::Expire { owner, key, token }),
+            _ => None,
+        };
+        changes.extend(change);
     }
     match cmd {
         Command::EndDelay { key, token } => s.clock.delay_ended(key, *token),
@@ -219,6 +229,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let now = Instant::now();
         let metrics = &self.applied.metrics;
         let mut out = Vec::new();
+        let mut changes = Vec::new();
         let last = {
             let mut guard = self.applied.lock();
             let s = &mut *guard;
@@ -230,13 +241,18 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         s.membership = StoredMembership::new(Some(entry.log_id), m);
                         vec![]
                     }
-                    EntryPayload::Normal(batch) => batch.iter().map(|cmd| apply_one(s, cmd, now, metrics)).collect(),
+                    EntryPayload::Normal(batch) => {
+                        batch.iter().map(|cmd| apply_one(s, cmd, now, metrics, &mut changes)).collect()
+                    }
                 };
                 out.push(outcomes);
             }
             metrics.set_table(&s.locks);
             s.applied_index()
         };
+        for change in &changes {
+            change.write();
+        }
         self.applied.index.send_replace(last);
         Ok(out)
     }
