@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,6 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_rustls::rustls::pki_types::CertificateDer;
@@ -98,8 +97,10 @@ where
     F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
-    let graceful = GracefulShutdown::new();
+    // Every connection holds a slot until it has closed: the drain below is
+    // over when all slots are back.
     let slots = Arc::new(tokio::sync::Semaphore::new(opts.max_connections));
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut accept_errors = RateLimitedLog::default();
     tokio::pin!(shutdown);
     loop {
@@ -128,19 +129,19 @@ where
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let (opts, handle, watcher) = (opts.clone(), handle.clone(), graceful.watcher());
+        let (opts, handle, stopping) = (opts.clone(), handle.clone(), stopping.clone());
         tokio::spawn(async move {
             let _slot = slot;
             let Some(acceptor) = opts.tls.clone() else {
                 let conn = Conn { addr: peer, certs: None, named: Arc::default() };
-                return connection(stream, conn, &opts, watcher, handle).await;
+                return connection(stream, conn, &opts, stopping, handle).await;
             };
             // In the connection's own task, so a client that stalls its
             // handshake holds up nobody else; bounded like a slow request head.
             match tokio::time::timeout(opts.header_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => {
                     let certs = tls.get_ref().1.peer_certificates().map(|c| c.to_vec().into());
-                    connection(tls, Conn { addr: peer, certs, named: Arc::default() }, &opts, watcher, handle).await
+                    connection(tls, Conn { addr: peer, certs, named: Arc::default() }, &opts, stopping, handle).await
                 }
                 Ok(Err(e)) => tracing::debug!("TLS handshake with {peer}: {e}"),
                 Err(_) => tracing::debug!("TLS handshake with {peer}: timed out after {:?}", opts.header_timeout),
@@ -148,7 +149,9 @@ where
         });
     }
     drop(listener);
-    if tokio::time::timeout(opts.drain, graceful.shutdown()).await.is_err() {
+    stop.send_replace(true);
+    let all = u32::try_from(opts.max_connections).expect("max_connections is bounded by MAX_CONNECTIONS");
+    if tokio::time::timeout(opts.drain, slots.acquire_many(all)).await.is_err() {
         tracing::warn!(listener = opts.name, "requests still in flight after {:?}; leaving them", opts.drain);
     }
 }
@@ -174,23 +177,29 @@ impl RateLimitedLog {
     }
 }
 
-/// One client connection (plain TCP or TLS).
-async fn connection<I, F, Fut>(io: I, conn: Conn, opts: &Listener, watcher: Watcher, handle: F)
+/// One client connection (plain TCP or TLS). It is closed once it has been
+/// idle for `header_timeout`: before its first request (nothing sent, one
+/// byte, a partial or complete HTTP/2 preface: hyper waits for those without
+/// a timeout of its own) and between requests (hyper bounds that for
+/// HTTP/1.1 itself, not for HTTP/2). On shutdown it finishes what is in
+/// flight and closes.
+async fn connection<I, F, Fut>(io: I, conn: Conn, opts: &Listener, mut stopping: Stopping, handle: F)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn(Request<Incoming>, Conn) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
     let peer = conn.addr;
-    // Set once a whole request head has arrived: until then (nothing sent,
-    // one byte, a partial or complete HTTP/2 preface) the connection is
-    // silent, and dropped after the header timeout.
-    let seen = Arc::new(AtomicBool::new(false));
-    let requested = seen.clone();
+    let activity = Arc::new(Activity::new());
+    let tracked = activity.clone();
     let service = hyper::service::service_fn(move |req| {
-        requested.store(true, Ordering::Relaxed);
+        let busy = tracked.begin();
         let answer = handle(req, conn.clone());
-        async move { Ok::<_, Infallible>(answer.await) }
+        async move {
+            let resp = answer.await;
+            // Busy until hyper has written the whole answer and dropped its body.
+            Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
+        }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // Without a timer hyper's header timeout does nothing.
@@ -200,30 +209,122 @@ where
         .header_read_timeout(opts.header_timeout)
         .max_buf_size(opts.max_header_bytes);
     builder.http2().timer(TokioTimer::new()).max_header_list_size(opts.max_header_bytes as u32);
-    if !opts.http2 {
-        // HTTP/1.1 alone: hyper's header timeout runs from the first byte on.
-        let builder = builder.http1_only();
-        let conn = builder.serve_connection(TokioIo::new(io), service);
-        if let Err(e) = watcher.watch(conn).await {
-            tracing::debug!(listener = opts.name, "connection from {peer}: {e}");
+    let builder = if opts.http2 { builder } else { builder.http1_only() };
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let mut closing = None;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(listener = opts.name, "connection from {peer}: {e}");
+                }
+                return;
+            }
+            () = activity.idle(opts.header_timeout), if closing.is_none() => {
+                if !activity.ever() {
+                    // Nothing to finish: drop it.
+                    tracing::debug!(listener = opts.name, "{peer} sent no request within {:?}", opts.header_timeout);
+                    return;
+                }
+                tracing::debug!(listener = opts.name, "{peer} idle for {:?}: closing", opts.header_timeout);
+                conn.as_mut().graceful_shutdown();
+                closing = Some(tokio::time::Instant::now() + opts.drain);
+            }
+            _ = stopping.wait_for(|s| *s), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(tokio::time::Instant::now() + opts.drain);
+            }
+            // A client that does not take part in HTTP/2's graceful close
+            // (never answers its PING) is not waited for beyond the drain.
+            () = tokio::time::sleep_until(closing.unwrap_or_else(tokio::time::Instant::now)), if closing.is_some() => return,
         }
-        return;
     }
-    // Telling HTTP/1.1 from HTTP/2 waits for the client's first bytes, and
-    // HTTP/2 for its first request, with no timeout of hyper's: a client
-    // that sends no complete request is dropped here.
-    let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), service));
-    let silent = async {
-        tokio::time::sleep(opts.header_timeout).await;
-        if seen.load(Ordering::Relaxed) {
-            std::future::pending::<()>().await;
+}
+
+type Stopping = tokio::sync::watch::Receiver<bool>;
+
+/// What a connection is doing: requests in flight (until their answer's body
+/// is dropped), and when the last one began or ended.
+struct Activity {
+    opened: tokio::time::Instant,
+    busy: AtomicUsize,
+    /// Milliseconds from `opened` to the last begin or end; `u64::MAX`
+    /// before the first request.
+    last: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity { opened: tokio::time::Instant::now(), busy: AtomicUsize::new(0), last: AtomicU64::new(u64::MAX) }
+    }
+
+    fn touch(&self) {
+        self.last.store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn begin(self: &Arc<Self>) -> Busy {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        Busy(self.clone())
+    }
+
+    fn ever(&self) -> bool {
+        self.last.load(Ordering::Relaxed) != u64::MAX
+    }
+
+    /// Resolves once nothing has been in flight for `limit`.
+    async fn idle(&self, limit: Duration) {
+        loop {
+            let last = match self.last.load(Ordering::Relaxed) {
+                u64::MAX => self.opened,
+                ms => self.opened + Duration::from_millis(ms),
+            };
+            if tokio::time::Instant::now() < last + limit {
+                tokio::time::sleep_until(last + limit).await;
+            } else if self.busy.load(Ordering::Relaxed) == 0 {
+                return;
+            } else {
+                // The request's end moves `last`: look again then.
+                tokio::time::sleep(limit).await;
+            }
         }
-    };
-    tokio::select! {
-        result = conn => if let Err(e) = result {
-            tracing::debug!(listener = opts.name, "connection from {peer}: {e}");
-        },
-        () = silent => tracing::debug!(listener = opts.name, "{peer} sent no request within {:?}", opts.header_timeout),
+    }
+}
+
+/// A request in flight on its connection.
+struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An answer's body, keeping its request counted as in flight.
+struct Tracked {
+    body: Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = super::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -337,6 +438,36 @@ mod tests {
             .await;
             assert!(closed.is_ok(), "still open after 2 s, having sent {sent:?}");
         }
+    }
+
+    /// HTTP/2 has no idle timeout of hyper's: a connection that goes quiet
+    /// after its answers is closed after the header timeout, and one whose
+    /// request takes longer than that is not cut.
+    #[tokio::test]
+    async fn an_idle_http2_connection_is_closed_and_a_slow_answer_is_not_cut() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let opts = Listener { http2: true, header_timeout: Duration::from_millis(200), ..Listener::http1("test") };
+        tokio::spawn(serve(listener, opts, std::future::pending(), |_req, _peer| async {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            Response::new(crate::http::full("slow"))
+        }));
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+        let conn = tokio::spawn(conn);
+        let req = Request::get(format!("http://{addr}/")).body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap();
+        let resp = send.send_request(req).await.expect("a request slower than the timeout is answered");
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"slow");
+        let answered = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(3), conn)
+            .await
+            .expect("idle HTTP/2 connection still open")
+            .unwrap()
+            .ok();
+        let idle = answered.elapsed();
+        assert!(idle >= Duration::from_millis(150), "closed after {idle:?}, before the timeout");
     }
 
     /// At the connection limit the loop stops accepting: the next client
