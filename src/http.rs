@@ -3,6 +3,7 @@
 //! one accept loop (`serve`), the response body type and JSON answers.
 //! The client side lives in `fencegate_client::http`.
 
+mod deadline;
 mod serve;
 
 use std::convert::Infallible;
@@ -14,6 +15,7 @@ use hyper::{Response, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+pub use deadline::{BodyTimedOut, Deadline};
 pub use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
 pub use serve::{serve, Conn, Listener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 

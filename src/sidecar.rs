@@ -117,8 +117,10 @@ impl Sidecar {
             }
             None => None,
         };
-        let limit = self.settings.limits.max_body;
+        let limits = &self.settings.limits;
+        let limit = limits.max_body;
         let (mut parts, body) = req.into_parts();
+        let body = crate::http::Deadline::new(body, arrived, limits.body_timeout);
         let body = if matched.key.is_some() && !parts.headers.contains_key(CONTENT_LENGTH) {
             // A fenced write of unannounced length (chunked, or HTTP/2
             // without Content-Length) is read whole first: one over the
@@ -129,6 +131,10 @@ impl Sidecar {
                 Ok(Ok(bytes)) => bytes,
                 Ok(Err(crate::http::BodyError::TooLarge(_))) => {
                     return self.answer(name, matched.key.as_deref(), Answer::TooLarge { limit })
+                }
+                Ok(Err(crate::http::BodyError::Read(e))) if e.is::<crate::http::BodyTimedOut>() => {
+                    let a = Answer::BadRequest { error: Problem::BodyTimeout, message: e.to_string() };
+                    return self.answer(name, matched.key.as_deref(), a);
                 }
                 Ok(Err(e)) => {
                     let a = Answer::BadRequest { error: Problem::AmbiguousFraming, message: e.to_string() };
@@ -154,7 +160,7 @@ impl Sidecar {
             // The exchange broke after the request may have reached the
             // upstream, which may still apply it: keep higher tokens waiting
             // until the route's timeout, as if it had never answered (S1).
-            (Err(Answer::UpstreamFailed(_)), Some(permit)) => {
+            (Err(a), Some(permit)) if a.may_have_reached_upstream() => {
                 let until = started + route.timeout;
                 tokio::spawn(async move {
                     tokio::time::sleep_until(until).await;

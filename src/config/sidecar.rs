@@ -27,10 +27,16 @@ pub const MAX_LOCK_ENDPOINTS: usize = 9;
 pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_ROUTE_TIMEOUT: Duration = Duration::from_secs(3600);
 const MAX_HEADER_TIMEOUT: Duration = Duration::from_secs(300);
+/// Ten MiB (the default `max_body`) at ~2 Mbit/s.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+const MAX_BODY_TIMEOUT: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SidecarConfig {
+    /// `sidecar`, if the file says what it is.
+    #[serde(default)]
+    pub kind: Option<super::Kind>,
     pub listen: SocketAddr,
     /// Where requests go unless their route names its own upstream.
     pub upstream: String,
@@ -74,9 +80,13 @@ pub struct Limits {
     pub max_body: u64,
     #[serde(deserialize_with = "byte_size")]
     pub max_header_bytes: u64,
-    /// How long a client may take to send the request head (slowloris).
+    /// How long a client may take to send the request head (slowloris), and
+    /// how long a connection may sit idle (before and between requests).
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
+    /// How long a client may take to send a request body, from its head on.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
     /// Connections served at once; more wait in the kernel's backlog.
     pub max_connections: usize,
 }
@@ -87,6 +97,7 @@ impl Default for Limits {
             max_body: 10 * MIB,
             max_header_bytes: 64 * KIB,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
@@ -240,6 +251,7 @@ impl ConfigFile for SidecarConfig {
     /// Everything the sidecar will need at startup, route templates included,
     /// so that a typo is reported by `check-config` and not on the first request.
     fn validate(self) -> Result<SidecarSettings, ConfigError> {
+        super::Kind::check(self.kind, super::Kind::Sidecar)?;
         self.validate_limits()?;
         if let Some(metrics) = self.metrics_listen {
             // Port 0 twice is two different OS-assigned ports.
@@ -342,6 +354,9 @@ impl SidecarConfig {
         if l.header_timeout.is_zero() || l.header_timeout > MAX_HEADER_TIMEOUT {
             return Err(ConfigError::invalid("limits.header_timeout", "must be above 0 and at most 5m"));
         }
+        if l.body_timeout.is_zero() || l.body_timeout > MAX_BODY_TIMEOUT {
+            return Err(ConfigError::invalid("limits.body_timeout", "must be above 0 and at most 1h"));
+        }
         if !(1..=MAX_CONNECTIONS).contains(&l.max_connections) {
             return Err(ConfigError::invalid("limits.max_connections", "must be between 1 and 1000000"));
         }
@@ -418,6 +433,7 @@ limits:
   max_body: 10MiB
   max_header_bytes: 64KiB
   header_timeout: 10s
+  body_timeout: 60s
 tls:
   cert: ./tls/cert.pem
   key: ./tls/key.pem
@@ -606,6 +622,8 @@ routes:
             ("header_timeout: 10s", "header_timeout: 0s", "limits.header_timeout"),
             ("header_timeout: 10s", "header_timeout: 6m", "limits.header_timeout"),
             ("header_timeout: 10s", "header_timeout: soon", "header_timeout"),
+            ("body_timeout: 60s", "body_timeout: 0s", "limits.body_timeout"),
+            ("body_timeout: 60s", "body_timeout: 2h", "limits.body_timeout"),
             ("header_timeout: 10s", "header_timeout: 10s\n  max_connections: 0", "limits.max_connections"),
             // addresses
             ("metrics_listen: 127.0.0.1:9464", "metrics_listen: 127.0.0.1:8080", "metrics_listen"),

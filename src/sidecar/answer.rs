@@ -36,16 +36,28 @@ pub enum Answer {
     UpstreamTimeout,
     /// The exchange failed after the request may have reached the upstream.
     UpstreamFailed(String),
+    /// The client's body failed (too slow, over the limit) after the
+    /// request head and part of it reached the upstream.
+    BodyCut {
+        error: Problem,
+        message: String,
+    },
     /// No connection: the request never left the sidecar.
     UpstreamUnreachable(String),
     Internal(String),
 }
 
 impl Answer {
+    /// Whether the upstream may have received (and so may apply) what was
+    /// sent: then S1 keeps higher tokens waiting as if it had not answered.
+    pub fn may_have_reached_upstream(&self) -> bool {
+        matches!(self, Answer::UpstreamFailed(_) | Answer::BodyCut { .. })
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             Answer::Rejected(r) => r.reason.status(),
-            Answer::BadRequest { error, .. } => error.status(),
+            Answer::BadRequest { error, .. } | Answer::BodyCut { error, .. } => error.status(),
             Answer::NoRoute => Problem::NoRoute.status(),
             Answer::TooLarge { .. } => Problem::BodyTooLarge.status(),
             Answer::UpstreamTimeout => Problem::UpstreamTimeout.status(),
@@ -58,9 +70,11 @@ impl Answer {
     pub fn cause(&self) -> Cause {
         match self {
             Answer::Rejected(r) if r.reason == Reason::LockServiceUnavailable => Cause::LockService,
-            Answer::Rejected(_) | Answer::BadRequest { .. } | Answer::NoRoute | Answer::TooLarge { .. } => {
-                Cause::Client
-            }
+            Answer::Rejected(_)
+            | Answer::BadRequest { .. }
+            | Answer::BodyCut { .. }
+            | Answer::NoRoute
+            | Answer::TooLarge { .. } => Cause::Client,
             Answer::UpstreamTimeout | Answer::UpstreamFailed(_) | Answer::UpstreamUnreachable(_) => Cause::Upstream,
             Answer::Internal(_) => Cause::Internal,
         }
@@ -93,7 +107,7 @@ impl Answer {
                 };
                 return refusal(status, cause, &body);
             }
-            Answer::BadRequest { error, message } => problem(error, Some(message)),
+            Answer::BadRequest { error, message } | Answer::BodyCut { error, message } => problem(error, Some(message)),
             Answer::NoRoute => problem(Problem::NoRoute, Some("no route matches this method and path".into())),
             Answer::TooLarge { limit } => {
                 problem(Problem::BodyTooLarge, Some(format!("the body limit is {limit} bytes")))
@@ -125,6 +139,13 @@ mod tests {
             (rejected(Reason::LockServiceUnavailable), 503, "rejected", Cause::LockService, "lock_service_unavailable"),
             (bad(Problem::MalformedPath), 400, "rejected", Cause::Client, "malformed_path"),
             (bad(Problem::AmbiguousFraming), 400, "rejected", Cause::Client, "ambiguous_framing"),
+            (
+                Answer::BodyCut { error: Problem::BodyTimeout, message: "m".into() },
+                408,
+                "rejected",
+                Cause::Client,
+                "body_timeout",
+            ),
             (Answer::NoRoute, 404, "rejected", Cause::Client, "no_route"),
             (Answer::TooLarge { limit: 9 }, 413, "rejected", Cause::Client, "body_too_large"),
             (Answer::UpstreamTimeout, 504, "upstream_error", Cause::Upstream, "upstream_timeout"),

@@ -20,6 +20,8 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
+use fencegate_client::wire::Problem;
+
 use super::answer::Answer;
 use crate::http::{error_chain, Body, BoxError};
 
@@ -122,13 +124,29 @@ impl Upstream {
                 // A failed connection sent nothing; anything else may have
                 // delivered the request.
                 Ok(Err(e)) if e.is_connect() => return Err(Answer::UpstreamUnreachable(error_chain(&e))),
-                Ok(Err(e)) => return Err(Answer::UpstreamFailed(error_chain(&e))),
+                Ok(Err(e)) => return Err(body_failure(&e).unwrap_or_else(|| Answer::UpstreamFailed(error_chain(&e)))),
                 Ok(Ok(r)) => r,
             };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(parts, body.map_err(|e| -> BoxError { e.into() }).boxed()))
     }
+}
+
+/// The client's own body broke the exchange (it came too slowly or grew
+/// over the limit): the client's fault, not the upstream's.
+fn body_failure(e: &(dyn std::error::Error + 'static)) -> Option<Answer> {
+    let mut source = Some(e);
+    while let Some(e) = source {
+        if let Some(t) = e.downcast_ref::<crate::http::BodyTimedOut>() {
+            return Some(Answer::BodyCut { error: Problem::BodyTimeout, message: t.to_string() });
+        }
+        if e.is::<http_body_util::LengthLimitError>() {
+            return Some(Answer::BodyCut { error: Problem::BodyTooLarge, message: e.to_string() });
+        }
+        source = e.source();
+    }
+    None
 }
 
 #[cfg(test)]

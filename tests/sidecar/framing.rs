@@ -69,7 +69,9 @@ async fn shared() -> &'static Shared {
                     .methods(&["PUT"]),
                 everything_else(),
             ]);
-            let yaml = format!("limits: {{ max_body: 1KiB, max_header_bytes: 8KiB, header_timeout: 1s }}\n{routes}");
+            let yaml = format!(
+                "limits: {{ max_body: 1KiB, max_header_bytes: 8KiB, header_timeout: 1s, body_timeout: 1s }}\n{routes}"
+            );
             let sc = Sidecar::start(&bin!(), dir, &up.url(), &[lock_service.url()], &yaml).await;
             Shared { up, sc, _lock_service: lock_service }
         })
@@ -183,6 +185,32 @@ async fn oversized_and_unfinished_heads_never_reach_the_upstream() {
         assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
     }
     assert!(s.arrivals_of(me).is_empty(), "oversized or slow heads reached the upstream: {:?}", s.arrivals_of(me));
+}
+
+/// A body that trickles is cut at `limits.body_timeout` (1 s here) with a
+/// 408, fenced or not, streamed to the upstream or read whole first; a
+/// fenced one read whole never reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_is_answered_408_at_the_body_timeout() {
+    let (s, me) = (shared().await, "slow-body");
+    for (path, framing, part, reaches) in [
+        ("/plain", "Content-Length: 100", "0123456789", true),
+        ("/plain", "Transfer-Encoding: chunked", "a\r\n0123456789\r\n", true),
+        ("/observed/8", "Transfer-Encoding: chunked", "a\r\n0123456789\r\n", false),
+    ] {
+        let request =
+            format!("PUT {path} HTTP/1.1\r\nHost: x\r\n{TAG}: {me}\r\nx-fence-token: 80\r\n{framing}\r\n\r\n{part}");
+        let started = tokio::time::Instant::now();
+        let answer = raw_tcp(s.sc.port, &request).await;
+        let took = started.elapsed();
+        assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("body_timeout"), "{path} {framing}: {answer}");
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+            "{path} {framing}: after {took:?}"
+        );
+        let arrived = s.arrivals_of(me).iter().any(|a| a.path == path);
+        assert_eq!(arrived, reaches, "{path} {framing}: the upstream saw {:?}", s.arrivals_of(me));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,99 @@
+//! A request body that must arrive whole by a deadline: a client that
+//! trickles a body (one byte a minute) cannot hold a connection, a request
+//! task and an upstream connection open for ever.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+use super::BoxError;
+
+/// The body's error once its deadline has passed.
+#[derive(Debug)]
+pub struct BodyTimedOut(pub Duration);
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the body did not arrive within {:?}", self.0)
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
+
+pub struct Deadline<B> {
+    inner: B,
+    at: Instant,
+    within: Duration,
+    /// Made on the first wait only: most bodies are empty or already in.
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl<B> Deadline<B> {
+    /// `inner` must be whole `within` from `start` (the request's arrival).
+    pub fn new(inner: B, start: Instant, within: Duration) -> Self {
+        Deadline { inner, at: start + within, within, sleep: None }
+    }
+}
+
+impl<B> Body for Deadline<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let at = this.at;
+        let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut(this.within))))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// One frame, then `rest` (nothing more for ever, or the end).
+    fn trickle(rest_ends: bool) -> impl Body<Data = Bytes, Error = BoxError> + Unpin {
+        use futures_util::StreamExt;
+        let first = futures_util::stream::iter([Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"part")))]);
+        let rest =
+            if rest_ends { futures_util::stream::empty().boxed() } else { futures_util::stream::pending().boxed() };
+        http_body_util::StreamBody::new(first.chain(rest))
+    }
+
+    #[tokio::test]
+    async fn a_body_that_is_not_whole_by_its_deadline_fails() {
+        let body = Deadline::new(trickle(false), Instant::now(), Duration::from_millis(100));
+        let started = Instant::now();
+        let e = body.collect().await.err().expect("the deadline passed");
+        assert!(e.is::<BodyTimedOut>(), "{e}");
+        assert!(started.elapsed() >= Duration::from_millis(90), "{:?}", started.elapsed());
+        // One that is whole in time is read as it is.
+        let body = Deadline::new(trickle(true), Instant::now(), Duration::from_secs(5));
+        assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"part");
+    }
+}
