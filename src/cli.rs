@@ -197,15 +197,25 @@ pub fn run(cli: Cli) -> i32 {
 fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
     let text = crate::config::read(file)?;
     let doc: serde_yaml_ng::Value = crate::config::parse_yaml(&text)?;
-    // Told apart by fields only one kind has, never by which parse fails.
-    let (sidecar, node) = (doc.get("routes").is_some(), doc.get("peers").is_some());
-    if sidecar == node {
-        return Err(ConfigError::invalid(
-            "routes",
-            "a sidecar config has `routes`, a node config has `peers`: this file has both or neither",
-        )
-        .into());
-    }
+    // By what the file says it is, else by fields only one kind has; never
+    // by which parse fails.
+    let sidecar = match doc.get("kind") {
+        Some(kind) => match serde_yaml_ng::from_value::<crate::config::Kind>(kind.clone()) {
+            Ok(kind) => kind == crate::config::Kind::Sidecar,
+            Err(_) => return Err(ConfigError::invalid("kind", "must be `sidecar` or `node`").into()),
+        },
+        None => match (doc.get("routes").is_some(), doc.get("peers").is_some()) {
+            (sidecar, node) if sidecar != node => sidecar,
+            _ => {
+                return Err(ConfigError::invalid(
+                    "kind",
+                    "say `kind: sidecar` or `kind: node` (a sidecar config has `routes`, a node config has \
+                     `peers`: this file has both or neither)",
+                )
+                .into())
+            }
+        },
+    };
     if sidecar {
         let c = crate::config::sidecar::SidecarConfig::from_yaml(&text)?;
         // The files it names too: a mistyped cert path is found here, not at startup.

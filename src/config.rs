@@ -31,6 +31,28 @@ impl ConfigError {
     }
 }
 
+/// What a config file configures, when it says so (`kind:`): `check-config`
+/// goes by it, and a process started on the other kind's file refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Sidecar,
+    Node,
+}
+
+impl Kind {
+    /// `Ok` unless `said` names another kind than `expected`.
+    pub fn check(said: Option<Kind>, expected: Kind) -> Result<(), ConfigError> {
+        match said {
+            Some(k) if k != expected => Err(ConfigError::invalid(
+                "kind",
+                format!("this file configures a {k:?}, not a {expected:?}").to_lowercase(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// A configuration file: parsed, then validated as a whole into what the
 /// process runs on (`Valid`), so that nothing is parsed twice.
 pub trait ConfigFile: DeserializeOwned {

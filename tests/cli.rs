@@ -12,8 +12,8 @@ fn fencegate(args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn check_config_accepts_the_shipped_configs_and_rejects_bad_ones_with_64() {
-    for i in 1..=3 {
-        let path = format!("{}/config/node{i}.yaml", env!("CARGO_MANIFEST_DIR"));
+    for name in ["node1", "node2", "node3", "sidecar", "dev"] {
+        let path = format!("{}/config/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
         let (code, out, err) = fencegate(&["check-config", &path]);
         assert_eq!(code, 0, "{path}: {out}{err}");
     }
@@ -35,7 +35,17 @@ fn check_config_accepts_the_shipped_configs_and_rejects_bad_ones_with_64() {
     )
     .unwrap();
     let (code, _, err) = fencegate(&["check-config", neither.to_str().unwrap()]);
-    assert!(code == 64 && err.contains("both or neither"), "{code} {err}");
+    assert!(code == 64 && err.contains("both or neither") && err.contains("kind: sidecar"), "{code} {err}");
+    // `kind:` decides, and a file of one kind is never taken for the other.
+    let sidecar = std::fs::read_to_string(format!("{}/config/sidecar.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    for (kind, says) in [("kind: node", "unknown field"), ("kind: lamp", "`sidecar` or `node`")] {
+        let file = dir.path().join("kind.yaml");
+        std::fs::write(&file, sidecar.replace("kind: sidecar", kind)).unwrap();
+        let (code, _, err) = fencegate(&["check-config", file.to_str().unwrap()]);
+        assert!(code == 64 && err.contains(says), "{kind}: {code} {err}");
+        let (code, _, err) = fencegate(&["sidecar", "--config", file.to_str().unwrap()]);
+        assert!(code == 64 && err.contains("kind"), "sidecar on {kind}: {code} {err}");
+    }
     // A fenced route behind a catch-all that takes its writes is refused, naming both.
     let shadowed = dir.path().join("shadowed.yaml");
     std::fs::write(

@@ -88,6 +88,7 @@ impl Stack {
         let mut nodes = vec![];
         for (i, ((client, addr), (peer, peer_addr))) in node_listeners.into_iter().enumerate() {
             let config = NodeConfig {
+                kind: Some(crate::config::Kind::Node),
                 id: i as u64 + 1,
                 listen: addr,
                 peer_listen: peer_addr,

@@ -18,6 +18,9 @@ const MAX_LIMIT_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
+    /// `node`, if the file says what it is.
+    #[serde(default)]
+    pub kind: Option<super::Kind>,
     pub id: u64,
     /// The client API.
     pub listen: SocketAddr,
@@ -197,6 +200,7 @@ impl ConfigFile for NodeConfig {
     type Valid = NodeConfig;
 
     fn validate(mut self) -> Result<NodeConfig, ConfigError> {
+        super::Kind::check(self.kind, super::Kind::Node)?;
         if self.peers.is_empty() || self.peers.len() > 9 {
             return Err(ConfigError::invalid("peers", "must list 1 to 9 nodes (3 or 5 in production)"));
         }
