@@ -143,6 +143,10 @@ pub struct RouteConfig {
     /// route covers (for other methods), instead of refusing them.
     #[serde(default)]
     pub allow_unfenced_writes: bool,
+    /// Format suffixes the upstream strips from a path's last segment
+    /// (`[json]`: `/racks/42.json` is `/racks/42`).
+    #[serde(default)]
+    pub suffixes: Vec<String>,
 }
 
 fn default_route_timeout() -> Duration {
@@ -317,6 +321,7 @@ pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri) -> Result<
             upstream,
             timeout: r.timeout,
             allow_unfenced_writes: r.allow_unfenced_writes,
+            suffixes: &r.suffixes,
         };
         let route =
             Route::build(spec).map_err(|e| ConfigError::invalid(format!("routes[{i}].{}", e.field), e.message))?;

@@ -89,7 +89,7 @@ mod tests {
     async fn a_body_that_is_not_whole_by_its_deadline_fails() {
         let body = Deadline::new(trickle(false), Instant::now(), Duration::from_millis(100));
         let started = Instant::now();
-        let e = body.collect().await.err().expect("the deadline passed");
+        let e = body.collect().await.expect_err("the deadline passed");
         assert!(e.is::<BodyTimedOut>(), "{e}");
         assert!(started.elapsed() >= Duration::from_millis(90), "{:?}", started.elapsed());
         // One that is whole in time is read as it is.

@@ -4,6 +4,7 @@
 //!
 //! Only canonical request paths are matched; `canonical` says why.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use hyper::{Method, Uri};
@@ -31,6 +32,9 @@ pub struct Route {
     /// An unfenced route that may take unsafe methods on fenced paths.
     allow_unfenced_writes: bool,
     path: PathTemplate,
+    /// Format suffixes (`.json`, lower case) the upstream strips from the
+    /// last segment: matched, and the key rendered, without them.
+    suffixes: Vec<String>,
     /// `Some` exactly when the route is fenced.
     lock_key: Option<KeyTemplate>,
 }
@@ -72,6 +76,8 @@ pub struct RouteSpec<'a> {
     pub upstream: Uri,
     pub timeout: Duration,
     pub allow_unfenced_writes: bool,
+    /// Format suffixes without their dot (`json`).
+    pub suffixes: &'a [String],
 }
 
 /// Why a route cannot be built: which of its fields, and what is wrong.
@@ -98,14 +104,14 @@ impl Routes {
             if route.methods.as_ref().is_some_and(|m| !m.contains(method)) {
                 continue;
             }
-            let Some(values) = route.path.matches(&segments, body) else { continue };
+            let Some(values) = route.matches(&segments, body) else { continue };
             let values = values.map_err(|message| MatchError::BadParam { route: route.name.clone(), message })?;
             let Some(template) = &route.lock_key else {
                 // A write the fenced route would have taken with another
                 // method must not slip through an unfenced one.
                 if !is_safe(method) && !route.allow_unfenced_writes {
                     let fenced =
-                        self.routes.iter().find(|r| r.lock_key.is_some() && r.path.matches(&segments, body).is_some());
+                        self.routes.iter().find(|r| r.lock_key.is_some() && r.matches(&segments, body).is_some());
                     if let Some(fenced) = fenced {
                         return Err(MatchError::UnfencedWrite {
                             method: method.to_string(),
@@ -183,6 +189,7 @@ impl Route {
         if r.allow_unfenced_writes && r.fence.is_fenced() {
             return Err(error("allow_unfenced_writes", "is for routes with `fence: off`".into()));
         }
+        let suffixes = parse_suffixes(r.suffixes).map_err(|m| error("suffixes", m))?;
         Ok(Route {
             name: r.name.to_string(),
             methods,
@@ -193,7 +200,24 @@ impl Route {
             allow_unfenced_writes: r.allow_unfenced_writes,
             path,
             lock_key,
+            suffixes,
         })
+    }
+
+    /// The path's parameters if it is this route's (see `PathTemplate::matches`),
+    /// trying it without a listed format suffix first.
+    fn matches<'p>(&self, segments: &[(usize, &'p str)], body: &'p str) -> Option<Result<Vec<Cow<'p, str>>, String>> {
+        let bare = self.suffixes.iter().find_map(|suffix| {
+            let cut = body.len().checked_sub(suffix.len())?;
+            let (bare, tail) = (body.get(..cut)?, &body[cut..]);
+            // Not a whole segment (`/racks/.json`), nor across a `/`.
+            let keeps_a_name = !bare.is_empty() && !bare.ends_with('/');
+            (keeps_a_name && tail.eq_ignore_ascii_case(suffix)).then_some(bare)
+        });
+        match bare {
+            Some(bare) => self.path.matches(&split(bare), bare),
+            None => self.path.matches(segments, body),
+        }
     }
 
     /// The path template as configured, e.g. `/racks/{rack}`.
@@ -315,6 +339,73 @@ enum ParamType {
     /// `{rack:int}`: decimal digits only, rendered without leading zeros
     /// (`042` is `42`); anything else (`42.json`, `42.0`, `-1`) is refused.
     Int,
+    /// `{name:slug}`: ASCII letters, digits, `-` and `_`, rendered in lower
+    /// case (`Web-01` is `web-01`, as case-insensitive lookups read it);
+    /// anything else (`web.01`, `web%20`) is refused.
+    Slug,
+}
+
+impl ParamType {
+    const NAMES: &'static str = "int, slug";
+
+    fn named(name: &str) -> Option<ParamType> {
+        match name {
+            "int" => Some(ParamType::Int),
+            "slug" => Some(ParamType::Slug),
+            _ => None,
+        }
+    }
+
+    /// `value` in its one canonical spelling, or why it has none.
+    fn canonical(self, value: &str) -> Result<Cow<'_, str>, String> {
+        match self {
+            ParamType::Any => Ok(Cow::Borrowed(value)),
+            ParamType::Int => {
+                if value.is_empty() || value.len() > 20 || !value.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(format!("{value:?} is not an integer"));
+                }
+                let trimmed = value.trim_start_matches('0');
+                Ok(Cow::Borrowed(if trimmed.is_empty() { "0" } else { trimmed }))
+            }
+            ParamType::Slug => {
+                let ok = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+                if value.is_empty() || value.len() > MAX_SLUG_LEN || !value.bytes().all(ok) {
+                    return Err(format!("{value:?} is not a slug (letters, digits, - and _)"));
+                }
+                Ok(if value.bytes().any(|b| b.is_ascii_uppercase()) {
+                    Cow::Owned(value.to_ascii_lowercase())
+                } else {
+                    Cow::Borrowed(value)
+                })
+            }
+        }
+    }
+}
+
+const MAX_SLUG_LEN: usize = 128;
+
+/// At most this many format suffixes on a route, each at most `MAX_SUFFIX_LEN`.
+const MAX_SUFFIXES: usize = 16;
+const MAX_SUFFIX_LEN: usize = 16;
+
+/// `.json`-style suffixes, lower case, from the config's `[json, XML]`.
+fn parse_suffixes(suffixes: &[String]) -> Result<Vec<String>, String> {
+    if suffixes.len() > MAX_SUFFIXES {
+        return Err(format!("at most {MAX_SUFFIXES}"));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(suffixes.len());
+    for s in suffixes {
+        let name = s.strip_prefix('.').unwrap_or(s);
+        if name.is_empty() || name.len() > MAX_SUFFIX_LEN || !name.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(format!("{s:?}: a suffix is 1 to {MAX_SUFFIX_LEN} letters and digits, like json"));
+        }
+        let suffix = format!(".{}", name.to_ascii_lowercase());
+        if out.contains(&suffix) {
+            return Err(format!("lists {suffix} twice"));
+        }
+        out.push(suffix);
+    }
+    Ok(out)
 }
 
 impl PathTemplate {
@@ -335,10 +426,13 @@ impl PathTemplate {
                     }
                     None => match inner.split_once(':') {
                         None => (inner, Segment::Param(ParamType::Any)),
-                        Some((name, "int")) => (name, Segment::Param(ParamType::Int)),
-                        Some((_, other)) => {
-                            return Err(format!("{part}: unknown parameter type {other:?} (known: int)"))
-                        }
+                        Some((name, kind)) => match ParamType::named(kind) {
+                            Some(t) => (name, Segment::Param(t)),
+                            None => {
+                                let known = ParamType::NAMES;
+                                return Err(format!("{part}: unknown parameter type {kind:?} (known: {known})"));
+                            }
+                        },
                     },
                 };
                 if !is_param_name(name) {
@@ -368,7 +462,7 @@ impl PathTemplate {
 
     /// The parameters' values if `segments` (of the canonical path `body`)
     /// match; `Err` if they match but a typed value has no canonical form.
-    fn matches<'p>(&self, segments: &[(usize, &'p str)], body: &'p str) -> Option<Result<Vec<&'p str>, String>> {
+    fn matches<'p>(&self, segments: &[(usize, &'p str)], body: &'p str) -> Option<Result<Vec<Cow<'p, str>>, String>> {
         let mut values = Vec::with_capacity(self.params.len());
         let mut next = segments.iter();
         for segment in &self.segments {
@@ -384,7 +478,7 @@ impl PathTemplate {
                     // Slicing `body` keeps the separators: the remainder is
                     // exactly what follows, trailing slash aside.
                     values.push(next.next().map_or("", |&(at, _)| &body[at..]));
-                    return Some(Ok(values));
+                    return Some(self.canonical(values));
                 }
             }
         }
@@ -396,6 +490,7 @@ impl PathTemplate {
     fn sample(&self) -> String {
         let parts = self.source.split('/').skip(1).map(|part| match part.strip_prefix('{') {
             Some(p) if p.ends_with(":int}") => "1",
+            Some(p) if p.ends_with(":slug}") => "x",
             Some(_) => "x",
             None => part,
         });
@@ -403,22 +498,13 @@ impl PathTemplate {
     }
 
     /// Typed values in their canonical spelling.
-    fn canonical<'p>(&self, mut values: Vec<&'p str>) -> Result<Vec<&'p str>, String> {
+    fn canonical<'p>(&self, values: Vec<&'p str>) -> Result<Vec<Cow<'p, str>>, String> {
         let types = self.segments.iter().filter_map(|s| match s {
             Segment::Param(t) => Some(*t),
             Segment::Rest => Some(ParamType::Any),
             Segment::Literal(_) => None,
         });
-        for (value, t) in values.iter_mut().zip(types) {
-            if t == ParamType::Int {
-                if value.is_empty() || value.len() > 20 || !value.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(format!("{value:?} is not an integer"));
-                }
-                let trimmed = value.trim_start_matches('0');
-                *value = if trimmed.is_empty() { "0" } else { trimmed };
-            }
-        }
-        Ok(values)
+        values.into_iter().zip(types).map(|(value, t)| t.canonical(value)).collect()
     }
 }
 
@@ -471,17 +557,17 @@ impl KeyTemplate {
         let template = KeyTemplate { source: source.to_string(), parts };
         // Catch literal mistakes (`rack//{rack}`, `rack {rack}`) now rather than
         // as an InvalidKey on every request.
-        let sample = template.render(&vec!["x"; path.params.len()]);
+        let sample = template.render(&vec![Cow::Borrowed("x"); path.params.len()]);
         validate::key(&sample).map_err(|e| format!("can never be a valid lock key: {e}"))?;
         Ok(template)
     }
 
-    fn render(&self, values: &[&str]) -> String {
+    fn render(&self, values: &[Cow<'_, str>]) -> String {
         self.parts
             .iter()
             .map(|part| match part {
                 KeyPart::Literal(s) => s.as_str(),
-                KeyPart::Param(i) => values[*i],
+                KeyPart::Param(i) => &values[*i],
             })
             .collect()
     }
@@ -921,6 +1007,49 @@ mod tests {
             .contains("unknown parameter type"));
     }
 
+    /// `{name:slug}` is read in lower case; listed format suffixes are
+    /// stripped before matching, unlisted ones refused by typed parameters;
+    /// typed values before a `{*rest}` are canonical too.
+    #[test]
+    fn slugs_suffixes_and_typed_values_before_a_rest() {
+        let t = routes(concat!(
+            "[{ name: host, path: '/hosts/{name:slug}', lock_key: 'host/{name}', suffixes: [json, .XML] },",
+            " { name: rack, path: '/racks/{rack:int}/{*rest}', lock_key: 'rack/{rack}' },",
+            " { name: file, path: '/files/{*path}', lock_key: 'file/{path}', suffixes: [json] },",
+            " { name: any, path: '/{*rest}', fence: off }]"
+        ));
+        for (path, key) in [
+            ("/hosts/web-01", "host/web-01"),
+            ("/hosts/Web-01", "host/web-01"),
+            ("/HOSTS/WEB_01/", "host/web_01"),
+            ("/hosts/web-01.json", "host/web-01"),
+            ("/hosts/web-01.JSON", "host/web-01"),
+            ("/hosts/web-01.xml", "host/web-01"),
+        ] {
+            assert_eq!(find(&t, "PUT", path), found("host", Some(key)), "{path}");
+        }
+        for path in ["/hosts/web.01", "/hosts/web-01.yaml", "/hosts/web-01.json.json", "/hosts/.json", "/hosts/w%20b"] {
+            assert!(
+                matches!(find(&t, "PUT", path), Err(MatchError::BadParam { .. } | MatchError::MalformedPath(_))),
+                "{path}: {:?}",
+                find(&t, "PUT", path)
+            );
+        }
+        assert!(matches!(find(&t, "PUT", "/hosts/.json"), Err(MatchError::BadParam { .. })), "not a whole name");
+        assert_eq!(find(&t, "PUT", "/racks/042/slots/1"), found("rack", Some("rack/42")));
+        assert_eq!(find(&t, "PUT", "/files/a/b.json"), found("file", Some("file/a/b")));
+        assert_eq!(find(&t, "PUT", "/files/a/b.txt"), found("file", Some("file/a/b.txt")));
+        for (suffixes, says) in [
+            ("['']", "letters and digits"),
+            ("['js on']", "letters and digits"),
+            ("[json, JSON]", "twice"),
+            ("['.']", "letters and digits"),
+        ] {
+            let e = build_err(&format!("[{{ name: r, path: '/r/{{x}}', lock_key: 'r/{{x}}', suffixes: {suffixes} }}]"));
+            assert!(e.contains("`routes[0].suffixes`") && e.contains(says), "{suffixes}: {e}");
+        }
+    }
+
     #[test]
     fn template_errors() {
         for (route, field, says) in [
@@ -1028,11 +1157,12 @@ mod tests {
             upper in proptest::collection::vec(proptest::bool::ANY, 5),
             zeros in 0usize..4,
             n in 0u64..100_000,
-            suffix in proptest::sample::select(vec!["", ".json", ".", ".0", "x", "-1"]),
+            suffix in proptest::sample::select(vec!["", ".json", ".JSON", ".", ".0", "x", "-1", ".json.json", ".xml"]),
             slash in proptest::bool::ANY,
         ) {
             let t = routes(concat!(
-                "[{ name: r, methods: [PUT, POST, PATCH, DELETE], path: '/racks/{rack:int}', lock_key: 'rack/{rack}' },",
+                "[{ name: r, methods: [PUT, POST, PATCH, DELETE], path: '/racks/{rack:int}', lock_key: 'rack/{rack}',",
+                " suffixes: [json] },",
                 " { name: any, path: '/{*rest}', fence: off }]"
             ));
             let literal: String = "racks".chars().zip(&upper).map(|(c, u)| if *u { c.to_ascii_uppercase() } else { c }).collect();
