@@ -4,6 +4,8 @@
 //! is in `sidecar/framing.rs`.
 
 /// Refusals decided before the lock service is asked, without a cluster.
+#[path = "sidecar/bypass.rs"]
+mod bypass;
 #[path = "sidecar/framing.rs"]
 mod framing;
 

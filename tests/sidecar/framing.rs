@@ -293,46 +293,6 @@ async fn observed_mode_keeps_a_durable_high_water_mark_without_a_lock_service() 
     assert_eq!(up.tokens("/racks/e"), vec![Some(5), Some(7), Some(7), Some(1000)]);
 }
 
-/// Spellings of a write to rack 1 that a lenient upstream (case-insensitive
-/// routing, method-override middleware, URL-rewrite headers, WebDAV verbs,
-/// tokens read as numbers) would apply: each is fenced or refused, with
-/// this status and error, and none reaches the upstream. One line each.
-/// (method, path, headers, status, error).
-type Spelling = (&'static str, &'static str, &'static [(&'static str, &'static str)], u16, &'static str);
-
-const SPELLINGS: &[Spelling] = &[
-    ("PUT", "/RACKS/1", &[], 428, "missing_token"),
-    ("PATCH", "/Racks/1", &[], 428, "missing_token"),
-    ("DELETE", "/rAcKs/1/", &[], 428, "missing_token"),
-    ("GET", "/racks/1", &[("x-http-method-override", "PUT")], 400, "disguised_request"),
-    ("GET", "/racks/1", &[("X-HTTP-Method", "DELETE")], 400, "disguised_request"),
-    ("GET", "/racks/1", &[("x-method-override", "PATCH")], 400, "disguised_request"),
-    ("GET", "/racks/1?_method=PUT", &[], 400, "disguised_request"),
-    ("POST", "/other", &[("x-original-url", "/racks/1")], 400, "disguised_request"),
-    ("POST", "/other", &[("x-rewrite-url", "/racks/1")], 400, "disguised_request"),
-    ("PUT", "/racks/1", &[("connection", "close, x-fence-token"), ("x-fence-token", "5")], 400, "disguised_request"),
-    ("PUT", "/racks/1", &[("x-fence-token", "05")], 400, "malformed_token"),
-    ("PURGE", "/racks/1", &[("x-fence-token", "5")], 400, "unfenced_write"),
-    ("MOVE", "/racks/1", &[("x-fence-token", "5")], 400, "unfenced_write"),
-    ("COPY", "/racks/1", &[("x-fence-token", "5")], 400, "unfenced_write"),
-    ("PROPPATCH", "/racks/1", &[("x-fence-token", "5")], 400, "unfenced_write"),
-    ("MERGE", "/racks/1", &[("x-fence-token", "5")], 400, "unfenced_write"),
-    ("PURGE", "/OBSERVED/1", &[("x-fence-token", "5")], 400, "unfenced_write"),
-];
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_spelling_of_a_write_reaches_the_upstream_unfenced() {
-    let (s, me) = (shared().await, "spellings");
-    for (method, path, headers, status, error) in SPELLINGS {
-        let (got, v) = s.send(me, method, path, None, headers).await;
-        assert_eq!((got, error_of(&v)), (*status, *error), "{method} {path} {headers:?}: {v}");
-    }
-    assert!(s.arrivals_of(me).is_empty(), "the upstream saw {:?}", s.arrivals_of(me));
-    // Safe methods still pass on the catch-all, whatever the case.
-    let (got, v) = s.send(me, "GET", "/RACKS/1", None, &[]).await;
-    assert_eq!(got, 200, "{v}");
-}
-
 /// A fenced write of unannounced length is read whole before the upstream
 /// sees any of it: over `max_body` it is a clean 413 and nothing arrives;
 /// within it, the upstream gets it with a `Content-Length`.

@@ -13,6 +13,8 @@
 //! - [`Upstream`]: the recording "legacy API" behind a sidecar, which checks
 //!   nothing and reports arrivals; or, for benchmarks, a counting one on its
 //!   own thread.
+//! - [`lenient`]: how a lenient web framework would read a request that
+//!   reached the upstream (overrides, case, `parseInt` ids and tokens).
 //! - [`http`], [`watch`]: raw HTTP requests and answers, the NDJSON watch stream.
 //! - [`wait`]: bounded waits for a condition (no bare sleeps for order).
 //! - [`ports`], [`process`], [`tls`]: free ports, child processes killed on
@@ -24,6 +26,7 @@
 pub mod binary;
 pub mod cluster;
 pub mod http;
+pub mod lenient;
 pub mod ports;
 pub mod process;
 pub mod relay;

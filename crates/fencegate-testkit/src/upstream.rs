@@ -30,6 +30,7 @@ pub const DELAY_HEADER: &str = "x-test-delay-ms";
 pub struct Seen {
     pub method: String,
     pub path: String,
+    pub query: Option<String>,
     pub token: Option<u64>,
     pub headers: hyper::HeaderMap,
     pub body: String,
@@ -126,6 +127,10 @@ impl Upstream {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Every request that took effect, in that order.
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap().clone()
@@ -218,6 +223,7 @@ async fn apply(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes
     let mut seen = Seen {
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
+        query: parts.uri.query().map(str::to_string),
         token: header(&parts.headers, fencegate_client::TOKEN_HEADER),
         headers: if record { parts.headers } else { hyper::HeaderMap::new() },
         body: String::new(),
