@@ -85,7 +85,15 @@ impl Sidecar {
         if let Err(a) = self.check_framing(&req) {
             return self.answer("-", None, a);
         }
-        let matched = match self.settings.routes.find(req.method(), req.uri().path()) {
+        let routes = &self.settings.routes;
+        let found = match method_override(req.headers(), req.uri().query()) {
+            Ok(None) => routes.find(req.method(), req.uri().path()),
+            Ok(Some(effective)) => routes.find_overridden(req.method(), &effective, req.uri().path()),
+            Err(message) => {
+                return self.answer("-", None, Answer::BadRequest { error: Problem::DisguisedRequest, message })
+            }
+        };
+        let matched = match found {
             Ok(m) => m,
             Err(e) => {
                 let a = match e {
@@ -99,6 +107,9 @@ impl Sidecar {
                     }
                     e @ MatchError::UnfencedWrite { .. } => {
                         Answer::BadRequest { error: Problem::UnfencedWrite, message: e.to_string() }
+                    }
+                    e @ MatchError::MethodOverride { .. } => {
+                        Answer::BadRequest { error: Problem::DisguisedRequest, message: e.to_string() }
                     }
                 };
                 return self.answer("-", None, a);
@@ -191,7 +202,7 @@ impl Sidecar {
             });
         }
         let h = req.headers();
-        if let Some(why) = disguise(h, req.uri().query()) {
+        if let Some(why) = disguise(h) {
             return Err(Answer::BadRequest { error: Problem::DisguisedRequest, message: why });
         }
         let lengths = h.get_all(CONTENT_LENGTH).iter().count();
@@ -276,30 +287,48 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
     }
 }
 
-/// Headers by which frameworks and proxies take a request for another
-/// method or path than the one routed (method-override middleware, IIS
-/// URL rewrite, Symfony, nginx setups).
-const DISGUISES: [&str; 7] = [
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
-    "x-original-url",
-    "x-rewrite-url",
-    "x-original-method",
-    "x-override-url",
-];
+/// Headers by which frameworks and proxies take a request for another path
+/// (or, set by a proxy in front, another method) than the one routed (IIS
+/// URL rewrite, Symfony, nginx setups): refused on every route.
+const REWRITES: [&str; 4] = ["x-original-url", "x-rewrite-url", "x-original-method", "x-override-url"];
 
-/// Why a request may reach the upstream as something other than what it was
-/// routed as, if it may: the route (and the fence) would then judge the
-/// wrong request. Also a `Connection` header naming `X-Fence-Token`, which
-/// would have the token checked here and dropped before the upstream.
-fn disguise(h: &hyper::HeaderMap, query: Option<&str>) -> Option<String> {
-    if let Some(name) = DISGUISES.iter().find(|n| h.contains_key(**n)) {
-        return Some(format!("{name} would make the upstream take this request as another one"));
+/// Headers by which method-override middleware (Express, Rails, Spring,
+/// ASP.NET) takes a request for another method; and the `_method` query
+/// parameter. Taken only on routes that allow them (`find_overridden`).
+const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+
+/// The method a request asks the upstream to take it as, if it asks (by
+/// header or `_method`, upper-cased as middleware does); `Err` if it asks
+/// for two, or for something that is not a method.
+fn method_override(h: &hyper::HeaderMap, query: Option<&str>) -> Result<Option<hyper::Method>, String> {
+    let headers = METHOD_OVERRIDES.iter().flat_map(|n| h.get_all(*n).iter().map(|v| v.as_bytes()));
+    let params = query.into_iter().flat_map(|q| q.split('&')).filter_map(|p| {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        k.eq_ignore_ascii_case("_method").then_some(v.as_bytes())
+    });
+    let mut asked: Option<Vec<u8>> = None;
+    for value in headers.chain(params) {
+        let value = value.trim_ascii().to_ascii_uppercase();
+        match &asked {
+            Some(first) if *first != value => return Err("the request asks for two method overrides".into()),
+            _ => asked = Some(value),
+        }
     }
-    let method_param = |p: &str| p.split_once('=').map_or(p, |(k, _)| k).eq_ignore_ascii_case("_method");
-    if query.is_some_and(|q| q.split('&').any(method_param)) {
-        return Some("a _method parameter would make the upstream take this request as another method".into());
+    match asked {
+        None => Ok(None),
+        Some(m) => hyper::Method::from_bytes(&m)
+            .map(Some)
+            .map_err(|_| format!("method override {:?} is not a method", String::from_utf8_lossy(&m))),
+    }
+}
+
+/// Why a request may reach the upstream as another path than the one
+/// routed, if it may: the route (and the fence) would then judge the wrong
+/// request. Also a `Connection` header naming `X-Fence-Token`, which would
+/// have the token checked here and dropped before the upstream.
+fn disguise(h: &hyper::HeaderMap) -> Option<String> {
+    if let Some(name) = REWRITES.iter().find(|n| h.contains_key(**n)) {
+        return Some(format!("{name} would make the upstream take this request as another one"));
     }
     let named = h.get_all(hyper::header::CONNECTION).iter().flat_map(|v| v.as_bytes().split(|b| *b == b','));
     for name in named {
@@ -371,25 +400,41 @@ mod tests {
 
     #[test]
     fn requests_in_disguise_are_named() {
-        for (pairs, query) in [
-            (vec![("X-HTTP-Method-Override", "PUT")], None),
-            (vec![("x-http-method", "DELETE")], None),
-            (vec![("X-Method-Override", "PATCH")], None),
-            (vec![("X-Original-URL", "/racks/42")], None),
-            (vec![("X-Rewrite-URL", "/racks/42")], None),
-            (vec![], Some("_method=PUT")),
-            (vec![], Some("a=1&_METHOD=put")),
-            (vec![("Connection", "close, X-Fence-Token")], None),
-            (vec![("Connection", "keep-alive"), ("Connection", " x-fence-token ")], None),
+        for pairs in [
+            vec![("X-Original-URL", "/racks/42")],
+            vec![("X-Rewrite-URL", "/racks/42")],
+            vec![("x-original-method", "PUT")],
+            vec![("Connection", "close, X-Fence-Token")],
+            vec![("Connection", "keep-alive"), ("Connection", " x-fence-token ")],
         ] {
-            assert!(disguise(&headers(&pairs), query).is_some(), "{pairs:?} {query:?}");
+            assert!(disguise(&headers(&pairs)).is_some(), "{pairs:?}");
+        }
+        for pairs in [vec![("Connection", "close"), ("X-Fence-Token", "7")], vec![("X-Forwarded-For", "10.0.0.1")]] {
+            assert!(disguise(&headers(&pairs)).is_none(), "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn method_overrides_are_read_as_middleware_reads_them() {
+        use hyper::Method;
+        for (pairs, query, want) in [
+            (vec![("X-HTTP-Method-Override", "PUT")], None, Ok(Some(Method::PUT))),
+            (vec![("x-http-method", "delete")], None, Ok(Some(Method::DELETE))),
+            (vec![("X-Method-Override", " patch ")], None, Ok(Some(Method::PATCH))),
+            (vec![], Some("a=1&_METHOD=put"), Ok(Some(Method::PUT))),
+            (vec![("X-HTTP-Method-Override", "PUT")], Some("_method=PUT"), Ok(Some(Method::PUT))),
+            (vec![], Some("method=PUT&x_method=1"), Ok(None)),
+            (vec![], None, Ok(None)),
+        ] {
+            assert_eq!(method_override(&headers(&pairs), query), want, "{pairs:?} {query:?}");
         }
         for (pairs, query) in [
-            (vec![("Connection", "close"), ("X-Fence-Token", "7")], None),
-            (vec![], Some("method=PUT&x_method=1")),
-            (vec![("X-Forwarded-For", "10.0.0.1")], None),
+            (vec![("X-HTTP-Method-Override", "PUT"), ("X-HTTP-Method-Override", "DELETE")], None),
+            (vec![("X-HTTP-Method-Override", "PUT")], Some("_method=DELETE")),
+            (vec![], Some("_method=P(T")),
+            (vec![], Some("_method")),
         ] {
-            assert!(disguise(&headers(&pairs), query).is_none(), "{pairs:?} {query:?}");
+            assert!(method_override(&headers(&pairs), query).is_err(), "{pairs:?} {query:?}");
         }
     }
 }

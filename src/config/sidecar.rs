@@ -143,6 +143,10 @@ pub struct RouteConfig {
     /// route covers (for other methods), instead of refusing them.
     #[serde(default)]
     pub allow_unfenced_writes: bool,
+    /// Let method-override headers (`X-HTTP-Method-Override`, `_method`)
+    /// ride on this route's requests, fenced as both methods.
+    #[serde(default)]
+    pub allow_method_override: bool,
     /// Format suffixes the upstream strips from a path's last segment
     /// (`[json]`: `/racks/42.json` is `/racks/42`).
     #[serde(default)]
@@ -321,6 +325,7 @@ pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri) -> Result<
             upstream,
             timeout: r.timeout,
             allow_unfenced_writes: r.allow_unfenced_writes,
+            allow_method_override: r.allow_method_override,
             suffixes: &r.suffixes,
         };
         let route =

@@ -31,6 +31,8 @@ pub struct Route {
     pub timeout: Duration,
     /// An unfenced route that may take unsafe methods on fenced paths.
     allow_unfenced_writes: bool,
+    /// Method-override headers may ride on this route's requests.
+    allow_method_override: bool,
     path: PathTemplate,
     /// Format suffixes (`.json`, lower case) the upstream strips from the
     /// last segment: matched, and the key rendered, without them.
@@ -60,6 +62,10 @@ pub enum MatchError {
     /// would reach the upstream through an unfenced route.
     #[error("{method} on this path would pass unfenced through route {through:?}, but route {fenced:?} fences this path; list {method} in {fenced:?}'s methods")]
     UnfencedWrite { method: String, through: String, fenced: String },
+    /// A method override on a request that is not one route's under both
+    /// methods, or whose route does not allow overrides.
+    #[error("{method} overridden as {effective}: {why}")]
+    MethodOverride { method: String, effective: String, why: String },
     #[error("no route matches this request")]
     NoRoute,
 }
@@ -76,6 +82,7 @@ pub struct RouteSpec<'a> {
     pub upstream: Uri,
     pub timeout: Duration,
     pub allow_unfenced_writes: bool,
+    pub allow_method_override: bool,
     /// Format suffixes without their dot (`json`).
     pub suffixes: &'a [String],
 }
@@ -133,6 +140,31 @@ impl Routes {
             return Ok(Matched { route, key: Some(key) });
         }
         Err(MatchError::NoRoute)
+    }
+
+    /// The route of a request whose method an override header changes
+    /// (`POST` with `X-HTTP-Method-Override: PATCH`): an upstream may apply
+    /// it as either method, so both must take one route, and that route
+    /// must allow overrides (`allow_method_override`). Fenced, it is fenced
+    /// whichever method the upstream believes.
+    pub fn find_overridden(&self, method: &Method, effective: &Method, path: &str) -> Result<Matched<'_>, MatchError> {
+        let as_sent = self.find(method, path)?;
+        let refused = |why: String| MatchError::MethodOverride {
+            method: method.to_string(),
+            effective: effective.to_string(),
+            why,
+        };
+        match self.find(effective, path) {
+            Ok(m) if !std::ptr::eq(m.route, as_sent.route) => Err(refused(format!(
+                "the two methods take different routes ({:?} and {:?})",
+                as_sent.route.name, m.route.name
+            ))),
+            Ok(_) if !as_sent.route.allow_method_override => {
+                Err(refused(format!("route {:?} does not allow method overrides", as_sent.route.name)))
+            }
+            Ok(_) => Ok(as_sent),
+            Err(e) => Err(refused(format!("as {effective} it would be refused: {e}"))),
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Route> {
@@ -198,6 +230,7 @@ impl Route {
             upstream: r.upstream,
             timeout: r.timeout,
             allow_unfenced_writes: r.allow_unfenced_writes,
+            allow_method_override: r.allow_method_override,
             path,
             lock_key,
             suffixes,
@@ -1047,6 +1080,35 @@ mod tests {
         ] {
             let e = build_err(&format!("[{{ name: r, path: '/r/{{x}}', lock_key: 'r/{{x}}', suffixes: {suffixes} }}]"));
             assert!(e.contains("`routes[0].suffixes`") && e.contains(says), "{suffixes}: {e}");
+        }
+    }
+
+    /// An override is taken only where both methods take the same route and
+    /// it allows overrides.
+    #[test]
+    fn a_method_override_needs_one_route_for_both_methods_that_allows_it() {
+        let t = routes(concat!(
+            "[{ name: w, methods: [POST, PATCH, DELETE], path: '/racks/{rack:int}', lock_key: 'rack/{rack}',",
+            "   allow_method_override: true },",
+            " { name: plain, methods: [POST, PUT], path: '/plain/{rack:int}', lock_key: 'plain/{rack}' },",
+            " { name: any, path: '/{*rest}', fence: off }]"
+        ));
+        let over = |m: &str, e: &str, p: &str| {
+            t.find_overridden(&Method::from_bytes(m.as_bytes()).unwrap(), &Method::from_bytes(e.as_bytes()).unwrap(), p)
+                .map(|m| (m.route.name.clone(), m.key))
+        };
+        assert_eq!(over("POST", "PATCH", "/racks/042"), Ok(("w".into(), Some("rack/42".into()))));
+        assert_eq!(over("POST", "DELETE", "/RACKS/1"), Ok(("w".into(), Some("rack/1".into()))));
+        for (m, e, p, says) in [
+            ("POST", "GET", "/racks/1", "different routes"),
+            ("GET", "PATCH", "/racks/1", "different routes"),
+            ("POST", "PUT", "/racks/1", "refused"),
+            ("POST", "PUT", "/plain/1", "does not allow"),
+            ("POST", "DELETE", "/other", "does not allow"),
+            ("POST", "GET", "/other", "does not allow"),
+        ] {
+            let e = over(m, e, p).unwrap_err();
+            assert!(matches!(&e, MatchError::MethodOverride { why, .. } if why.contains(says)), "{m} {p}: {e:?}");
         }
     }
 

@@ -67,9 +67,15 @@ const CORPUS: &[Case] = &[
     (H1, "PUT", "/racks/1", &[("x-fence-token", "9, 3")], 400, "malformed_token"),
     (H1, "PUT", "/racks/1", &[("connection", "x-fence-token"), ("x-fence-token", "9")], 400, "disguised_request"),
     (H1, "PUT", "/racks/1", &[("connection", "close, X-Fence-Token"), ("x-fence-token", "9")], 400, "disguised_request"),
-    // Overrides and rewrites.
+    // Overrides (rack-writes allows them: taken when both methods take it,
+    // and then fenced) and rewrites (never taken).
     (H1, "GET", "/racks/1", &[("x-http-method-override", "PUT"), T3], 400, "disguised_request"),
-    (H1, "POST", "/racks/1", &[("X-HTTP-Method", "DELETE"), T3], 400, "disguised_request"),
+    (H1, "POST", "/racks/1", &[("X-HTTP-Method", "DELETE"), T3], 409, "stale_token"),
+    (H1, "POST", "/RACKS/01?_method=patch", &[T3], 409, "stale_token"),
+    (H1, "POST", "/racks/1", &[("x-http-method-override", "GET"), T3], 400, "disguised_request"),
+    (H1, "POST", "/racks/1", &[("x-http-method-override", "PURGE"), T3], 400, "disguised_request"),
+    (H1, "POST", "/racks/1", &[("x-http-method-override", "PUT"), ("x-method-override", "DELETE"), T3], 400, "disguised_request"),
+    (H1, "POST", "/racks/1?_method=DELETE", &[("x-http-method-override", "PATCH"), T3], 400, "disguised_request"),
     (H1, "GET", "/racks/1", &[("x-method-override", "PATCH")], 400, "disguised_request"),
     (H1, "GET", "/racks/1", &[("x-original-method", "PUT")], 400, "disguised_request"),
     (H1, "GET", "/racks/1?_method=PUT", &[T3], 400, "disguised_request"),
@@ -139,7 +145,8 @@ async fn no_spelling_of_a_write_reaches_a_lenient_upstream_unfenced() {
     let routes = table(&[
         Route::fenced("rack-writes", "/racks/{rack:int}", "rack/{rack}", "{ mode: observed }")
             .methods(&["PUT", "POST", "PATCH", "DELETE"])
-            .suffixes("[json]"),
+            .with("suffixes", "[json]")
+            .with("allow_method_override", "true"),
         everything_else(),
     ]);
     let sc = Sidecar::start(&bin!(), dir.path().join("sc"), &up.url(), &[], &routes).await;

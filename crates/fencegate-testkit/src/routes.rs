@@ -59,12 +59,8 @@ impl Route {
         self.with("upstream", url)
     }
 
-    /// Format suffixes the route strips (`[json]`).
-    pub fn suffixes(self, suffixes: &str) -> Route {
-        self.with("suffixes", suffixes)
-    }
-
-    fn with(mut self, key: &str, value: &str) -> Route {
+    /// Any other field of the route, as YAML (`with("suffixes", "[json]")`).
+    pub fn with(mut self, key: &str, value: &str) -> Route {
         self.more.push_str(&format!("    {key}: {value}\n"));
         self
     }
