@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,8 +192,8 @@ where
     let peer = conn.addr;
     let activity = Arc::new(Activity::new());
     let tracked = activity.clone();
-    let service = hyper::service::service_fn(move |req| {
-        let busy = tracked.begin();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let busy = tracked.begin(req.version());
         let answer = handle(req, conn.clone());
         async move {
             let resp = answer.await;
@@ -245,37 +245,56 @@ where
 type Stopping = tokio::sync::watch::Receiver<bool>;
 
 /// What a connection is doing: requests in flight (until their answer's body
-/// is dropped), and when the last one began or ended.
+/// is dropped), and when the last one began or ended. Only HTTP/2 requests
+/// are counted: once an HTTP/1.1 request has come, hyper's header timeout
+/// bounds the idling between requests, and the count would only cost time.
 struct Activity {
     opened: tokio::time::Instant,
     busy: AtomicUsize,
     /// Milliseconds from `opened` to the last begin or end; `u64::MAX`
     /// before the first request.
     last: AtomicU64,
+    /// An HTTP/1.1 request has come: hyper bounds the idling.
+    http1: AtomicBool,
 }
 
 impl Activity {
     fn new() -> Self {
-        Activity { opened: tokio::time::Instant::now(), busy: AtomicUsize::new(0), last: AtomicU64::new(u64::MAX) }
+        Activity {
+            opened: tokio::time::Instant::now(),
+            busy: AtomicUsize::new(0),
+            last: AtomicU64::new(u64::MAX),
+            http1: AtomicBool::new(false),
+        }
     }
 
     fn touch(&self) {
         self.last.store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
-    fn begin(self: &Arc<Self>) -> Busy {
+    fn begin(self: &Arc<Self>, version: hyper::Version) -> Option<Busy> {
+        if version != hyper::Version::HTTP_2 {
+            if !self.http1.load(Ordering::Relaxed) {
+                self.http1.store(true, Ordering::Relaxed);
+            }
+            return None;
+        }
         self.busy.fetch_add(1, Ordering::Relaxed);
         self.touch();
-        Busy(self.clone())
+        Some(Busy(self.clone()))
     }
 
     fn ever(&self) -> bool {
-        self.last.load(Ordering::Relaxed) != u64::MAX
+        self.http1.load(Ordering::Relaxed) || self.last.load(Ordering::Relaxed) != u64::MAX
     }
 
-    /// Resolves once nothing has been in flight for `limit`.
+    /// Resolves once nothing has been in flight for `limit` (never on an
+    /// HTTP/1.1 connection that has had a request: hyper's to bound).
     async fn idle(&self, limit: Duration) {
         loop {
+            if self.http1.load(Ordering::Relaxed) {
+                return std::future::pending().await;
+            }
             let last = match self.last.load(Ordering::Relaxed) {
                 u64::MAX => self.opened,
                 ms => self.opened + Duration::from_millis(ms),
@@ -305,7 +324,7 @@ impl Drop for Busy {
 /// An answer's body, keeping its request counted as in flight.
 struct Tracked {
     body: Body,
-    _busy: Busy,
+    _busy: Option<Busy>,
 }
 
 impl hyper::body::Body for Tracked {
