@@ -394,8 +394,9 @@ pub enum Problem {
     NoRoute,
     /// 413: the body is above `limits.max_body`.
     BodyTooLarge,
-    /// 408: a fenced write's body (of unannounced length) did not arrive
-    /// within the route's timeout.
+    /// 408: a request body did not arrive whole within `limits.body_timeout`
+    /// (or a fenced write's body of unannounced length within the route's
+    /// timeout).
     BodyTimeout,
     /// 504: the upstream did not answer within the route's timeout.
     UpstreamTimeout,
