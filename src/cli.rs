@@ -3,6 +3,7 @@
 
 mod demo;
 mod dev;
+mod idempotency;
 mod lock;
 mod server;
 mod sidecar;
@@ -105,11 +106,52 @@ enum Command {
         #[command(subcommand)]
         action: TokenAction,
     },
+    /// Look at, or settle, an idempotency key's record on a running sidecar.
+    ///
+    /// A request whose outcome is unknown (the exchange broke after it may
+    /// have reached the upstream, or the sidecar died in between) is never
+    /// forwarded again by itself: find out at the upstream whether it was
+    /// applied, then say so here. Exit status 1 if the sidecar refused.
+    Idempotency {
+        #[command(subcommand)]
+        action: IdempotencyAction,
+    },
     /// Validate a configuration file without starting anything (exit 64 if bad).
     CheckConfig {
         /// A node or sidecar configuration file (a file with `routes` is a sidecar's).
         file: PathBuf,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum IdempotencyAction {
+    /// Print the record of KEY under LOCK_KEY (state, token, times, status).
+    Show(IdempotencyRecord),
+    /// Settle an unknown outcome: --applied STATUS (retries get STATUS with
+    /// an empty body) or --not-applied (the next retry is forwarded).
+    Resolve {
+        #[command(flatten)]
+        record: IdempotencyRecord,
+        /// It was applied; retries get this status.
+        #[arg(long, conflicts_with = "not_applied", required_unless_present = "not_applied")]
+        applied: Option<u16>,
+        /// It was not applied; the next request with the key is forwarded.
+        #[arg(long)]
+        not_applied: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct IdempotencyRecord {
+    /// The sidecar's metrics listener (loopback only), e.g. http://127.0.0.1:9464.
+    #[arg(long)]
+    sidecar: String,
+    /// The lock key the request wrote under, e.g. rack/42.
+    #[arg(long)]
+    lock_key: String,
+    /// The Idempotency-Key, as the client sent it (without quotes).
+    #[arg(long)]
+    key: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -176,6 +218,12 @@ pub fn run(cli: Cli) -> i32 {
                 lock::run(args).await
             }
             Command::Token { action: TokenAction::New { identity } } => token::new(&identity),
+            Command::Idempotency { action: IdempotencyAction::Show(r) } => {
+                idempotency::run(&r.sidecar, &r.lock_key, &r.key, None).await
+            }
+            Command::Idempotency { action: IdempotencyAction::Resolve { record: r, applied, .. } } => {
+                idempotency::run(&r.sidecar, &r.lock_key, &r.key, Some(applied)).await
+            }
             Command::Demo { ttl, pause, mermaid } => demo::run(demo::DemoArgs { ttl, pause, mermaid }).await,
             Command::Dev { data, fresh, free_ports } => dev::run(&data, fresh, free_ports).await,
             Command::CheckConfig { file } => check_config(&file).map(|()| 0),

@@ -113,6 +113,11 @@ pub struct SidecarMetrics {
     pub upstream_duration: HistogramVec,
     pub fence_wait: HistogramVec,
     pub lock_service_up: IntGauge,
+    /// result: stored | replayed | mismatch | in_flight | unknown |
+    /// not_kept | full | missing | malformed | resolved
+    pub idempotency: IntCounterVec,
+    /// Idempotency records held.
+    pub idempotency_records: IntGauge,
 }
 
 impl SidecarMetrics {
@@ -133,6 +138,23 @@ impl SidecarMetrics {
                 IntCounterVec::new(
                     Opts::new("fencegate_sidecar_rejections_total", "Rejected requests by route and reason"),
                     &["route", "reason"],
+                )?,
+            )?,
+            idempotency: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencegate_sidecar_idempotency_total",
+                        "Requests with an Idempotency-Key by route and result",
+                    ),
+                    &["route", "result"],
+                )?,
+            )?,
+            idempotency_records: register(
+                r,
+                IntGauge::new(
+                    "fencegate_sidecar_idempotency_records",
+                    "Idempotency records held (live and expired-not-yet-swept)",
                 )?,
             )?,
             upstream_duration: register(

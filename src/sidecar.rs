@@ -17,9 +17,13 @@ pub mod check;
 pub mod fence;
 pub mod floors;
 pub mod forward;
+pub mod idempotency;
+pub mod keyed;
 pub mod knowledge;
 pub mod order;
+pub mod records;
 pub mod routes;
+pub mod store;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -49,6 +53,9 @@ use routes::MatchError;
 pub struct Sidecar {
     pub settings: SidecarSettings,
     pub fencer: Fencer,
+    /// Floors and idempotency records on disk.
+    store: Arc<store::Store>,
+    records: Arc<records::Records>,
     upstream: Upstream,
     /// Present when the listener serves HTTPS (`tls`).
     acceptor: Option<TlsAcceptor>,
@@ -74,10 +81,20 @@ impl Sidecar {
             }
             _ => None,
         };
-        let floors = floors::Floors::open(&settings.state_dir)?;
-        tracing::info!(keys = floors.len(), dir = %settings.state_dir.display(), "floors loaded");
+        let (store, loaded) = store::Store::open(&settings.state_dir)?;
+        let store = Arc::new(store);
+        let floors = floors::Floors::new(store.clone(), loaded.floors);
+        let records =
+            Arc::new(records::Records::load(store.clone(), loaded.records, settings.limits.idempotency_store));
+        let dir = settings.state_dir.display();
+        tracing::info!(keys = floors.len(), idempotency_records = records.len(), %dir, "state loaded");
+        metrics.idempotency_records.set(records.len() as i64);
+        if settings.routes.iter().any(|r| r.idempotency.is_some()) || !records.is_empty() {
+            tokio::spawn(sweep(Arc::downgrade(&records), metrics.clone()));
+        }
         let fencer = Fencer { view, floors, order: Arc::default() };
-        Ok(Arc::new(Sidecar { settings, fencer, upstream: Upstream::new(tls.upstream), acceptor, registry, metrics }))
+        let upstream = Upstream::new(tls.upstream);
+        Ok(Arc::new(Sidecar { settings, fencer, store, records, upstream, acceptor, registry, metrics }))
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
@@ -129,39 +146,52 @@ impl Sidecar {
             None => None,
         };
         let limits = &self.settings.limits;
-        let limit = limits.max_body;
         let (mut parts, body) = req.into_parts();
-        let body = crate::http::Deadline::new(body, arrived, limits.body_timeout);
-        let body = if matched.key.is_some() && !parts.headers.contains_key(CONTENT_LENGTH) {
-            // A fenced write of unannounced length (chunked, or HTTP/2
-            // without Content-Length) is read whole first: one over the
-            // limit is refused before the upstream sees any of it, never
-            // cut off half-way through a write the upstream may apply.
-            let whole = tokio::time::timeout(route.timeout, crate::http::read_body(body, limit as usize)).await;
-            let bytes = match whole {
-                Ok(Ok(bytes)) => bytes,
-                Ok(Err(crate::http::BodyError::TooLarge(_))) => {
-                    return self.answer(name, matched.key.as_deref(), Answer::TooLarge { limit })
-                }
-                Ok(Err(crate::http::BodyError::Read(e))) if e.is::<crate::http::BodyTimedOut>() => {
-                    let a = Answer::BadRequest { error: Problem::BodyTimeout, message: e.to_string() };
-                    return self.answer(name, matched.key.as_deref(), a);
-                }
-                Ok(Err(e)) => {
-                    let a = Answer::BadRequest { error: Problem::AmbiguousFraming, message: e.to_string() };
-                    return self.answer(name, matched.key.as_deref(), a);
-                }
-                Err(_) => {
-                    let message = format!("the body did not arrive within the route's timeout ({:?})", route.timeout);
-                    let a = Answer::BadRequest { error: Problem::BodyTimeout, message };
-                    return self.answer(name, matched.key.as_deref(), a);
-                }
-            };
-            parts.headers.insert(CONTENT_LENGTH, bytes.len().into());
-            http_body_util::Full::new(bytes).map_err(|e| -> BoxError { match e {} }).boxed()
-        } else {
-            Limited::new(body, limit as usize).map_err(|e| -> BoxError { e }).boxed()
+        let idempotency_key = match (&route.idempotency, &matched.key) {
+            (Some(policy), Some(key)) => match keyed::key_of(policy, &parts.headers) {
+                Ok(k) => k,
+                Err(a) => return self.answer(name, Some(key), a),
+            },
+            _ => None,
         };
+        let body = crate::http::Deadline::new(body, arrived, limits.body_timeout);
+        let mut keyed = None;
+        let body =
+            if idempotency_key.is_some() || (matched.key.is_some() && !parts.headers.contains_key(CONTENT_LENGTH)) {
+                // A fenced write of unannounced length (chunked, or HTTP/2
+                // without Content-Length) is read whole first: one over the
+                // limit is refused before the upstream sees any of it, never
+                // cut off half-way through a write the upstream may apply. So is
+                // a request with an idempotency key: its fingerprint covers it.
+                let bytes = match self.read_whole(body, route).await {
+                    Ok(b) => b,
+                    Err(a) => return self.answer(name, matched.key.as_deref(), a),
+                };
+                if let (Some(key), Some(policy), Some(lock_key)) = (&idempotency_key, route.idempotency, &matched.key) {
+                    let request = keyed::Request {
+                        route: name,
+                        lock_key,
+                        key,
+                        method: parts.method.as_str(),
+                        path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+                        headers: &parts.headers,
+                        body: &bytes,
+                        token: fence::parse_token(&parts.headers).ok().flatten().unwrap_or(0),
+                    };
+                    match keyed::begin(&self.records, &self.metrics, policy, request).await {
+                        Ok(keyed::Begun::Forward(k)) => keyed = Some(k),
+                        Ok(keyed::Begun::Answered(resp)) => {
+                            self.metrics.requests.with_label_values(&[name, "replayed"]).inc();
+                            return resp;
+                        }
+                        Err(a) => return self.answer(name, Some(lock_key), a),
+                    }
+                }
+                parts.headers.insert(CONTENT_LENGTH, bytes.len().into());
+                http_body_util::Full::new(bytes).map_err(|e| -> BoxError { match e {} }).boxed()
+            } else {
+                Limited::new(body, limits.max_body as usize).map_err(|e| -> BoxError { e }).boxed()
+            };
         let started = Instant::now();
         let tls = self.acceptor.is_some();
         let req = Request::from_parts(parts, body);
@@ -181,12 +211,38 @@ impl Sidecar {
             // Answered, timed out, or never sent: higher tokens may go.
             (_, permit) => drop(permit),
         }
+        let result = match keyed {
+            Some(k) => keyed::finish(&self.records, &self.metrics, name, k, result).await,
+            None => result,
+        };
         match result {
             Ok(resp) => {
                 self.metrics.requests.with_label_values(&[name, "forwarded"]).inc();
                 resp
             }
             Err(a) => self.answer(name, matched.key.as_deref(), a),
+        }
+    }
+
+    /// The whole body, within `max_body`, `limits.body_timeout` (its
+    /// `Deadline`) and the route's timeout.
+    async fn read_whole(
+        &self,
+        body: crate::http::Deadline<Incoming>,
+        route: &routes::Route,
+    ) -> Result<bytes::Bytes, Answer> {
+        let limit = self.settings.limits.max_body;
+        match tokio::time::timeout(route.timeout, crate::http::read_body(body, limit as usize)).await {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(crate::http::BodyError::TooLarge(_))) => Err(Answer::TooLarge { limit }),
+            Ok(Err(crate::http::BodyError::Read(e))) if e.is::<crate::http::BodyTimedOut>() => {
+                Err(Answer::BadRequest { error: Problem::BodyTimeout, message: e.to_string() })
+            }
+            Ok(Err(e)) => Err(Answer::BadRequest { error: Problem::AmbiguousFraming, message: e.to_string() }),
+            Err(_) => {
+                let message = format!("the body did not arrive within the route's timeout ({:?})", route.timeout);
+                Err(Answer::BadRequest { error: Problem::BodyTimeout, message })
+            }
         }
     }
 
@@ -339,6 +395,24 @@ fn disguise(h: &hyper::HeaderMap) -> Option<String> {
     None
 }
 
+/// Drop expired idempotency records every few seconds, for as long as the
+/// sidecar lives.
+async fn sweep(records: std::sync::Weak<records::Records>, metrics: SidecarMetrics) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        every.tick().await;
+        let Some(records) = records.upgrade() else { return };
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        match records.expire(now).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(expired = n, left = records.len(), "idempotency records expired"),
+            Err(e) => tracing::warn!("expiring idempotency records: {e}"),
+        }
+        metrics.idempotency_records.set(records.len() as i64);
+    }
+}
+
 /// How long shutdown waits for connections to finish their answers.
 const CONNECTION_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -350,12 +424,99 @@ pub async fn serve_metrics(listener: TcpListener, sidecar: Arc<Sidecar>, shutdow
     let opts = crate::http::Listener::http1("metrics");
     crate::http::serve(listener, opts, shutdown, move |req: Request<Incoming>, _| {
         let sidecar = sidecar.clone();
-        async move { sidecar.probe(req.uri().path()).await }
+        async move {
+            match req.uri().path().strip_prefix("/admin/idempotency/") {
+                Some(action) => {
+                    let action = action.to_string();
+                    sidecar.admin(&action, req).await
+                }
+                None => sidecar.probe(req.uri().path()).await,
+            }
+        }
     })
     .await
 }
 
+/// An admin call's body: which record, and for `resolve`, the verdict.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordCall {
+    lock_key: String,
+    key: String,
+    #[serde(default)]
+    applied: Option<u16>,
+}
+
 impl Sidecar {
+    /// `POST /admin/idempotency/show` and `/resolve` (JSON `RecordCall`):
+    /// served only when the metrics listener is on loopback, since it has
+    /// no authentication of its own.
+    async fn admin(&self, action: &str, req: Request<Incoming>) -> Response<Body> {
+        use hyper::StatusCode;
+        let refuse = |status, message: String| {
+            crate::http::refusal(status, crate::http::Cause::Client, &serde_json::json!({ "error": message }))
+        };
+        if !self.settings.metrics_listen.is_some_and(|a| a.ip().is_loopback()) {
+            return refuse(StatusCode::FORBIDDEN, "admin calls are served only on a loopback metrics_listen".into());
+        }
+        if req.method() != hyper::Method::POST {
+            return refuse(StatusCode::METHOD_NOT_ALLOWED, "POST a JSON body".into());
+        }
+        let call: RecordCall = match crate::http::read_body(req.into_body(), 64 << 10).await {
+            Ok(bytes) => match crate::http::parse_json(&bytes) {
+                Ok(c) => c,
+                Err(e) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
+            },
+            Err(e) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
+        };
+        let scope = idempotency::scope(&call.lock_key, &call.key);
+        let record = match action {
+            "show" => self.records.get(&scope).ok_or(records::ResolveError::NoSuchKey),
+            "resolve" => {
+                let applied = call.applied.filter(|s| (200..=599).contains(s));
+                if call.applied.is_some() && applied.is_none() {
+                    return refuse(StatusCode::BAD_REQUEST, "applied must be an HTTP status, 200 to 599".into());
+                }
+                let resolved = self.records.resolve(&scope, applied).await;
+                if resolved.is_ok() {
+                    let routes = resolved.as_ref().map(|r| r.route.clone()).unwrap_or_default();
+                    self.metrics.idempotency.with_label_values(&[&routes, "resolved"]).inc();
+                    tracing::warn!(
+                        lock_key = call.lock_key,
+                        key = call.key,
+                        ?applied,
+                        "unknown outcome resolved by an operator"
+                    );
+                }
+                resolved
+            }
+            other => return refuse(StatusCode::NOT_FOUND, format!("no admin call {other:?} (show, resolve)")),
+        };
+        match record {
+            Ok(r) => {
+                let status = match &r.state {
+                    idempotency::State::Done { status, .. } => Some(*status),
+                    _ => None,
+                };
+                let gone = action == "resolve" && call.applied.is_none();
+                let state = if gone { "forgotten" } else { r.state.name() };
+                crate::http::json(
+                    StatusCode::OK,
+                    &serde_json::json!({
+                        "route": r.route, "state": state, "token": r.token, "status": status,
+                        "created_ms": r.created_ms, "expires_ms": r.expires_ms,
+                        "why": match &r.state { idempotency::State::Unknown { why } => Some(why.as_str()), _ => None },
+                    }),
+                )
+            }
+            Err(records::ResolveError::NoSuchKey) => refuse(StatusCode::NOT_FOUND, "no record for this key".into()),
+            Err(records::ResolveError::NotUnknown(state)) => {
+                refuse(StatusCode::CONFLICT, format!("the record is {state}: only an unknown outcome is resolved"))
+            }
+            Err(records::ResolveError::Store(e)) => refuse(StatusCode::INTERNAL_SERVER_ERROR, e),
+        }
+    }
+
     async fn probe(&self, path: &str) -> Response<Body> {
         if path == "/metrics" {
             return crate::metrics::exposition(&self.registry);
@@ -364,9 +525,8 @@ impl Sidecar {
             let body = serde_json::json!({"error": "not_found"});
             return crate::http::refusal(hyper::StatusCode::NOT_FOUND, crate::http::Cause::Client, &body);
         }
-        let floors = &self.fencer.floors;
         let watch_down = self.fencer.view.as_ref().is_some_and(|v| !v.is_up());
-        let trouble = if floors.is_broken() && !floors.probe().await {
+        let trouble = if self.store.is_broken() && !self.store.probe().await {
             Some("the floor store cannot be written")
         } else if path == "/readyz" && watch_down {
             Some("the lock service watch is down")

@@ -14,6 +14,7 @@ use serde::{Deserialize, Deserializer};
 use super::{endpoint_url, upstream_url, ConfigError, ConfigFile};
 use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 use crate::sidecar::fence::{Consistency, Fence, FenceMode, MissingToken};
+use crate::sidecar::idempotency::Policy;
 use crate::sidecar::routes::{Route, RouteSpec, Routes};
 
 pub const KIB: u64 = 1024;
@@ -89,6 +90,10 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// Connections served at once; more wait in the kernel's backlog.
     pub max_connections: usize,
+    /// The idempotency records kept at most, in bytes (memory and disk);
+    /// beyond it new keys are refused (503).
+    #[serde(deserialize_with = "byte_size")]
+    pub idempotency_store: u64,
 }
 
 impl Default for Limits {
@@ -99,6 +104,7 @@ impl Default for Limits {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            idempotency_store: 64 * MIB,
         }
     }
 }
@@ -151,6 +157,45 @@ pub struct RouteConfig {
     /// (`[json]`: `/racks/42.json` is `/racks/42`).
     #[serde(default)]
     pub suffixes: Vec<String>,
+    /// Requests with an `Idempotency-Key` are applied once.
+    #[serde(default)]
+    pub idempotency: Option<IdempotencyConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencyConfig {
+    /// Refuse requests without a key (428).
+    #[serde(default)]
+    pub required: bool,
+    /// How long a key's record is kept after its first request.
+    #[serde(with = "humantime_serde", default = "default_retention")]
+    pub retention: Duration,
+    /// The largest answer body kept for replay.
+    #[serde(deserialize_with = "byte_size", default = "default_max_response")]
+    pub max_response: u64,
+}
+
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+const MAX_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+const MAX_RESPONSE_KEPT: u64 = 64 * MIB;
+
+fn default_retention() -> Duration {
+    DEFAULT_RETENTION
+}
+
+fn default_max_response() -> u64 {
+    MIB
+}
+
+fn idempotency_policy(i: usize, c: &IdempotencyConfig) -> Result<Policy, ConfigError> {
+    if c.retention < Duration::from_secs(1) || c.retention > MAX_RETENTION {
+        return Err(ConfigError::invalid(format!("routes[{i}].idempotency.retention"), "must be between 1s and 30d"));
+    }
+    if c.max_response > MAX_RESPONSE_KEPT {
+        return Err(ConfigError::invalid(format!("routes[{i}].idempotency.max_response"), "must be at most 64MiB"));
+    }
+    Ok(Policy { required: c.required, retention: c.retention, max_response: c.max_response })
 }
 
 fn default_route_timeout() -> Duration {
@@ -326,6 +371,7 @@ pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri) -> Result<
             timeout: r.timeout,
             allow_unfenced_writes: r.allow_unfenced_writes,
             allow_method_override: r.allow_method_override,
+            idempotency: r.idempotency.as_ref().map(|c| idempotency_policy(i, c)).transpose()?,
             suffixes: &r.suffixes,
         };
         let route =
@@ -369,6 +415,9 @@ impl SidecarConfig {
         }
         if !(1..=MAX_CONNECTIONS).contains(&l.max_connections) {
             return Err(ConfigError::invalid("limits.max_connections", "must be between 1 and 1000000"));
+        }
+        if !((64 * KIB)..=16 * GIB).contains(&l.idempotency_store) {
+            return Err(ConfigError::invalid("limits.idempotency_store", "must be between 64KiB and 16GiB"));
         }
         Ok(())
     }

@@ -42,6 +42,11 @@ pub enum Answer {
         error: Problem,
         message: String,
     },
+    /// What the idempotency record of the request's key says (I1).
+    Idempotency {
+        error: Problem,
+        message: String,
+    },
     /// No connection: the request never left the sidecar.
     UpstreamUnreachable(String),
     Internal(String),
@@ -57,7 +62,9 @@ impl Answer {
     pub fn status(&self) -> StatusCode {
         match self {
             Answer::Rejected(r) => r.reason.status(),
-            Answer::BadRequest { error, .. } | Answer::BodyCut { error, .. } => error.status(),
+            Answer::BadRequest { error, .. } | Answer::BodyCut { error, .. } | Answer::Idempotency { error, .. } => {
+                error.status()
+            }
             Answer::NoRoute => Problem::NoRoute.status(),
             Answer::TooLarge { .. } => Problem::BodyTooLarge.status(),
             Answer::UpstreamTimeout => Problem::UpstreamTimeout.status(),
@@ -70,9 +77,11 @@ impl Answer {
     pub fn cause(&self) -> Cause {
         match self {
             Answer::Rejected(r) if r.reason == Reason::LockServiceUnavailable => Cause::LockService,
+            Answer::Idempotency { error: Problem::IdempotencyStoreFull, .. } => Cause::Internal,
             Answer::Rejected(_)
             | Answer::BadRequest { .. }
             | Answer::BodyCut { .. }
+            | Answer::Idempotency { .. }
             | Answer::NoRoute
             | Answer::TooLarge { .. } => Cause::Client,
             Answer::UpstreamTimeout | Answer::UpstreamFailed(_) | Answer::UpstreamUnreachable(_) => Cause::Upstream,
@@ -107,7 +116,9 @@ impl Answer {
                 };
                 return refusal(status, cause, &body);
             }
-            Answer::BadRequest { error, message } | Answer::BodyCut { error, message } => problem(error, Some(message)),
+            Answer::BadRequest { error, message }
+            | Answer::BodyCut { error, message }
+            | Answer::Idempotency { error, message } => problem(error, Some(message)),
             Answer::NoRoute => problem(Problem::NoRoute, Some("no route matches this method and path".into())),
             Answer::TooLarge { limit } => {
                 problem(Problem::BodyTooLarge, Some(format!("the body limit is {limit} bytes")))
@@ -145,6 +156,20 @@ mod tests {
                 "rejected",
                 Cause::Client,
                 "body_timeout",
+            ),
+            (
+                Answer::Idempotency { error: Problem::OutcomeUnknown, message: "m".into() },
+                409,
+                "rejected",
+                Cause::Client,
+                "outcome_unknown",
+            ),
+            (
+                Answer::Idempotency { error: Problem::IdempotencyStoreFull, message: "m".into() },
+                503,
+                "internal",
+                Cause::Internal,
+                "idempotency_store_full",
             ),
             (Answer::NoRoute, 404, "rejected", Cause::Client, "no_route"),
             (Answer::TooLarge { limit: 9 }, 413, "rejected", Cause::Client, "body_too_large"),

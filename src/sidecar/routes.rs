@@ -11,6 +11,7 @@ use hyper::{Method, Uri};
 use thiserror::Error;
 
 use super::fence::{Fence, MissingToken};
+use super::idempotency::Policy;
 use crate::lock::validate;
 
 /// Routes in config order; the first one that matches a request wins.
@@ -33,6 +34,8 @@ pub struct Route {
     allow_unfenced_writes: bool,
     /// Method-override headers may ride on this route's requests.
     allow_method_override: bool,
+    /// Requests with an `Idempotency-Key` are applied once (fenced routes).
+    pub idempotency: Option<Policy>,
     path: PathTemplate,
     /// Format suffixes (`.json`, lower case) the upstream strips from the
     /// last segment: matched, and the key rendered, without them.
@@ -83,6 +86,7 @@ pub struct RouteSpec<'a> {
     pub timeout: Duration,
     pub allow_unfenced_writes: bool,
     pub allow_method_override: bool,
+    pub idempotency: Option<Policy>,
     /// Format suffixes without their dot (`json`).
     pub suffixes: &'a [String],
 }
@@ -222,6 +226,9 @@ impl Route {
             return Err(error("allow_unfenced_writes", "is for routes with `fence: off`".into()));
         }
         let suffixes = parse_suffixes(r.suffixes).map_err(|m| error("suffixes", m))?;
+        if r.idempotency.is_some() && !r.fence.is_fenced() {
+            return Err(error("idempotency", "is for fenced routes (a key is scoped by the lock key)".into()));
+        }
         Ok(Route {
             name: r.name.to_string(),
             methods,
@@ -231,6 +238,7 @@ impl Route {
             timeout: r.timeout,
             allow_unfenced_writes: r.allow_unfenced_writes,
             allow_method_override: r.allow_method_override,
+            idempotency: r.idempotency,
             path,
             lock_key,
             suffixes,

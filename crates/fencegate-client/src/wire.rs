@@ -402,6 +402,22 @@ pub enum Problem {
     UpstreamTimeout,
     /// 502: the upstream could not be reached, or the exchange broke.
     UpstreamError,
+    /// 400: the `Idempotency-Key` header is malformed, or sent twice.
+    MalformedIdempotencyKey,
+    /// 428: the route requires an `Idempotency-Key` and the request has none.
+    MissingIdempotencyKey,
+    /// 422: the key was used for another request (method, path, type, body).
+    IdempotencyKeyReused,
+    /// 409: the first request with this key is still in flight.
+    IdempotencyInFlight,
+    /// 409: the first request with this key may or may not have been
+    /// applied; a retry is never forwarded by itself (an operator resolves it).
+    OutcomeUnknown,
+    /// 409: the first request with this key was answered, but its answer
+    /// was too large to keep (the route's `max_response`).
+    ResponseNotKept,
+    /// 503: the idempotency store is full (`limits.idempotency_store`).
+    IdempotencyStoreFull,
     /// 500: the sidecar failed.
     Internal,
 }
@@ -416,7 +432,12 @@ impl Problem {
             | Problem::AmbiguousFraming
             | Problem::InvalidParam
             | Problem::UnfencedWrite
-            | Problem::DisguisedRequest => StatusCode::BAD_REQUEST,
+            | Problem::DisguisedRequest
+            | Problem::MalformedIdempotencyKey => StatusCode::BAD_REQUEST,
+            Problem::MissingIdempotencyKey => StatusCode::PRECONDITION_REQUIRED,
+            Problem::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::IdempotencyInFlight | Problem::OutcomeUnknown | Problem::ResponseNotKept => StatusCode::CONFLICT,
+            Problem::IdempotencyStoreFull => StatusCode::SERVICE_UNAVAILABLE,
             Problem::NoRoute => StatusCode::NOT_FOUND,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,

@@ -76,6 +76,12 @@ pub async fn send(req: hyper::Request<Full<Bytes>>, within: Duration) -> (u16, V
     status_and_json(client().send(req, within).await.unwrap_or_else(|e| panic!("{what}: {e}")))
 }
 
+/// The same, `Err` when no answer came within `within` (a client that
+/// gives up).
+pub async fn try_send(req: hyper::Request<Full<Bytes>>, within: Duration) -> Result<(u16, Value), String> {
+    client().send(req, within).await.map(status_and_json).map_err(|e| e.to_string())
+}
+
 fn status_and_json(a: Reply) -> (u16, Value) {
     (a.status.as_u16(), serde_json::from_slice(&a.body).unwrap_or(Value::Null))
 }

@@ -1,0 +1,29 @@
+//! `fencegate idempotency show|resolve`: look at a key's record on a running
+//! sidecar, and settle an unknown outcome (docs/DESIGN.md, I1). Talks to the
+//! sidecar's metrics listener, which serves these calls only on loopback.
+
+use std::time::Duration;
+
+use fencegate_client::http::HttpClient;
+use hyper::{Method, StatusCode};
+
+/// `applied`: `Some(status)`, the request was applied (a retry gets that
+/// status, empty body); `None`, it was not (the next retry is forwarded).
+pub async fn run(sidecar: &str, lock_key: &str, key: &str, resolve: Option<Option<u16>>) -> anyhow::Result<i32> {
+    let (path, body) = match resolve {
+        None => ("show", serde_json::json!({"lock_key": lock_key, "key": key})),
+        Some(applied) => ("resolve", serde_json::json!({"lock_key": lock_key, "key": key, "applied": applied})),
+    };
+    let url = format!("{}/admin/idempotency/{path}", sidecar.trim_end_matches('/'));
+    let reply = HttpClient::new(1 << 20)
+        .call(Method::POST, &url, Some(serde_json::to_vec(&body)?), Duration::from_secs(10))
+        .await
+        .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    let text = String::from_utf8_lossy(&reply.body);
+    if reply.status != StatusCode::OK {
+        eprintln!("{}: {}", reply.status, text.trim());
+        return Ok(1);
+    }
+    println!("{}", text.trim());
+    Ok(0)
+}

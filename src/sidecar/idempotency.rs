@@ -1,0 +1,253 @@
+//! Idempotency keys (I1): for every key, the upstream applies the request at
+//! most once while its record is kept. Pure: the `Idempotency-Key` header,
+//! a request's fingerprint, records and their encoding, and what a request
+//! with a key gets. `records.rs` keeps them; the sidecar runs the exchange.
+//!
+//! After draft-ietf-httpapi-idempotency-key-header and Stripe's API: the
+//! first request's answer is kept and replayed to a retry with the same key
+//! and the same request; the same key with another request is 422; a retry
+//! while the first is in flight is 409. Where the first one's outcome is
+//! unknown (the exchange broke after it may have reached the upstream, or
+//! the sidecar died in between), a retry is never forwarded again by
+//! itself: 409 `outcome_unknown`, until an operator resolves it.
+
+use bytes::Bytes;
+use hyper::HeaderMap;
+use serde::{Deserialize, Serialize};
+
+/// A route's `idempotency`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// A request without a key is refused (428).
+    pub required: bool,
+    /// How long a record is kept after its first request.
+    pub retention: std::time::Duration,
+    /// The largest answer body kept for replay.
+    pub max_response: u64,
+}
+
+/// The request header (the draft's name).
+pub const HEADER: &str = "idempotency-key";
+/// Set on a replayed answer.
+pub const REPLAYED: &str = "idempotent-replayed";
+/// Longest key accepted (a UUID is 36; the draft sets no bound).
+pub const MAX_KEY_LEN: usize = 255;
+
+/// The request's key: `None` without the header; `Err` for a key that is
+/// empty, too long, not printable ASCII, or sent twice. Taken as the
+/// draft's sf-string (`"abc"`) or as a bare value (`abc`, as Stripe's
+/// clients send it); both spell the key `abc`.
+pub fn parse_key(headers: &HeaderMap) -> Result<Option<String>, String> {
+    let mut values = headers.get_all(HEADER).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err("more than one Idempotency-Key header".into());
+    }
+    let raw = value.as_bytes();
+    let inner = match raw {
+        [b'"', inner @ .., b'"'] => inner,
+        _ => raw,
+    };
+    let printable = |b: &u8| (0x21..=0x7e).contains(b) && *b != b'"' && *b != b'\\';
+    if inner.is_empty() || inner.len() > MAX_KEY_LEN || !inner.iter().all(printable) {
+        return Err(format!(
+            "an Idempotency-Key is 1 to {MAX_KEY_LEN} visible ASCII characters (no quotes, backslashes or spaces), optionally in double quotes"
+        ));
+    }
+    Ok(Some(String::from_utf8(inner.to_vec()).expect("ASCII")))
+}
+
+/// Where a key is unique: the lock key it writes under, and the key itself.
+pub fn scope(lock_key: &str, key: &str) -> String {
+    format!("{lock_key}\n{key}")
+}
+
+/// What makes two requests "the same request": method, path and query as
+/// sent, `Content-Type`, and the body (SHA-256, hex).
+pub fn fingerprint(method: &str, path_and_query: &str, content_type: Option<&[u8]>, body: &[u8]) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    // Each field with its length first, so no two requests share an input.
+    for part in [method.as_bytes(), path_and_query.as_bytes(), content_type.unwrap_or(b"\0none"), body] {
+        ctx.update(&(part.len() as u64).to_le_bytes());
+        ctx.update(part);
+    }
+    ctx.finish().as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A key's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub route: String,
+    pub fingerprint: String,
+    /// The token the first request carried.
+    pub token: u64,
+    /// Unix milliseconds: when the first request came, and when the record
+    /// is dropped.
+    pub created_ms: u64,
+    pub expires_ms: u64,
+    pub state: State,
+    /// The upstream's answer body (`Done` with `kept`); stored after the
+    /// encoded rest, not inside it.
+    #[serde(skip)]
+    pub body: Bytes,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum State {
+    /// Forwarded by this process, no answer yet.
+    Pending,
+    /// It may or may not have been applied.
+    Unknown { why: String },
+    /// The upstream answered. `kept`: the whole answer is stored (its body
+    /// was at most the route's `max_response`), so it can be replayed.
+    Done { status: u16, headers: Vec<(String, Vec<u8>)>, kept: bool },
+}
+
+impl State {
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Unknown { .. } => "unknown",
+            State::Done { .. } => "done",
+        }
+    }
+}
+
+impl Record {
+    /// `[meta length: u32 LE][meta JSON][body]`.
+    pub fn encode(&self) -> Vec<u8> {
+        let meta = serde_json::to_vec(self).expect("a record serialises");
+        let mut out = Vec::with_capacity(4 + meta.len() + self.body.len());
+        out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+        out.extend_from_slice(&meta);
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Record, String> {
+        let len = bytes.get(..4).ok_or("a record shorter than its header")?;
+        let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+        let meta = bytes.get(4..4 + len).ok_or("a record shorter than its metadata")?;
+        let mut record: Record = serde_json::from_slice(meta).map_err(|e| e.to_string())?;
+        record.body = Bytes::copy_from_slice(&bytes[4 + len..]);
+        Ok(record)
+    }
+
+    /// What it costs to keep (memory and disk, roughly).
+    pub fn size(&self, scope: &str) -> u64 {
+        let headers: usize = match &self.state {
+            State::Done { headers, .. } => headers.iter().map(|(k, v)| k.len() + v.len() + 8).sum(),
+            _ => 0,
+        };
+        (scope.len() + self.route.len() + self.fingerprint.len() + headers + self.body.len() + 96) as u64
+    }
+}
+
+/// What a request with a key gets, given the key's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No record: make one (pending) and forward.
+    Forward,
+    /// The same request, answered: its stored answer.
+    Replay(Record),
+    /// Another request under the same key: 422.
+    Mismatch,
+    /// The first one is still in flight here: 409.
+    InFlight,
+    /// The first one's outcome is not known: 409, never forwarded again.
+    Unknown(Record),
+    /// The first one was answered, but its answer was too large to keep: 409.
+    NotKept(u16),
+}
+
+/// What a request with this fingerprint gets, given its key's record.
+pub fn judge(record: Option<&Record>, fingerprint: &str) -> Verdict {
+    let Some(r) = record else { return Verdict::Forward };
+    if r.fingerprint != fingerprint {
+        return Verdict::Mismatch;
+    }
+    match &r.state {
+        State::Pending => Verdict::InFlight,
+        State::Unknown { .. } => Verdict::Unknown(r.clone()),
+        State::Done { kept: true, .. } => Verdict::Replay(r.clone()),
+        State::Done { status, kept: false, .. } => Verdict::NotKept(*status),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hyper::header::HeaderValue;
+
+    use super::*;
+
+    fn key(values: &[&[u8]]) -> Result<Option<String>, String> {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(HEADER, HeaderValue::from_bytes(v).unwrap());
+        }
+        parse_key(&h)
+    }
+
+    #[test]
+    fn keys_are_sf_strings_or_bare_values() {
+        assert_eq!(key(&[]), Ok(None));
+        assert_eq!(key(&[b"\"8e03978e-40d5\""]), Ok(Some("8e03978e-40d5".into())));
+        assert_eq!(key(&[b"8e03978e-40d5"]), Ok(Some("8e03978e-40d5".into())));
+        let long = "k".repeat(MAX_KEY_LEN);
+        assert_eq!(key(&[long.as_bytes()]), Ok(Some(long.clone())));
+        for bad in
+            [&b""[..], b"\"\"", b"a b", b"a\"b", b"a\\b", b"\"abc", &[b'k'; MAX_KEY_LEN + 1][..], "ключ".as_bytes()]
+        {
+            assert!(key(&[bad]).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(key(&[b"a", b"a"]).is_err(), "twice");
+    }
+
+    #[test]
+    fn a_fingerprint_covers_method_path_type_and_body() {
+        let base = fingerprint("PUT", "/racks/1", Some(b"application/json"), b"{}");
+        assert_eq!(base, fingerprint("PUT", "/racks/1", Some(b"application/json"), b"{}"));
+        assert_eq!(base.len(), 64);
+        for other in [
+            fingerprint("POST", "/racks/1", Some(b"application/json"), b"{}"),
+            fingerprint("PUT", "/racks/01", Some(b"application/json"), b"{}"),
+            fingerprint("PUT", "/racks/1?x", Some(b"application/json"), b"{}"),
+            fingerprint("PUT", "/racks/1", None, b"{}"),
+            fingerprint("PUT", "/racks/1", Some(b"application/json"), b"{ }"),
+            // Lengths first: moving bytes between fields changes it.
+            fingerprint("PUT", "/racks/1", Some(b"application/jso"), b"n{}"),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+
+    fn record(state: State) -> Record {
+        Record {
+            route: "r".into(),
+            fingerprint: "f".into(),
+            token: 5,
+            created_ms: 1,
+            expires_ms: 2,
+            state,
+            body: Bytes::from_static(b"{\"ok\":1}\n\0\xff"),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_judge_requests() {
+        let done = record(State::Done { status: 201, headers: vec![("x".into(), vec![0, 255])], kept: true });
+        assert_eq!(Record::decode(&done.encode()), Ok(done.clone()));
+        assert!(Record::decode(b"\x09\0\0\0{}").is_err());
+        assert_eq!(judge(None, "f"), Verdict::Forward);
+        assert_eq!(judge(Some(&done), "f"), Verdict::Replay(done.clone()));
+        assert_eq!(judge(Some(&done), "g"), Verdict::Mismatch);
+        let pending = record(State::Pending);
+        assert_eq!(judge(Some(&pending), "f"), Verdict::InFlight);
+        assert_eq!(judge(Some(&pending), "g"), Verdict::Mismatch, "another request is refused whatever the state");
+        let unknown = record(State::Unknown { why: "cut".into() });
+        assert_eq!(judge(Some(&unknown), "f"), Verdict::Unknown(unknown.clone()));
+        let big = record(State::Done { status: 200, headers: vec![], kept: false });
+        assert_eq!(judge(Some(&big), "f"), Verdict::NotKept(200));
+    }
+}

@@ -1,0 +1,253 @@
+//! One fenced request with an `Idempotency-Key`, on a route with
+//! `idempotency` (I1): after the fence check, before and after the upstream.
+//!
+//! ```text
+//! fence check ─▶ body read whole ─▶ Records::begin ─┬─ replay / 409 / 422 / 503 (the upstream sees nothing)
+//!                                                   └─ pending record on disk ─▶ forward ─▶ settle
+//!                                                         done: answer kept (≤ max_response) and returned
+//!                                                         broke after it may have arrived: unknown
+//!                                                         never sent: record dropped
+//! ```
+
+use bytes::Bytes;
+use fencegate_client::wire::Problem;
+use http_body_util::BodyExt;
+use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use hyper::{HeaderMap, Response, StatusCode};
+
+use super::answer::Answer;
+use super::idempotency::{self, Policy, Record, State, Verdict};
+use super::records::{BeginError, Records};
+use crate::http::{Body, BoxError};
+use crate::metrics::SidecarMetrics;
+
+/// A request being forwarded under its key.
+pub struct Keyed {
+    pub scope: String,
+    policy: Policy,
+}
+
+/// The request's key, if it has one; refused if it is malformed, or missing
+/// where the route requires one.
+pub fn key_of(policy: &Policy, headers: &HeaderMap) -> Result<Option<String>, Answer> {
+    match idempotency::parse_key(headers) {
+        Ok(None) if policy.required => Err(problem(
+            Problem::MissingIdempotencyKey,
+            "this route requires an Idempotency-Key header on every request".into(),
+        )),
+        Ok(key) => Ok(key),
+        Err(message) => Err(problem(Problem::MalformedIdempotencyKey, message)),
+    }
+}
+
+fn problem(error: Problem, message: String) -> Answer {
+    Answer::Idempotency { error, message }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What a keyed request gets before the upstream is asked.
+pub enum Begun {
+    /// Its pending record is on disk: forward it.
+    Forward(Keyed),
+    /// Answered here: a replay, or a refusal.
+    Answered(Response<Body>),
+}
+
+pub struct Request<'a> {
+    pub route: &'a str,
+    pub lock_key: &'a str,
+    pub key: &'a str,
+    pub method: &'a str,
+    pub path_and_query: &'a str,
+    pub headers: &'a HeaderMap,
+    pub body: &'a Bytes,
+    pub token: u64,
+}
+
+pub async fn begin(
+    records: &Records,
+    metrics: &SidecarMetrics,
+    policy: Policy,
+    r: Request<'_>,
+) -> Result<Begun, Answer> {
+    let scope = idempotency::scope(r.lock_key, r.key);
+    let content_type = r.headers.get(CONTENT_TYPE).map(|v| v.as_bytes());
+    let now = now_ms();
+    let record = Record {
+        route: r.route.to_string(),
+        fingerprint: idempotency::fingerprint(r.method, r.path_and_query, content_type, r.body),
+        token: r.token,
+        created_ms: now,
+        expires_ms: now.saturating_add(policy.retention.as_millis() as u64),
+        state: State::Pending,
+        body: Bytes::new(),
+    };
+    let count = |result: &str| metrics.idempotency.with_label_values(&[r.route, result]).inc();
+    let verdict = match records.begin(&scope, record).await {
+        Ok(v) => v,
+        Err(BeginError::Full { limit }) => {
+            count("full");
+            let message = format!("the idempotency store is full ({limit} bytes, limits.idempotency_store)");
+            return Err(problem(Problem::IdempotencyStoreFull, message));
+        }
+        Err(BeginError::Store(e)) => return Err(Answer::Internal(e.to_string())),
+    };
+    metrics.idempotency_records.set(records.len() as i64);
+    let known = |rec: &Record| {
+        format!("first request at {} ms (unix) with token {}, on route {:?}", rec.created_ms, rec.token, rec.route)
+    };
+    match verdict {
+        Verdict::Forward => Ok(Begun::Forward(Keyed { scope, policy })),
+        Verdict::Replay(rec) => {
+            count("replayed");
+            Ok(Begun::Answered(replay(&rec)))
+        }
+        Verdict::Mismatch => {
+            count("mismatch");
+            tracing::warn!(
+                route = r.route,
+                key = r.lock_key,
+                idempotency_key = r.key,
+                "idempotency key reused for another request"
+            );
+            let message = "this Idempotency-Key was used for another request (method, path, type or body differ)";
+            Err(problem(Problem::IdempotencyKeyReused, message.into()))
+        }
+        Verdict::InFlight => {
+            count("in_flight");
+            Err(problem(Problem::IdempotencyInFlight, "the first request with this key is still in flight".into()))
+        }
+        Verdict::Unknown(rec) => {
+            count("unknown");
+            let why = match &rec.state {
+                State::Unknown { why } => why.as_str(),
+                _ => "",
+            };
+            tracing::warn!(
+                route = r.route,
+                key = r.lock_key,
+                idempotency_key = r.key,
+                why,
+                "retry of an unknown outcome refused"
+            );
+            let message = format!(
+                "the first request with this key may or may not have been applied ({why}; {}); it is not forwarded again until an operator resolves it",
+                known(&rec)
+            );
+            Err(problem(Problem::OutcomeUnknown, message))
+        }
+        Verdict::NotKept(status) => {
+            count("not_kept");
+            let message = format!(
+                "the first request with this key was answered {status}, with a body too large to keep for replay"
+            );
+            Err(problem(Problem::ResponseNotKept, message))
+        }
+    }
+}
+
+/// A stored answer, as the upstream gave it, marked as a replay.
+fn replay(rec: &Record) -> Response<Body> {
+    let State::Done { status, headers, .. } = &rec.state else { unreachable!("only done records are replayed") };
+    let mut resp = Response::new(crate::http::full(rec.body.clone()));
+    *resp.status_mut() = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
+    for (k, v) in headers {
+        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_bytes(v)) {
+            resp.headers_mut().append(k, v);
+        }
+    }
+    resp.headers_mut().insert(idempotency::REPLAYED, HeaderValue::from_static("true"));
+    resp
+}
+
+/// Settle the record by what the upstream exchange did.
+pub async fn finish(
+    records: &Records,
+    metrics: &SidecarMetrics,
+    route: &str,
+    keyed: Keyed,
+    result: Result<Response<Body>, Answer>,
+) -> Result<Response<Body>, Answer> {
+    let count = |result: &str| metrics.idempotency.with_label_values(&[route, result]).inc();
+    let scope = keyed.scope.as_str();
+    let unknown = |why: String| async move {
+        count("unknown");
+        tracing::warn!(route, scope = %scope.replace('\n', " "), why, "idempotent request's outcome unknown");
+        if let Err(e) = records.settle(scope, State::Unknown { why }, Bytes::new()).await {
+            tracing::error!(
+                route,
+                "recording an unknown outcome: {e} (it stays pending on disk: unknown after a restart)"
+            );
+        }
+    };
+    let resp = match result {
+        Ok(resp) => resp,
+        Err(a) if a.may_have_reached_upstream() || matches!(a, Answer::UpstreamTimeout) => {
+            let why = match &a {
+                Answer::UpstreamTimeout => "no answer within the route's timeout".to_string(),
+                Answer::UpstreamFailed(m) => format!("the exchange broke: {m}"),
+                Answer::BodyCut { message, .. } => format!("the request body was cut: {message}"),
+                other => format!("{other:?}"),
+            };
+            unknown(why).await;
+            return Err(a);
+        }
+        Err(a) => {
+            // Never sent: a retry may go.
+            if let Err(e) = records.forget(scope).await {
+                tracing::error!(route, "dropping an unsent request's record: {e}");
+            }
+            return Err(a);
+        }
+    };
+    let (parts, body) = resp.into_parts();
+    let status = parts.status.as_u16();
+    let headers = parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec())).collect();
+    match collect_up_to(body, keyed.policy.max_response as usize).await {
+        Ok((bytes, None)) => {
+            let state = State::Done { status, headers, kept: true };
+            if let Err(e) = records.settle(scope, state, bytes.clone()).await {
+                tracing::error!(
+                    route,
+                    "keeping an answer for replay: {e} (a retry gets outcome_unknown after a restart)"
+                );
+            }
+            count("stored");
+            Ok(Response::from_parts(parts, crate::http::full(bytes)))
+        }
+        Ok((prefix, Some(rest))) => {
+            let state = State::Done { status, headers, kept: false };
+            if let Err(e) = records.settle(scope, state, Bytes::new()).await {
+                tracing::error!(route, "recording an answer too large to keep: {e}");
+            }
+            count("stored");
+            let first = futures_util::stream::once(async move { Ok::<_, BoxError>(hyper::body::Frame::data(prefix)) });
+            let rest = http_body_util::BodyStream::new(rest);
+            let body = http_body_util::StreamBody::new(futures_util::StreamExt::chain(first, rest));
+            Ok(Response::from_parts(parts, body.boxed()))
+        }
+        Err(e) => {
+            unknown(format!("the upstream's answer broke off: {e}")).await;
+            Err(Answer::UpstreamFailed(e))
+        }
+    }
+}
+
+/// The body whole if it is at most `max` bytes; else what was read (just
+/// over `max`) and the rest, unread.
+async fn collect_up_to(mut body: Body, max: usize) -> Result<(Bytes, Option<Body>), String> {
+    let mut buf = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| crate::http::error_chain(&*e))?;
+        if let Ok(data) = frame.into_data() {
+            buf.extend_from_slice(&data);
+            if buf.len() > max {
+                return Ok((buf.freeze(), Some(body)));
+            }
+        }
+    }
+    Ok((buf.freeze(), None))
+}

@@ -1,0 +1,266 @@
+//! The idempotency records this sidecar keeps: all of them in memory
+//! (bounded by `limits.idempotency_store`), and each made durable in the
+//! state store before the request it covers is forwarded (I1). Records
+//! expire `retention` after their first request; a full store refuses new
+//! keys (503) rather than evicting live ones.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use super::idempotency::{judge, Record, State, Verdict};
+use super::store::{Store, StoreError, Write};
+
+pub struct Records {
+    index: Mutex<Index>,
+    store: Arc<Store>,
+    max_bytes: u64,
+}
+
+#[derive(Default)]
+struct Index {
+    records: HashMap<String, Record>,
+    bytes: u64,
+}
+
+impl Index {
+    fn put(&mut self, scope: &str, record: Record) {
+        self.bytes += record.size(scope);
+        if let Some(old) = self.records.insert(scope.to_string(), record) {
+            self.bytes -= old.size(scope);
+        }
+    }
+
+    fn remove(&mut self, scope: &str) -> Option<Record> {
+        let old = self.records.remove(scope)?;
+        self.bytes -= old.size(scope);
+        Some(old)
+    }
+}
+
+/// Why a key could not be taken.
+#[derive(Debug)]
+pub enum BeginError {
+    /// Taking it would pass `limits.idempotency_store`.
+    Full {
+        limit: u64,
+    },
+    Store(StoreError),
+}
+
+/// Why an operator's resolution was not applied.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ResolveError {
+    NoSuchKey,
+    /// Only an unknown outcome is the operator's to resolve.
+    NotUnknown(&'static str),
+    Store(String),
+}
+
+impl Records {
+    /// The records `store` held. One left pending was in flight when the
+    /// sidecar stopped: its outcome is unknown.
+    pub fn load(store: Arc<Store>, loaded: Vec<(String, Vec<u8>)>, max_bytes: u64) -> Records {
+        let mut index = Index::default();
+        for (scope, bytes) in loaded {
+            match Record::decode(&bytes) {
+                Ok(mut r) => {
+                    if r.state == State::Pending {
+                        r.state = State::Unknown { why: "the sidecar stopped while the request was in flight".into() };
+                    }
+                    index.put(&scope, r);
+                }
+                Err(e) => {
+                    tracing::error!(scope = %scope.replace('\n', " "), "unreadable idempotency record kept as unknown: {e}")
+                }
+            }
+        }
+        Records { index: Mutex::new(index), store, max_bytes }
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.index().records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.index().bytes
+    }
+
+    pub fn get(&self, scope: &str) -> Option<Record> {
+        self.index().records.get(scope).cloned()
+    }
+
+    /// Judge a request under `scope`; if it is to be forwarded, its pending
+    /// `record` is on disk when this returns `Ok(Verdict::Forward)`. Two
+    /// requests under one scope are judged one after the other: the second
+    /// finds the first's pending record.
+    pub async fn begin(&self, scope: &str, record: Record) -> Result<Verdict, BeginError> {
+        {
+            let mut index = self.index();
+            // Past its retention a record is gone, whether swept yet or not.
+            let live =
+                index.records.get(scope).filter(|r| r.expires_ms > record.created_ms || r.state == State::Pending);
+            let verdict = judge(live, &record.fingerprint);
+            if verdict != Verdict::Forward {
+                return Ok(verdict);
+            }
+            if index.bytes + record.size(scope) > self.max_bytes {
+                return Err(BeginError::Full { limit: self.max_bytes });
+            }
+            index.put(scope, record.clone());
+        }
+        if let Err(e) = self.store.write(Write::Record(scope.to_string(), record.encode())).await {
+            // Not on disk, so not forwarded: a retry may try again.
+            self.index().remove(scope);
+            return Err(BeginError::Store(e));
+        }
+        Ok(Verdict::Forward)
+    }
+
+    /// The forwarded request's end: `state` (done or unknown), and the
+    /// answer's body if it is kept.
+    pub async fn settle(&self, scope: &str, state: State, body: Bytes) -> Result<(), StoreError> {
+        let record = {
+            let mut index = self.index();
+            let Some(mut r) = index.records.get(scope).cloned() else { return Ok(()) };
+            r.state = state;
+            r.body = body;
+            index.put(scope, r.clone());
+            r
+        };
+        self.store.write(Write::Record(scope.to_string(), record.encode())).await
+    }
+
+    /// Drop a pending record whose request never left the sidecar.
+    pub async fn forget(&self, scope: &str) -> Result<(), StoreError> {
+        self.index().remove(scope);
+        self.store.write(Write::Forget(vec![scope.to_string()])).await
+    }
+
+    /// Drop every record past its expiry (not one still in flight); how many.
+    pub async fn expire(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let gone: Vec<String> = {
+            let mut index = self.index();
+            let due: Vec<String> = index
+                .records
+                .iter()
+                .filter(|(_, r)| r.expires_ms <= now_ms && r.state != State::Pending)
+                .map(|(s, _)| s.clone())
+                .collect();
+            for s in &due {
+                index.remove(s);
+            }
+            due
+        };
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let n = gone.len();
+        self.store.write(Write::Forget(gone)).await?;
+        Ok(n)
+    }
+
+    /// An operator's word on an unknown outcome: `Some(status)`, it was
+    /// applied (a retry gets `status` with an empty body); `None`, it was
+    /// not (the record goes, and the next request with the key is
+    /// forwarded).
+    pub async fn resolve(&self, scope: &str, applied: Option<u16>) -> Result<Record, ResolveError> {
+        let record = {
+            let mut index = self.index();
+            let Some(r) = index.records.get(scope) else { return Err(ResolveError::NoSuchKey) };
+            if !matches!(r.state, State::Unknown { .. }) {
+                return Err(ResolveError::NotUnknown(r.state.name()));
+            }
+            match applied {
+                None => index.remove(scope).expect("present"),
+                Some(status) => {
+                    let mut r = r.clone();
+                    r.state = State::Done { status, headers: Vec::new(), kept: true };
+                    r.body = Bytes::new();
+                    index.put(scope, r.clone());
+                    r
+                }
+            }
+        };
+        let write = match applied {
+            None => Write::Forget(vec![scope.to_string()]),
+            Some(_) => Write::Record(scope.to_string(), record.encode()),
+        };
+        self.store.write(write).await.map_err(|e| ResolveError::Store(e.to_string()))?;
+        Ok(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(fingerprint: &str, expires_ms: u64) -> Record {
+        Record {
+            route: "r".into(),
+            fingerprint: fingerprint.into(),
+            token: 5,
+            created_ms: 0,
+            expires_ms,
+            state: State::Pending,
+            body: Bytes::new(),
+        }
+    }
+
+    fn open(dir: &std::path::Path, max_bytes: u64) -> Records {
+        let (store, loaded) = Store::open(dir).unwrap();
+        Records::load(Arc::new(store), loaded.records, max_bytes)
+    }
+
+    #[tokio::test]
+    async fn a_key_is_forwarded_once_then_replayed_and_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let r = open(dir.path(), 1 << 20);
+            assert_eq!(r.begin("rack/1\nk", pending("f", 100)).await.unwrap(), Verdict::Forward);
+            assert_eq!(r.begin("rack/1\nk", pending("f", 100)).await.unwrap(), Verdict::InFlight);
+            assert_eq!(r.begin("rack/1\nk", pending("g", 100)).await.unwrap(), Verdict::Mismatch);
+            let done = State::Done { status: 201, headers: vec![("x-a".into(), b"1".to_vec())], kept: true };
+            r.settle("rack/1\nk", done, Bytes::from_static(b"made")).await.unwrap();
+            assert_eq!(r.begin("rack/1\nj", pending("f", 100)).await.unwrap(), Verdict::Forward);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let r = open(dir.path(), 1 << 20);
+        match r.begin("rack/1\nk", pending("f", 100)).await.unwrap() {
+            Verdict::Replay(rec) => assert_eq!((&rec.body[..], rec.token), (&b"made"[..], 5)),
+            v => panic!("{v:?}"),
+        }
+        // Left pending by the process that stopped: unknown, never forwarded again.
+        assert!(matches!(r.begin("rack/1\nj", pending("f", 100)).await.unwrap(), Verdict::Unknown(_)));
+        // Until an operator says it was not applied.
+        assert_eq!(r.resolve("rack/1\nk", None).await.unwrap_err(), ResolveError::NotUnknown("done"));
+        r.resolve("rack/1\nj", None).await.unwrap();
+        assert_eq!(r.begin("rack/1\nj", pending("f", 100)).await.unwrap(), Verdict::Forward);
+    }
+
+    #[tokio::test]
+    async fn records_expire_and_a_full_store_refuses_new_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = pending("f", 100).size("rack/1\nk0");
+        let r = open(dir.path(), one * 3);
+        for i in 0..3 {
+            assert_eq!(r.begin(&format!("rack/1\nk{i}"), pending("f", 100)).await.unwrap(), Verdict::Forward);
+        }
+        assert!(matches!(r.begin("rack/1\nk3", pending("f", 100)).await, Err(BeginError::Full { .. })));
+        assert_eq!(r.len(), 3, "nothing live was evicted");
+        r.settle("rack/1\nk0", State::Unknown { why: "cut".into() }, Bytes::new()).await.unwrap();
+        assert_eq!(r.expire(99).await.unwrap(), 0, "not yet");
+        assert_eq!(r.expire(100).await.unwrap(), 1, "expired, but pending ones stay");
+        assert!(r.get("rack/1\nk0").is_none(), "an expired key is gone");
+        assert_eq!(r.begin("rack/1\nk3", pending("f", 100)).await.unwrap(), Verdict::Forward, "room again");
+    }
+}

@@ -1,0 +1,187 @@
+//! The sidecar's durable state, one redb file under `state_dir`
+//! (`floors.redb`): the per-key floors (S2) and the idempotency records
+//! (I1). One batcher writes both: concurrent writes of either kind share one
+//! write transaction, so one fsync, and each call returns once its write is
+//! on disk.
+//!
+//! redb refuses every write after an I/O error (a full disk) until the
+//! database is reopened: the store then drops it and opens the file again
+//! for the next write, so it recovers by itself once the cause is gone.
+//! Meanwhile it says it is broken (`/healthz`, `/readyz`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use thiserror::Error;
+
+use crate::batch::Batcher;
+use crate::lock::state::Token;
+
+const FLOORS: TableDefinition<&str, u64> = TableDefinition::new("floors");
+const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
+
+#[derive(Debug, Clone, Error)]
+#[error("state store: {0}")]
+pub struct StoreError(String);
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError(e.to_string())
+}
+
+/// One durable change.
+#[derive(Debug, Clone)]
+pub enum Write {
+    /// Raise a key's floor (never lowers one).
+    Floor(String, Token),
+    /// Put an idempotency record (its scope, its encoding).
+    Record(String, Vec<u8>),
+    /// Drop idempotency records.
+    Forget(Vec<String>),
+}
+
+/// What the file held when it was opened.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub floors: HashMap<String, Token>,
+    pub records: Vec<(String, Vec<u8>)>,
+}
+
+pub struct Store {
+    writes: Batcher<Write, Result<(), StoreError>>,
+    /// Set by a failed write, cleared by the next one that succeeds.
+    broken: Arc<AtomicBool>,
+    /// The first write of the last failed batch, for `probe` to try again.
+    failed: Arc<Mutex<Option<Write>>>,
+}
+
+/// The database, or `None` after an I/O error until it is reopened.
+struct File {
+    path: PathBuf,
+    db: Mutex<Option<Database>>,
+}
+
+impl File {
+    /// One transaction on the open database, reopening it first if an
+    /// earlier error closed it; an error closes it again.
+    fn write(&self, writes: &[Write]) -> Result<(), StoreError> {
+        let mut db = self.db.lock().unwrap_or_else(|p| p.into_inner());
+        if db.is_none() {
+            *db = Some(Database::create(&self.path).map_err(|e| err(format!("reopening: {e}")))?);
+        }
+        let result = commit(db.as_ref().expect("opened above"), writes);
+        if result.is_err() {
+            *db = None;
+        }
+        result
+    }
+}
+
+impl Store {
+    /// Open (or create) `dir/floors.redb` and load everything in it.
+    pub fn open(dir: &Path) -> Result<(Store, Loaded), StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| err(format!("creating {}: {e}", dir.display())))?;
+        let path = dir.join("floors.redb");
+        let db = Database::create(&path).map_err(err)?;
+        let loaded = load(&db)?;
+        let file = Arc::new(File { path, db: Mutex::new(Some(db)) });
+        let broken = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(Mutex::new(None));
+        let (flag, last) = (broken.clone(), failed.clone());
+        let writes = Batcher::start(4096, move |batch: Vec<Write>| {
+            let (file, flag, last) = (file.clone(), flag.clone(), last.clone());
+            async move {
+                let n = batch.len();
+                let first = batch.first().cloned();
+                let result =
+                    tokio::task::spawn_blocking(move || file.write(&batch)).await.unwrap_or_else(|e| Err(err(e)));
+                flag.store(result.is_err(), Ordering::Relaxed);
+                *last.lock().unwrap_or_else(|p| p.into_inner()) = if result.is_err() { first } else { None };
+                vec![result; n]
+            }
+        });
+        Ok((Store { writes, broken, failed }, loaded))
+    }
+
+    /// Make `write` durable; returns once it is on disk.
+    pub async fn write(&self, write: Write) -> Result<(), StoreError> {
+        self.writes.call(write).await.unwrap_or_else(|| Err(err("writer stopped")))
+    }
+
+    /// Whether the last write failed (writes that need the store get 500
+    /// until a write succeeds again).
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+
+    /// Whether the store works again: the last failed batch's first write
+    /// is tried again (an empty commit would pass on a full disk while real
+    /// ones fail). So a broken store finds out without waiting for a client
+    /// write, which a readiness check that took it out of service would
+    /// never let through. Redoing it is safe: a floor raise only refuses
+    /// tokens below one a client presented, a record put or forget is what
+    /// the request that failed asked for.
+    pub async fn probe(&self) -> bool {
+        let retry = self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match retry {
+            None => !self.is_broken(),
+            Some(w) => self.write(w).await.is_ok(),
+        }
+    }
+}
+
+fn load(db: &Database) -> Result<Loaded, StoreError> {
+    let mut loaded = Loaded::default();
+    let txn = db.begin_read().map_err(err)?;
+    match txn.open_table(FLOORS) {
+        Ok(table) => {
+            for row in table.iter().map_err(err)? {
+                let (k, v) = row.map_err(err)?;
+                loaded.floors.insert(k.value().to_string(), v.value());
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(err(e)),
+    }
+    match txn.open_table(RECORDS) {
+        Ok(table) => {
+            for row in table.iter().map_err(err)? {
+                let (k, v) = row.map_err(err)?;
+                loaded.records.push((k.value().to_string(), v.value().to_vec()));
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(err(e)),
+    }
+    Ok(loaded)
+}
+
+/// One durable transaction for a batch.
+fn commit(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(err)?;
+    {
+        let mut floors = txn.open_table(FLOORS).map_err(err)?;
+        let mut records = txn.open_table(RECORDS).map_err(err)?;
+        for w in writes {
+            match w {
+                Write::Floor(key, token) => {
+                    let current = floors.get(key.as_str()).map_err(err)?.map(|v| v.value()).unwrap_or(0);
+                    if *token > current {
+                        floors.insert(key.as_str(), token).map_err(err)?;
+                    }
+                }
+                Write::Record(scope, bytes) => {
+                    records.insert(scope.as_str(), bytes.as_slice()).map_err(err)?;
+                }
+                Write::Forget(scopes) => {
+                    for scope in scopes {
+                        records.remove(scope.as_str()).map_err(err)?;
+                    }
+                }
+            }
+        }
+    }
+    txn.commit().map_err(err)
+}

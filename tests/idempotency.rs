@@ -1,0 +1,219 @@
+//! Idempotency keys at the sidecar (I1), on a real `fencegate sidecar` and
+//! the recording upstream: a write retried with its key is applied once.
+//! The rack route is `observed` (a floor per key, no lock service needed):
+//! what is shown here is the key store, not the fence.
+
+use std::time::Duration;
+
+use fencegate_testkit::routes::{everything_else, table, Route};
+use fencegate_testkit::upstream::DELAY_HEADER;
+use fencegate_testkit::{bin, Sidecar, Upstream};
+use serde_json::Value;
+
+const KEY: &str = "idempotency-key";
+
+fn routes(idempotency: &str) -> String {
+    table(&[
+        Route::fenced("rack-writes", "/racks/{rack}", "rack/{rack}", "{ mode: observed }")
+            .methods(&["PUT", "POST", "PATCH", "DELETE"])
+            .with("idempotency", idempotency),
+        everything_else(),
+    ])
+}
+
+async fn sidecar(dir: &std::path::Path, up: &Upstream, idempotency: &str, limits: &str) -> Sidecar {
+    Sidecar::start(&bin!(), dir.join("sc"), &up.url(), &[], &format!("{limits}{}", routes(idempotency))).await
+}
+
+fn error_of(v: &Value) -> &str {
+    v["error"].as_str().unwrap_or("")
+}
+
+/// How many writes to `path` took effect upstream.
+fn applied(up: &Upstream, path: &str) -> usize {
+    up.seen().iter().filter(|s| s.path == path).count()
+}
+
+/// A raw `PUT` with a key, a token and a body; the whole answer as text.
+async fn put_raw(port: u16, path: &str, token: u64, key: &str, body: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let req = format!(
+        "PUT {path} HTTP/1.1\r\nHost: x\r\nx-fence-token: {token}\r\n{KEY}: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), conn.read_to_string(&mut out)).await.unwrap().unwrap();
+    out
+}
+
+/// The answer without the headers that change on every answer (`date`)
+/// and the replay mark.
+fn stable(answer: &str) -> String {
+    answer
+        .lines()
+        .filter(|l| {
+            !l.to_ascii_lowercase().starts_with("date:") && !l.to_ascii_lowercase().starts_with("idempotent-replayed")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_client_timeout_is_applied_once_and_replayed_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let sc = sidecar(dir.path(), &up, "{ retention: 1h }", "").await;
+    // The first attempt: the client gives up after 300 ms; the upstream
+    // takes 800 ms and applies it anyway.
+    let first = fencegate_testkit::http::request(
+        "PUT",
+        &format!("{}/racks/1", sc.url()),
+        Some(5),
+        &[(KEY, "drain-1"), (DELAY_HEADER, "800")],
+        r#"{"state":"drained"}"#,
+    );
+    assert!(fencegate_testkit::http::try_send(first, Duration::from_millis(300)).await.is_err(), "it timed out");
+    // A retry while it is in flight: refused, not forwarded.
+    let (status, v) = sc
+        .send_body("PUT", "/racks/1", Some(5), &[(KEY, "drain-1"), (DELAY_HEADER, "800")], r#"{"state":"drained"}"#)
+        .await;
+    assert_eq!((status, error_of(&v)), (409, "idempotency_in_flight"), "{v}");
+    up.wait_for_applied(1, Duration::from_secs(5)).await;
+    // Once it is answered: the stored answer, and nothing new upstream.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, v) = sc
+        .send_body("PUT", "/racks/1", Some(5), &[(KEY, "drain-1"), (DELAY_HEADER, "800")], r#"{"state":"drained"}"#)
+        .await;
+    assert_eq!((status, &v["applied"]), (200, &Value::from(0)), "the first attempt's answer: {v}");
+    assert_eq!(applied(&up, "/racks/1"), 1);
+    // Byte for byte (but the date), marked as a replay.
+    let a = put_raw(sc.port, "/racks/2", 5, "\"k2\"", "{}").await;
+    let b = put_raw(sc.port, "/racks/2", 5, "k2", "{}").await;
+    assert!(!a.contains("idempotent-replayed") && b.contains("idempotent-replayed: true"), "{a}\n---\n{b}");
+    assert_eq!(stable(&a), stable(&b));
+    assert_eq!(applied(&up, "/racks/2"), 1);
+    let m = sc.metrics().await;
+    for line in [
+        r#"fencegate_sidecar_idempotency_total{result="stored",route="rack-writes"} 2"#,
+        r#"fencegate_sidecar_idempotency_total{result="replayed",route="rack-writes"} 2"#,
+        r#"fencegate_sidecar_idempotency_total{result="in_flight",route="rack-writes"} 1"#,
+    ] {
+        assert!(m.contains(line), "{line} in\n{m}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_is_one_request_whatever_else_arrives_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let sc = sidecar(dir.path(), &up, "{ required: true }", "").await;
+    // Two at once: one is forwarded, the other refused in flight.
+    let slow = [(KEY, "twin"), (DELAY_HEADER, "300")];
+    let (a, b) = tokio::join!(
+        sc.send_body("PUT", "/racks/1", Some(5), &slow, "{}"),
+        sc.send_body("PUT", "/racks/1", Some(5), &slow, "{}")
+    );
+    let mut statuses = [a.0, b.0];
+    statuses.sort();
+    assert_eq!(statuses, [200, 409], "{a:?} {b:?}");
+    // The same key with another body, path or method: 422, nothing forwarded.
+    for (method, path, body) in
+        [("PUT", "/racks/1", "{\"other\":1}"), ("POST", "/racks/1", "{}"), ("PUT", "/racks/1?x", "{}")]
+    {
+        let (status, v) = sc.send_body(method, path, Some(5), &[(KEY, "twin")], body).await;
+        assert_eq!((status, error_of(&v)), (422, "idempotency_key_reused"), "{method} {path}: {v}");
+    }
+    // A key is scoped by its lock key: the same key on another rack is new.
+    assert_eq!(sc.send_body("PUT", "/racks/9", Some(5), &[(KEY, "twin")], "{}").await.0, 200);
+    // A stale token is refused whatever its key: not a replay.
+    assert_eq!(sc.send_body("PUT", "/racks/1", Some(7), &[(KEY, "newer")], "{}").await.0, 200);
+    let (status, v) = sc.send_body("PUT", "/racks/1", Some(5), &[(KEY, "twin")], "{}").await;
+    assert_eq!((status, error_of(&v)), (409, "stale_token"), "{v}");
+    // Required: no key, 428; a malformed one, 400.
+    let (status, v) = sc.send_body("PUT", "/racks/1", Some(7), &[], "{}").await;
+    assert_eq!((status, error_of(&v)), (428, "missing_idempotency_key"), "{v}");
+    for bad in ["a b", "\"\"", &"k".repeat(256)] {
+        let (status, v) = sc.send_body("PUT", "/racks/1", Some(7), &[(KEY, bad)], "{}").await;
+        assert_eq!((status, error_of(&v)), (400, "malformed_idempotency_key"), "{bad:?}: {v}");
+    }
+    assert_eq!(applied(&up, "/racks/1"), 2, "the twin once, and `newer`");
+}
+
+/// kill -9 between forwarding and storing the answer: the record stays
+/// pending on disk, so after the restart the outcome is unknown, and a retry
+/// is refused instead of applied a second time. An operator resolves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_flight_leaves_an_unknown_outcome_that_is_never_retried_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let mut sc = sidecar(dir.path(), &up, "{}", "").await;
+    // A replay that must survive the restart too.
+    assert_eq!(sc.send_body("PUT", "/racks/2", Some(5), &[(KEY, "kept")], "{}").await.0, 200);
+    let url = format!("{}/racks/1", sc.url());
+    let first = tokio::spawn(async move {
+        let req =
+            fencegate_testkit::http::request("PUT", &url, Some(5), &[(KEY, "crash"), (DELAY_HEADER, "1000")], "{}");
+        fencegate_testkit::http::try_send(req, Duration::from_secs(10)).await
+    });
+    up.wait_for_arrival(Duration::from_secs(5), |s| s.path == "/racks/1").await;
+    sc.restart().await;
+    assert!(first.await.unwrap().is_err(), "the sidecar died under it");
+    up.wait_for_applied(2, Duration::from_secs(5)).await;
+    let (status, v) = sc.send_body("PUT", "/racks/1", Some(5), &[(KEY, "crash")], "{}").await;
+    assert_eq!((status, error_of(&v)), (409, "outcome_unknown"), "{v}");
+    assert!(v["message"].as_str().unwrap().contains("stopped while the request was in flight"), "{v}");
+    assert_eq!(applied(&up, "/racks/1"), 1, "applied once, not retried");
+    let (status, v) = sc.send_body("PUT", "/racks/2", Some(5), &[(KEY, "kept")], "{}").await;
+    assert_eq!((status, v["applied"].as_u64()), (200, Some(0)), "replayed after the restart: {v}");
+    assert_eq!(applied(&up, "/racks/2"), 1);
+    // The operator: it was applied, answer 200.
+    let out = bin!().run(
+        &[
+            "idempotency",
+            "resolve",
+            "--sidecar",
+            &format!("http://127.0.0.1:{}", sc.metrics_port),
+            "--lock-key",
+            "rack/1",
+            "--key",
+            "crash",
+            "--applied",
+            "200",
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let (status, _) = sc.send_body("PUT", "/racks/1", Some(5), &[(KEY, "crash")], "{}").await;
+    assert_eq!(status, 200, "the operator's answer");
+    assert_eq!(applied(&up, "/racks/1"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_expire_after_retention_and_a_full_store_refuses_new_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let sc = sidecar(dir.path(), &up, "{ retention: 1s }", "limits: { idempotency_store: 64KiB }\n").await;
+    assert_eq!(sc.send_body("PUT", "/racks/1", Some(5), &[(KEY, "once")], "{}").await.0, 200);
+    assert_eq!(sc.send_body("PUT", "/racks/1", Some(5), &[(KEY, "once")], "{}").await.0, 200);
+    assert_eq!(applied(&up, "/racks/1"), 1, "replayed within retention");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(sc.send_body("PUT", "/racks/1", Some(5), &[(KEY, "once")], "{}").await.0, 200);
+    assert_eq!(applied(&up, "/racks/1"), 2, "past retention the key is new");
+    // Fill the store: new keys get 503, none of the live ones is evicted.
+    let mut full = None;
+    for i in 0..2000 {
+        let (status, v) = sc.send_body("PUT", "/racks/2", Some(5), &[(KEY, &format!("fill-{i}"))], "{}").await;
+        if status != 200 {
+            assert_eq!((status, error_of(&v)), (503, "idempotency_store_full"), "{v}");
+            full = Some(i);
+            break;
+        }
+    }
+    let full = full.expect("64 KiB of records filled");
+    assert!(full > 50, "only {full} records fit in 64 KiB");
+    let (status, _) = sc.send_body("PUT", "/racks/2", Some(5), &[(KEY, "fill-0")], "{}").await;
+    assert_eq!(status, 200, "a live record is still replayed");
+    assert_eq!(applied(&up, "/racks/2"), full, "each once");
+}
