@@ -42,7 +42,9 @@ enum Command {
     },
     /// Run CMD while holding KEY; stop it the moment the lease may be lost.
     ///
-    /// CMD gets FENCE_KEY, FENCE_TOKEN and FENCE_LEASE_ID in its environment.
+    /// CMD gets FENCE_KEY, FENCE_TOKEN, FENCE_LEASE_ID and FENCE_OPERATION_ID
+    /// in its environment (send "Idempotency-Key: $FENCE_OPERATION_ID-STEP"
+    /// with each write, and a retried write is applied once).
     /// Exit status: CMD's own; 75 if the lock was not obtained within --wait;
     /// 76 if the lease was lost (CMD got SIGTERM at once, SIGKILL after --grace).
     Lock {
@@ -60,6 +62,11 @@ enum Command {
         /// Time between SIGTERM and SIGKILL when CMD must stop.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         grace: std::time::Duration,
+        /// The operation's id, exported as FENCE_OPERATION_ID. Give the
+        /// job's own (a ticket, a run id) so that a re-run after a crash
+        /// reuses its idempotency keys; default: a fresh random one.
+        #[arg(long, env = "FENCEGATE_OPERATION_ID", value_parser = operation_id)]
+        operation_id: Option<String>,
         #[command(flatten)]
         endpoints: Endpoints,
         /// The command to run, after `--`.
@@ -199,6 +206,12 @@ impl Endpoints {
     }
 }
 
+/// An operation id: something an idempotency key can start with.
+fn operation_id(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+    ok.then(|| s.to_string()).ok_or_else(|| "1 to 128 of A-Z a-z 0-9 - _ . :".into())
+}
+
 /// Run a subcommand, returning the process exit status.
 pub fn run(cli: Cli) -> i32 {
     // The demo prints its own timeline; elsewhere openraft's routine election
@@ -213,8 +226,10 @@ pub fn run(cli: Cli) -> i32 {
             Command::Server { config } => server::run(&config).await,
             Command::Sidecar { config } => sidecar::run(&config).await,
             Command::Status { key, endpoints } => status::run(key, endpoints.client()?).await,
-            Command::Lock { key, ttl, wait, holder, grace, endpoints, command } => {
-                let args = lock::LockArgs { key, ttl, wait, holder, grace, client: endpoints.client()?, command };
+            Command::Lock { key, ttl, wait, holder, grace, operation_id, endpoints, command } => {
+                let operation_id = operation_id.unwrap_or_else(fencegate_client::idempotency::operation_id);
+                let client = endpoints.client()?;
+                let args = lock::LockArgs { key, ttl, wait, holder, grace, operation_id, client, command };
                 lock::run(args).await
             }
             Command::Token { action: TokenAction::New { identity } } => token::new(&identity),

@@ -150,13 +150,16 @@ async fn dev_smoke() {
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let started = tokio::time::timeout(Duration::from_secs(30), async {
         let mut running = false;
+        let mut replayed = false;
         let mut banner = Banner::default();
         // The banner is a dozen lines; a bound in case it never completes.
         for _ in 0..100 {
             let Some(line) = lines.next_line().await.unwrap() else { break };
             running |= line.contains("fencegate dev is running");
+            // The banner's own check: a write sent twice with one key.
+            replayed |= line.contains("then 200 replayed, the same answer; the inventory applied it 1 time");
             banner.read(&line);
-            if running && banner.complete() {
+            if running && replayed && banner.complete() {
                 return Some(banner);
             }
         }
@@ -172,8 +175,9 @@ async fn dev_smoke() {
     let put = http::fenced_put(format!("{}/racks/42", banner.sidecar), lease.token());
     assert_eq!(http::send(put, Duration::from_secs(5)).await.0, 200);
     let writes = http::get_json(&format!("{}/writes", banner.inventory)).await.unwrap();
-    assert_eq!(writes[0]["state"], "drained");
-    assert_eq!(writes[0]["token"], lease.token().to_string());
+    let ours = writes.as_array().unwrap().iter().find(|w| w["rack"] == "42").expect("the write to rack 42");
+    assert_eq!(ours["state"], "drained");
+    assert_eq!(ours["token"], lease.token().to_string());
     assert!(http::get_text(&banner.metrics).await.contains("fencegate_sidecar_requests_total"), "{banner:?}");
     lease.release().await.unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGINT)

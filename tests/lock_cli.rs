@@ -41,6 +41,15 @@ async fn runs_the_command_with_the_token_and_releases_after() {
     let info = c.client().read("rack/1").await.unwrap();
     assert!(!info.held, "released when CMD ended");
     assert_eq!(info.token, token);
+    // The operation id for CMD's idempotency keys: a fresh one by default,
+    // the job's own when given.
+    let out = run(lock_cmd(&c, &["rack/1", "--", "sh", "-c", "echo ${#FENCE_OPERATION_ID}"])).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "32");
+    let given = ["rack/1", "--operation-id", "ticket-42", "--", "sh", "-c", "echo $FENCE_OPERATION_ID"];
+    let out = run(lock_cmd(&c, &given)).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ticket-42");
+    let out = run(lock_cmd(&c, &["rack/1", "--operation-id", "a b", "--", "true"])).await;
+    assert_eq!(out.status.code(), Some(2), "refused by the argument parser");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

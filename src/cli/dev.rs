@@ -4,6 +4,7 @@
 //! ports the OS picks).
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context;
 
@@ -14,14 +15,45 @@ pub async fn run(data: &Path, fresh: bool, free_ports: bool) -> anyhow::Result<i
         std::fs::remove_dir_all(data).with_context(|| format!("removing {}", data.display()))?;
     }
     let stack = Stack::start(if free_ports { ANY_PORTS } else { DEV_PORTS }, data).await?;
-    print_banner(&stack, data);
+    let replay = match a_retried_write(&stack).await {
+        Ok(line) => line,
+        Err(e) => format!("  (the retried-write check failed: {e:#})"),
+    };
+    print_banner(&stack, data, &replay);
     super::server::shutdown_signal().await;
     eprintln!("\nstopping …");
     stack.stop().await;
     Ok(0)
 }
 
-fn print_banner(s: &Stack, data: &Path) {
+/// A drain of `rack/0` through the sidecar, sent twice with one
+/// Idempotency-Key as a client that timed out would: what each attempt got,
+/// and how often the inventory applied it.
+async fn a_retried_write(s: &Stack) -> anyhow::Result<String> {
+    use fencegate_client::idempotency::{operation_id, Write, REPLAYED_HEADER};
+    let client = fencegate_client::Client::new(s.endpoints.clone())?;
+    let lease = client.acquire("rack/0", fencegate_client::AcquireOptions::new(Duration::from_secs(10))).await?;
+    let url = format!("{}/racks/0", s.sidecar_url);
+    let write = Write::new("PUT", &url, lease.token(), &operation_id(), "drain").body(r#"{"state":"drained"}"#);
+    let http = fencegate_client::http::HttpClient::new(1 << 20);
+    let before = s.inventory.writes().len();
+    let first = write.send(&http, 3, Duration::from_secs(5)).await?;
+    let retry = write.send(&http, 3, Duration::from_secs(5)).await?;
+    lease.release().await?;
+    let applied = s.inventory.writes().len() - before;
+    let replayed = retry.headers.get(REPLAYED_HEADER).is_some_and(|v| v == "true");
+    let same = if first.body == retry.body { "the same answer" } else { "ANOTHER answer" };
+    Ok(format!(
+        "  PUT /racks/0 sent twice with Idempotency-Key {}: {} then {}{}, {same}; the inventory applied it {applied} time{}",
+        write.key(),
+        first.status.as_u16(),
+        retry.status.as_u16(),
+        if replayed { " replayed" } else { " NOT replayed" },
+        if applied == 1 { "" } else { "s" },
+    ))
+}
+
+fn print_banner(s: &Stack, data: &Path, replay: &str) {
     println!(
         "fencegate dev is running
   lock service   {}
@@ -30,9 +62,13 @@ fn print_banner(s: &Stack, data: &Path) {
   metrics        {}
   data           {} (kept between runs; --fresh wipes it)
 
+a retried write is applied once (idempotency on rack-writes):
+{}
+
 try, in another terminal:
   export FENCEGATE_ENDPOINTS={}
   fencegate lock rack/42 -- sh -c 'curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" {}/racks/42 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"'
+  fencegate lock rack/7 -- sh -c 'for try in 1 2; do curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" -H \"Idempotency-Key: $FENCE_OPERATION_ID-drain\" {}/racks/7 -d \"{{}}\"; echo; done'
   curl -s -X PUT -H 'X-Fence-Token: 1' {}/racks/42 -d '{{\"state\":\"stale\"}}'     # refused: 409
   curl -s {}/writes
   fencegate status rack/42
@@ -44,7 +80,9 @@ Ctrl-C stops everything.",
         s.sidecar_url,
         s.metrics_url,
         data.display(),
+        replay,
         s.endpoints.join(","),
+        s.sidecar_url,
         s.sidecar_url,
         s.sidecar_url,
         s.inventory_url,

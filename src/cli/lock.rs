@@ -1,8 +1,8 @@
 //! `fencegate lock KEY -- CMD`: run a command while holding a lease, and stop
 //! it the moment the lease may be lost.
 //!
-//! CMD runs in its own process group with `FENCE_KEY`, `FENCE_TOKEN` and
-//! `FENCE_LEASE_ID` set. The client library keeps the lease alive; when its
+//! CMD runs in its own process group with `FENCE_KEY`, `FENCE_TOKEN`,
+//! `FENCE_LEASE_ID` and `FENCE_OPERATION_ID` set. The client library keeps the lease alive; when its
 //! `lost()` fires — the service said the lease is gone, or no keepalive was
 //! acknowledged within the lease's conservative validity (L4) — the whole
 //! group gets SIGTERM at once and SIGKILL after `--grace`. That is the point
@@ -33,6 +33,8 @@ pub struct LockArgs {
     pub wait: Duration,
     pub holder: Option<String>,
     pub grace: Duration,
+    /// Exported to CMD as `FENCE_OPERATION_ID`, for its idempotency keys.
+    pub operation_id: String,
     pub client: Client,
     pub command: Vec<String>,
 }
@@ -60,6 +62,7 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
         .env("FENCE_KEY", &args.key)
         .env("FENCE_TOKEN", lease.token().to_string())
         .env("FENCE_LEASE_ID", lease.lease_id())
+        .env("FENCE_OPERATION_ID", &args.operation_id)
         .process_group(0)
         .kill_on_drop(true)
         .spawn()

@@ -33,6 +33,7 @@
 pub mod backoff;
 mod client;
 pub mod http;
+pub mod idempotency;
 mod lease;
 pub mod tls;
 pub mod url;
