@@ -3,7 +3,10 @@
 //! past their TTL, a recording upstream, and a checker that reports every
 //! invariant separately — plus a control arm without the sidecar that must
 //! show violations, proving the checker can fail. The sidecar arm's cluster
-//! speaks TLS on both planes and authenticates every client.
+//! speaks TLS on both planes and authenticates every client. Then the
+//! idempotency arms (`retries.rs`): writes retried with their key through
+//! sidecar kills and cut upstream exchanges are applied at most once (I1),
+//! and the same retries without idempotency apply some twice.
 //!
 //! - short profile (part of `cargo test`): `cargo test --test torture short`
 //! - long profile: `TORTURE_SECONDS=600 TORTURE_SEED=7 TORTURE_NODES=5 cargo test --release --test torture -- --ignored --nocapture`
@@ -17,6 +20,8 @@ mod checker;
 mod history;
 #[path = "torture/nemesis.rs"]
 mod nemesis;
+#[path = "torture/retries.rs"]
+mod retries;
 #[path = "torture/workload.rs"]
 mod workload;
 
@@ -174,11 +179,45 @@ fn keep_history(arm: &Arm, seed: u64) -> String {
     format!("history: {path}; replay the schedule with TORTURE_SEED={seed}")
 }
 
+fn retry_summary(arms: &[&retries::RetryArm]) -> String {
+    let mut out = format!(
+        "\n| | {} |\n|---|{}\n",
+        arms.iter().map(|a| a.name).collect::<Vec<_>>().join(" | "),
+        "---|".repeat(arms.len())
+    );
+    let mut rows: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (i, arm) in arms.iter().enumerate() {
+        let mut put = |row: String, value: String| {
+            rows.entry(row).or_insert_with(|| vec!["".into(); arms.len()])[i] = value;
+        };
+        for (k, v) in &arm.outcomes {
+            put(format!("writes: {k}"), v.to_string());
+        }
+        put("attempts".into(), arm.attempts.to_string());
+        for (f, n) in &arm.faults {
+            put(format!("fault: {f}"), n.to_string());
+        }
+        put(format!("violations: {}", arm.report.name), arm.report.violations.len().to_string());
+    }
+    for (row, values) in rows {
+        out.push_str(&format!("| {row} | {} |\n", values.join(" | ")));
+    }
+    out
+}
+
 async fn profile(nodes: u64, seconds: u64, control_seconds: u64, seed: u64) {
     let with = sidecar_arm(nodes, seconds, seed).await;
     let without = control_arm(control_seconds, seed).await;
-    println!("{}", summary(&[&with, &without], seed));
+    let keyed = retries::arm(true, control_seconds, seed).await;
+    let unkeyed = retries::arm(false, control_seconds, seed).await;
+    println!("{}{}", summary(&[&with, &without], seed), retry_summary(&[&keyed, &unkeyed]));
     let mut failures = vec![];
+    for v in keyed.report.violations.iter().take(5) {
+        failures.push(format!("{}: {v}", keyed.report.name));
+    }
+    if unkeyed.report.violations.is_empty() {
+        failures.push("the retry control arm applied no write twice: the duplicate check could not fail".into());
+    }
     for r in &with.reports {
         for v in r.violations.iter().take(5) {
             failures.push(format!("{}: {v}", r.name));

@@ -7,6 +7,7 @@
 pub mod etcd;
 pub mod load;
 pub mod locks;
+pub mod pair;
 pub mod procs;
 pub mod report;
 

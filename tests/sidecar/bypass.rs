@@ -181,10 +181,10 @@ async fn no_spelling_of_a_write_reaches_a_lenient_upstream_unfenced() {
 
     // The control arm: the same spellings sent straight to the upstream are
     // applied to rack 1 with token 3, and the check sees it.
-    let direct = fencegate_testkit::http::raw_tcp(up.port(), &h1("PUT", "/RACKS/01.json", &[T3])).await;
+    let direct = fencegate_testkit::http::raw_tcp(up.port, &h1("PUT", "/RACKS/01.json", &[T3])).await;
     assert!(direct.starts_with("HTTP/1.1 200"), "{direct}");
     let direct =
-        fencegate_testkit::http::raw_tcp(up.port(), &h1("GET", "/racks/1", &[("x-http-method-override", "PUT")])).await;
+        fencegate_testkit::http::raw_tcp(up.port, &h1("GET", "/racks/1", &[("x-http-method-override", "PUT")])).await;
     assert!(direct.starts_with("HTTP/1.1 200"), "{direct}");
     let caught = up.seen().iter().filter(|s| violates(s, floor)).count();
     assert_eq!(caught, 2, "the check misses writes it should catch: {:#?}", up.seen());

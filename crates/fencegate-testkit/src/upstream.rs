@@ -127,10 +127,6 @@ impl Upstream {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// Every request that took effect, in that order.
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap().clone()
