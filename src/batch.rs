@@ -54,9 +54,21 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
 
     /// Queue `item` and wait for its answer; `None` if the task has stopped.
     pub async fn call(&self, item: T) -> Option<R> {
+        self.queue(item).await
+    }
+
+    /// Queue `item` now (items are served in the order they were queued),
+    /// and return the wait for its answer: a caller can queue under a lock
+    /// and wait after releasing it.
+    pub fn queue(&self, item: T) -> impl Future<Output = Option<R>> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Request { item, reply }).ok()?;
-        rx.await.ok()
+        let sent = self.tx.send(Request { item, reply }).is_ok();
+        async move {
+            if !sent {
+                return None;
+            }
+            rx.await.ok()
+        }
     }
 }
 

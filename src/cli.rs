@@ -153,6 +153,9 @@ struct IdempotencyRecord {
     /// The sidecar's metrics listener (loopback only), e.g. http://127.0.0.1:9464.
     #[arg(long)]
     sidecar: String,
+    /// The admin token the sidecar made on first start: STATE_DIR/admin-token.
+    #[arg(long, value_name = "FILE")]
+    token_file: PathBuf,
     /// The lock key the request wrote under, e.g. rack/42.
     #[arg(long)]
     lock_key: String,
@@ -234,10 +237,10 @@ pub fn run(cli: Cli) -> i32 {
             }
             Command::Token { action: TokenAction::New { identity } } => token::new(&identity),
             Command::Idempotency { action: IdempotencyAction::Show(r) } => {
-                idempotency::run(&r.sidecar, &r.lock_key, &r.key, None).await
+                idempotency::run(&r.sidecar, &r.token_file, &r.lock_key, &r.key, None).await
             }
             Command::Idempotency { action: IdempotencyAction::Resolve { record: r, applied, .. } } => {
-                idempotency::run(&r.sidecar, &r.lock_key, &r.key, Some(applied)).await
+                idempotency::run(&r.sidecar, &r.token_file, &r.lock_key, &r.key, Some(applied)).await
             }
             Command::Demo { ttl, pause, mermaid } => demo::run(demo::DemoArgs { ttl, pause, mermaid }).await,
             Command::Dev { data, fresh, free_ports } => dev::run(&data, fresh, free_ports).await,

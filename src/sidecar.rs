@@ -56,6 +56,8 @@ pub struct Sidecar {
     /// Floors and idempotency records on disk.
     store: Arc<store::Store>,
     records: Arc<records::Records>,
+    /// SHA-256 of the bearer token admin calls must carry (`state_dir/admin-token`).
+    admin_token: [u8; 32],
     upstream: Upstream,
     /// Present when the listener serves HTTPS (`tls`).
     acceptor: Option<TlsAcceptor>,
@@ -84,17 +86,22 @@ impl Sidecar {
         let (store, loaded) = store::Store::open(&settings.state_dir)?;
         let store = Arc::new(store);
         let floors = floors::Floors::new(store.clone(), loaded.floors);
-        let records =
-            Arc::new(records::Records::load(store.clone(), loaded.records, settings.limits.idempotency_store));
+        let records = Arc::new(records::Records::load(
+            store.clone(),
+            loaded.records,
+            settings.limits.idempotency_store,
+            now_ms(),
+        ));
         let dir = settings.state_dir.display();
         tracing::info!(keys = floors.len(), idempotency_records = records.len(), %dir, "state loaded");
         metrics.idempotency_records.set(records.len() as i64);
         if settings.routes.iter().any(|r| r.idempotency.is_some()) || !records.is_empty() {
             tokio::spawn(sweep(Arc::downgrade(&records), metrics.clone()));
         }
+        let admin_token = crate::auth::token_hash(&admin_token(&settings.state_dir)?);
         let fencer = Fencer { view, floors, order: Arc::default() };
         let upstream = Upstream::new(tls.upstream);
-        Ok(Arc::new(Sidecar { settings, fencer, store, records, upstream, acceptor, registry, metrics }))
+        Ok(Arc::new(Sidecar { settings, fencer, store, records, admin_token, upstream, acceptor, registry, metrics }))
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
@@ -103,12 +110,15 @@ impl Sidecar {
             return self.answer("-", None, a);
         }
         let routes = &self.settings.routes;
-        let found = match method_override(req.headers(), req.uri().query()) {
-            Ok(None) => routes.find(req.method(), req.uri().path()),
-            Ok(Some(effective)) => routes.find_overridden(req.method(), &effective, req.uri().path()),
+        let overridden = match method_override(req.headers(), req.uri().query()) {
+            Ok(o) => o,
             Err(message) => {
                 return self.answer("-", None, Answer::BadRequest { error: Problem::DisguisedRequest, message })
             }
+        };
+        let found = match &overridden {
+            None => routes.find(req.method(), req.uri().path()),
+            Some(effective) => routes.find_overridden(req.method(), effective, req.uri().path()),
         };
         let matched = match found {
             Ok(m) => m,
@@ -170,9 +180,11 @@ impl Sidecar {
                 if let (Some(key), Some(policy), Some(lock_key)) = (&idempotency_key, route.idempotency, &matched.key) {
                     let request = keyed::Request {
                         route: name,
+                        timeout: route.timeout,
                         lock_key,
                         key,
-                        method: parts.method.as_str(),
+                        // What the upstream takes it as: two overrides are two requests.
+                        method: overridden.as_ref().unwrap_or(&parts.method).as_str(),
                         path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
                         headers: &parts.headers,
                         body: &bytes,
@@ -212,7 +224,7 @@ impl Sidecar {
             (_, permit) => drop(permit),
         }
         let result = match keyed {
-            Some(k) => keyed::finish(&self.records, &self.metrics, name, k, result).await,
+            Some(k) => keyed::finish(&self.metrics, name, k, result).await,
             None => result,
         };
         match result {
@@ -402,15 +414,36 @@ async fn sweep(records: std::sync::Weak<records::Records>, metrics: SidecarMetri
     loop {
         every.tick().await;
         let Some(records) = records.upgrade() else { return };
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        match records.expire(now).await {
+        match records.expire(now_ms()).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(expired = n, left = records.len(), "idempotency records expired"),
             Err(e) => tracing::warn!("expiring idempotency records: {e}"),
         }
         metrics.idempotency_records.set(records.len() as i64);
     }
+}
+
+/// The admin token in `dir/admin-token`, made (random, 256 bits, mode 0600)
+/// on first start.
+fn admin_token(dir: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("admin-token");
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+        Ok(_) => anyhow::bail!("{} is empty: delete it to have a new token made", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("reading {}: {e}", path.display()),
+    }
+    let token = format!("fga_{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>());
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    f.write_all(format!("{token}\n").as_bytes())?;
+    f.sync_all()?;
+    Ok(token)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How long shutdown waits for connections to finish their answers.
@@ -449,8 +482,10 @@ struct RecordCall {
 
 impl Sidecar {
     /// `POST /admin/idempotency/show` and `/resolve` (JSON `RecordCall`):
-    /// served only when the metrics listener is on loopback, since it has
-    /// no authentication of its own.
+    /// only with the bearer token of `state_dir/admin-token`, only when the
+    /// metrics listener is on loopback (the token travels in clear text),
+    /// and never from a browser (an `Origin` header: a page cannot forge
+    /// the token, but the refusal costs nothing).
     async fn admin(&self, action: &str, req: Request<Incoming>) -> Response<Body> {
         use hyper::StatusCode;
         let refuse = |status, message: String| {
@@ -458,6 +493,19 @@ impl Sidecar {
         };
         if !self.settings.metrics_listen.is_some_and(|a| a.ip().is_loopback()) {
             return refuse(StatusCode::FORBIDDEN, "admin calls are served only on a loopback metrics_listen".into());
+        }
+        if req.headers().contains_key(hyper::header::ORIGIN) {
+            return refuse(StatusCode::FORBIDDEN, "admin calls are not taken from browsers".into());
+        }
+        let presented = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(crate::auth::token_hash);
+        if presented != Some(self.admin_token) {
+            let message = "admin calls need `Authorization: Bearer` with the token in state_dir/admin-token";
+            return refuse(StatusCode::UNAUTHORIZED, message.into());
         }
         if req.method() != hyper::Method::POST {
             return refuse(StatusCode::METHOD_NOT_ALLOWED, "POST a JSON body".into());

@@ -1,6 +1,7 @@
 //! `fencegate idempotency show|resolve`: look at a key's record on a running
 //! sidecar, and settle an unknown outcome (docs/DESIGN.md, I1). Talks to the
-//! sidecar's metrics listener, which serves these calls only on loopback.
+//! sidecar's metrics listener, which serves these calls only on loopback and
+//! only with the token the sidecar keeps in `state_dir/admin-token`.
 
 use std::time::Duration;
 
@@ -9,13 +10,23 @@ use hyper::{Method, StatusCode};
 
 /// `applied`: `Some(status)`, the request was applied (a retry gets that
 /// status, empty body); `None`, it was not (the next retry is forwarded).
-pub async fn run(sidecar: &str, lock_key: &str, key: &str, resolve: Option<Option<u16>>) -> anyhow::Result<i32> {
+pub async fn run(
+    sidecar: &str,
+    token_file: &std::path::Path,
+    lock_key: &str,
+    key: &str,
+    resolve: Option<Option<u16>>,
+) -> anyhow::Result<i32> {
+    let token = std::fs::read_to_string(token_file)
+        .map_err(|e| anyhow::anyhow!("reading the admin token {}: {e}", token_file.display()))?;
     let (path, body) = match resolve {
         None => ("show", serde_json::json!({"lock_key": lock_key, "key": key})),
         Some(applied) => ("resolve", serde_json::json!({"lock_key": lock_key, "key": key, "applied": applied})),
     };
     let url = format!("{}/admin/idempotency/{path}", sidecar.trim_end_matches('/'));
     let reply = HttpClient::new(1 << 20)
+        .with_bearer(token.trim())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", token_file.display()))?
         .call(Method::POST, &url, Some(serde_json::to_vec(&body)?), Duration::from_secs(10))
         .await
         .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;

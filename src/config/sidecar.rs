@@ -188,9 +188,15 @@ fn default_max_response() -> u64 {
     MIB
 }
 
-fn idempotency_policy(i: usize, c: &IdempotencyConfig) -> Result<Policy, ConfigError> {
+fn idempotency_policy(i: usize, c: &IdempotencyConfig, timeout: Duration) -> Result<Policy, ConfigError> {
+    let field = format!("routes[{i}].idempotency.retention");
     if c.retention < Duration::from_secs(1) || c.retention > MAX_RETENTION {
-        return Err(ConfigError::invalid(format!("routes[{i}].idempotency.retention"), "must be between 1s and 30d"));
+        return Err(ConfigError::invalid(field, "must be between 1s and 30d"));
+    }
+    // A record must outlive the request it covers: one that expired while
+    // the request was still in flight would let a retry through.
+    if c.retention <= timeout {
+        return Err(ConfigError::invalid(field, format!("must be longer than the route's timeout ({timeout:?})")));
     }
     if c.max_response > MAX_RESPONSE_KEPT {
         return Err(ConfigError::invalid(format!("routes[{i}].idempotency.max_response"), "must be at most 64MiB"));
@@ -371,7 +377,7 @@ pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri) -> Result<
             timeout: r.timeout,
             allow_unfenced_writes: r.allow_unfenced_writes,
             allow_method_override: r.allow_method_override,
-            idempotency: r.idempotency.as_ref().map(|c| idempotency_policy(i, c)).transpose()?,
+            idempotency: r.idempotency.as_ref().map(|c| idempotency_policy(i, c, r.timeout)).transpose()?,
             suffixes: &r.suffixes,
         };
         let route =
@@ -712,6 +718,16 @@ routes:
             ("lock_key: rack/{rack}", "lock_key: rack/{id}", "routes[0].lock_key"),
             ("lock_key: rack/{rack}", "lock_key: rack//{rack}", "routes[0].lock_key"),
             ("lock_key: rack/{rack}", "lock_key: rack/{rack", "routes[0].lock_key"),
+            // idempotency
+            ("    missing_token: reject\n", "    idempotency: { retention: 30s }\n", "routes[0].idempotency.retention"),
+            ("    missing_token: reject\n", "    idempotency: { retention: 31d }\n", "routes[0].idempotency.retention"),
+            (
+                "    missing_token: reject\n",
+                "    idempotency: { max_response: 65MiB }\n",
+                "routes[0].idempotency.max_response",
+            ),
+            ("    fence: off", "    fence: off\n    idempotency: {}", "routes[1].idempotency"),
+            ("  header_timeout: 10s", "  header_timeout: 10s\n  idempotency_store: 1KiB", "limits.idempotency_store"),
             ("path: /racks/{rack}", "path: racks/{rack}", "routes[0].path"),
             ("path: /racks/{rack}", "path: /racks/{rack}/", "routes[0].path"),
             ("path: /racks/{rack}", "path: /racks/{rack}.json", "routes[0].path"),

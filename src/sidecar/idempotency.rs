@@ -90,6 +90,11 @@ pub struct Record {
     /// encoded rest, not inside it.
     #[serde(skip)]
     pub body: Bytes,
+    /// Bytes held for the answer while pending (`max_response` and room for
+    /// headers), so that a store admitting many requests cannot grow past
+    /// its bound when they are answered. In memory only.
+    #[serde(skip)]
+    pub reserve: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,13 +139,29 @@ impl Record {
         Ok(record)
     }
 
-    /// What it costs to keep (memory and disk, roughly).
+    /// What it costs to keep (memory and disk, roughly), with its reserve.
     pub fn size(&self, scope: &str) -> u64 {
-        let headers: usize = match &self.state {
+        let state = match &self.state {
             State::Done { headers, .. } => headers.iter().map(|(k, v)| k.len() + v.len() + 8).sum(),
-            _ => 0,
+            State::Unknown { why } => why.len(),
+            State::Pending => 0,
         };
-        (scope.len() + self.route.len() + self.fingerprint.len() + headers + self.body.len() + 96) as u64
+        (scope.len() + self.route.len() + self.fingerprint.len() + state + self.body.len() + 96) as u64 + self.reserve
+    }
+
+    /// What stands for a record that could not be read back: an outcome
+    /// unknown for any request under its key, kept as long as any record.
+    pub fn unreadable(why: String, now_ms: u64, max_retention_ms: u64) -> Record {
+        Record {
+            route: String::new(),
+            fingerprint: String::new(),
+            token: 0,
+            created_ms: now_ms,
+            expires_ms: now_ms.saturating_add(max_retention_ms),
+            state: State::Unknown { why },
+            body: Bytes::new(),
+            reserve: 0,
+        }
     }
 }
 
@@ -164,7 +185,8 @@ pub enum Verdict {
 /// What a request with this fingerprint gets, given its key's record.
 pub fn judge(record: Option<&Record>, fingerprint: &str) -> Verdict {
     let Some(r) = record else { return Verdict::Forward };
-    if r.fingerprint != fingerprint {
+    // An unreadable record has no fingerprint: unknown for every request.
+    if r.fingerprint != fingerprint && !r.fingerprint.is_empty() {
         return Verdict::Mismatch;
     }
     match &r.state {
@@ -231,6 +253,7 @@ mod tests {
             expires_ms: 2,
             state,
             body: Bytes::from_static(b"{\"ok\":1}\n\0\xff"),
+            reserve: 0,
         }
     }
 
@@ -249,5 +272,7 @@ mod tests {
         assert_eq!(judge(Some(&unknown), "f"), Verdict::Unknown(unknown.clone()));
         let big = record(State::Done { status: 200, headers: vec![], kept: false });
         assert_eq!(judge(Some(&big), "f"), Verdict::NotKept(200));
+        let lost = Record::unreadable("bad".into(), 0, 10);
+        assert_eq!(judge(Some(&lost), "any"), Verdict::Unknown(lost.clone()), "unknown for every request");
     }
 }

@@ -9,6 +9,9 @@
 //!                                                         never sent: record dropped
 //! ```
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use bytes::Bytes;
 use fencegate_client::wire::Problem;
 use http_body_util::BodyExt;
@@ -21,10 +24,42 @@ use super::records::{BeginError, Records};
 use crate::http::{Body, BoxError};
 use crate::metrics::SidecarMetrics;
 
-/// A request being forwarded under its key.
+/// Room held for an answer's headers while its request is pending (an
+/// answer with more is kept without its body if the store has no room).
+const HEADER_RESERVE: u64 = 4 << 10;
+
+/// A request being forwarded under its key. Dropped without being settled
+/// (its task panicked, say), its outcome becomes unknown: a pending record
+/// nobody settles would refuse its key as in flight for ever.
 pub struct Keyed {
-    pub scope: String,
+    scope: String,
     policy: Policy,
+    /// The route's timeout: it also bounds reading the upstream's answer.
+    timeout: Duration,
+    records: Arc<Records>,
+    settled: bool,
+}
+
+impl Keyed {
+    /// A whole retention from now.
+    fn retained(&self) -> u64 {
+        now_ms().saturating_add(self.policy.retention.as_millis() as u64)
+    }
+}
+
+impl Drop for Keyed {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let (records, scope, expires) = (self.records.clone(), std::mem::take(&mut self.scope), self.retained());
+        let why = "the request ended without its answer being recorded".to_string();
+        tokio::spawn(async move {
+            if let Err(e) = records.settle(&scope, State::Unknown { why }, Bytes::new(), expires).await {
+                tracing::error!("recording an unknown outcome: {e}");
+            }
+        });
+    }
 }
 
 /// The request's key, if it has one; refused if it is malformed, or missing
@@ -52,14 +87,17 @@ fn now_ms() -> u64 {
 pub enum Begun {
     /// Its pending record is on disk: forward it.
     Forward(Keyed),
-    /// Answered here: a replay, or a refusal.
+    /// Answered here: a replay.
     Answered(Response<Body>),
 }
 
+/// A keyed request, as its fingerprint and record need it.
 pub struct Request<'a> {
     pub route: &'a str,
+    pub timeout: Duration,
     pub lock_key: &'a str,
     pub key: &'a str,
+    /// The method the upstream will take it as (an allowed override's).
     pub method: &'a str,
     pub path_and_query: &'a str,
     pub headers: &'a HeaderMap,
@@ -68,7 +106,7 @@ pub struct Request<'a> {
 }
 
 pub async fn begin(
-    records: &Records,
+    records: &Arc<Records>,
     metrics: &SidecarMetrics,
     policy: Policy,
     r: Request<'_>,
@@ -84,6 +122,7 @@ pub async fn begin(
         expires_ms: now.saturating_add(policy.retention.as_millis() as u64),
         state: State::Pending,
         body: Bytes::new(),
+        reserve: policy.max_response + HEADER_RESERVE,
     };
     let count = |result: &str| metrics.idempotency.with_label_values(&[r.route, result]).inc();
     let verdict = match records.begin(&scope, record).await {
@@ -100,10 +139,13 @@ pub async fn begin(
         format!("first request at {} ms (unix) with token {}, on route {:?}", rec.created_ms, rec.token, rec.route)
     };
     match verdict {
-        Verdict::Forward => Ok(Begun::Forward(Keyed { scope, policy })),
+        Verdict::Forward => {
+            let keyed = Keyed { scope, policy, timeout: r.timeout, records: records.clone(), settled: false };
+            Ok(Begun::Forward(keyed))
+        }
         Verdict::Replay(rec) => {
             count("replayed");
-            Ok(Begun::Answered(replay(&rec)))
+            Ok(Begun::Answered(answer_of(&rec, true)))
         }
         Verdict::Mismatch => {
             count("mismatch");
@@ -149,9 +191,12 @@ pub async fn begin(
     }
 }
 
-/// A stored answer, as the upstream gave it, marked as a replay.
-fn replay(rec: &Record) -> Response<Body> {
-    let State::Done { status, headers, .. } = &rec.state else { unreachable!("only done records are replayed") };
+/// A stored answer, as the upstream gave it (status, headers, body), marked
+/// if it is a replay. The first answer is sent this way too, so that a
+/// replay is the same bytes but `Date`: the upstream's reason phrase and
+/// HTTP version are not kept, either time.
+fn answer_of(rec: &Record, replayed: bool) -> Response<Body> {
+    let State::Done { status, headers, .. } = &rec.state else { unreachable!("only done records are answered") };
     let mut resp = Response::new(crate::http::full(rec.body.clone()));
     *resp.status_mut() = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
     for (k, v) in headers {
@@ -159,28 +204,35 @@ fn replay(rec: &Record) -> Response<Body> {
             resp.headers_mut().append(k, v);
         }
     }
-    resp.headers_mut().insert(idempotency::REPLAYED, HeaderValue::from_static("true"));
+    if replayed {
+        resp.headers_mut().insert(idempotency::REPLAYED, HeaderValue::from_static("true"));
+    }
     resp
 }
 
 /// Settle the record by what the upstream exchange did.
 pub async fn finish(
-    records: &Records,
     metrics: &SidecarMetrics,
     route: &str,
-    keyed: Keyed,
+    mut keyed: Keyed,
     result: Result<Response<Body>, Answer>,
 ) -> Result<Response<Body>, Answer> {
+    keyed.settled = true;
+    let records = keyed.records.clone();
     let count = |result: &str| metrics.idempotency.with_label_values(&[route, result]).inc();
-    let scope = keyed.scope.as_str();
-    let unknown = |why: String| async move {
+    let scope = keyed.scope.clone();
+    // An unknown outcome is kept a whole retention from now: the request
+    // may still be applied.
+    let unknown = |why: String| {
+        let (records, scope, expires) = (records.clone(), scope.clone(), keyed.retained());
         count("unknown");
         tracing::warn!(route, scope = %scope.replace('\n', " "), why, "idempotent request's outcome unknown");
-        if let Err(e) = records.settle(scope, State::Unknown { why }, Bytes::new()).await {
-            tracing::error!(
-                route,
-                "recording an unknown outcome: {e} (it stays pending on disk: unknown after a restart)"
-            );
+        async move {
+            if let Err(e) = records.settle(&scope, State::Unknown { why }, Bytes::new(), expires).await {
+                tracing::error!(
+                    "recording an unknown outcome: {e} (it stays pending on disk: unknown after a restart)"
+                );
+            }
         }
     };
     let resp = match result {
@@ -197,30 +249,39 @@ pub async fn finish(
         }
         Err(a) => {
             // Never sent: a retry may go.
-            if let Err(e) = records.forget(scope).await {
+            if let Err(e) = records.forget(&scope).await {
                 tracing::error!(route, "dropping an unsent request's record: {e}");
             }
             return Err(a);
         }
     };
-    let (parts, body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    // The marker is the sidecar's to set.
+    parts.headers.remove(idempotency::REPLAYED);
     let status = parts.status.as_u16();
     let headers = parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec())).collect();
-    match collect_up_to(body, keyed.policy.max_response as usize).await {
+    let read = tokio::time::timeout(keyed.timeout, collect_up_to(body, keyed.policy.max_response as usize)).await;
+    let read =
+        read.unwrap_or_else(|_| Err(format!("no whole answer within the route's timeout ({:?})", keyed.timeout)));
+    let retained = keyed.retained();
+    match read {
         Ok((bytes, None)) => {
             let state = State::Done { status, headers, kept: true };
-            if let Err(e) = records.settle(scope, state, bytes.clone()).await {
+            if let Err(e) = records.settle(&scope, state, bytes.clone(), retained).await {
                 tracing::error!(
                     route,
                     "keeping an answer for replay: {e} (a retry gets outcome_unknown after a restart)"
                 );
             }
             count("stored");
-            Ok(Response::from_parts(parts, crate::http::full(bytes)))
+            Ok(match records.get(&scope) {
+                Some(rec) => answer_of(&rec, false),
+                None => Response::from_parts(parts, crate::http::full(bytes)),
+            })
         }
         Ok((prefix, Some(rest))) => {
             let state = State::Done { status, headers, kept: false };
-            if let Err(e) = records.settle(scope, state, Bytes::new()).await {
+            if let Err(e) = records.settle(&scope, state, Bytes::new(), retained).await {
                 tracing::error!(route, "recording an answer too large to keep: {e}");
             }
             count("stored");

@@ -3,6 +3,10 @@
 //! state store before the request it covers is forwarded (I1). Records
 //! expire `retention` after their first request; a full store refuses new
 //! keys (503) rather than evicting live ones.
+//!
+//! Every change is queued for the disk while the index lock is held, so the
+//! disk sees the changes to a key in the order the index made them (a
+//! forget never lands after the newer record that replaced it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,6 +15,9 @@ use bytes::Bytes;
 
 use super::idempotency::{judge, Record, State, Verdict};
 use super::store::{Store, StoreError, Write};
+
+/// How long an unreadable record is kept (the longest `retention` allowed).
+const MAX_RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
 
 pub struct Records {
     index: Mutex<Index>,
@@ -60,8 +67,9 @@ pub enum ResolveError {
 
 impl Records {
     /// The records `store` held. One left pending was in flight when the
-    /// sidecar stopped: its outcome is unknown.
-    pub fn load(store: Arc<Store>, loaded: Vec<(String, Vec<u8>)>, max_bytes: u64) -> Records {
+    /// sidecar stopped: its outcome is unknown. One that cannot be read is
+    /// unknown for any request under its key.
+    pub fn load(store: Arc<Store>, loaded: Vec<(String, Vec<u8>)>, max_bytes: u64, now_ms: u64) -> Records {
         let mut index = Index::default();
         for (scope, bytes) in loaded {
             match Record::decode(&bytes) {
@@ -72,7 +80,9 @@ impl Records {
                     index.put(&scope, r);
                 }
                 Err(e) => {
-                    tracing::error!(scope = %scope.replace('\n', " "), "unreadable idempotency record kept as unknown: {e}")
+                    tracing::error!(scope = %scope.replace('\n', " "), "unreadable idempotency record, kept as unknown: {e}");
+                    let why = format!("its record could not be read back ({e})");
+                    index.put(&scope, Record::unreadable(why, now_ms, MAX_RETENTION_MS));
                 }
             }
         }
@@ -104,51 +114,71 @@ impl Records {
     /// requests under one scope are judged one after the other: the second
     /// finds the first's pending record.
     pub async fn begin(&self, scope: &str, record: Record) -> Result<Verdict, BeginError> {
-        {
+        let on_disk = {
             let mut index = self.index();
             // Past its retention a record is gone, whether swept yet or not.
-            let live =
-                index.records.get(scope).filter(|r| r.expires_ms > record.created_ms || r.state == State::Pending);
+            let existing = index.records.get(scope);
+            let live = existing.filter(|r| r.expires_ms > record.created_ms || r.state == State::Pending);
             let verdict = judge(live, &record.fingerprint);
             if verdict != Verdict::Forward {
                 return Ok(verdict);
             }
-            if index.bytes + record.size(scope) > self.max_bytes {
+            let replaced = existing.map_or(0, |r| r.size(scope));
+            if index.bytes - replaced + record.size(scope) > self.max_bytes {
                 return Err(BeginError::Full { limit: self.max_bytes });
             }
             index.put(scope, record.clone());
-        }
-        if let Err(e) = self.store.write(Write::Record(scope.to_string(), record.encode())).await {
-            // Not on disk, so not forwarded: a retry may try again.
-            self.index().remove(scope);
+            self.store.queue(Write::Record(scope.to_string(), record.encode()))
+        };
+        if let Err(e) = on_disk.await {
+            // Not on disk, so not forwarded: a retry may try again (while it
+            // is pending nothing else changes this key).
+            let mut index = self.index();
+            index.remove(scope);
+            drop(self.store.queue(Write::Forget(vec![scope.to_string()])));
             return Err(BeginError::Store(e));
         }
         Ok(Verdict::Forward)
     }
 
     /// The forwarded request's end: `state` (done or unknown), and the
-    /// answer's body if it is kept.
-    pub async fn settle(&self, scope: &str, state: State, body: Bytes) -> Result<(), StoreError> {
-        let record = {
+    /// answer's body if it is kept. The record lasts at least until
+    /// `expires_ms` (an unknown outcome is kept a whole retention from when
+    /// it became unknown).
+    pub async fn settle(&self, scope: &str, state: State, body: Bytes, expires_ms: u64) -> Result<(), StoreError> {
+        let on_disk = {
             let mut index = self.index();
-            let Some(mut r) = index.records.get(scope).cloned() else { return Ok(()) };
-            r.state = state;
-            r.body = body;
-            index.put(scope, r.clone());
-            r
+            let Some(old) = index.records.get(scope) else { return Ok(()) };
+            let held = old.size(scope);
+            let mut r = Record { state, body, reserve: 0, expires_ms: old.expires_ms.max(expires_ms), ..old.clone() };
+            // Past what the pending record held (headers beyond the
+            // reserve) and with no room left: kept without the answer.
+            if r.size(scope) > held && index.bytes - held + r.size(scope) > self.max_bytes {
+                if let State::Done { status, .. } = r.state {
+                    r.state = State::Done { status, headers: Vec::new(), kept: false };
+                    r.body = Bytes::new();
+                }
+            }
+            let bytes = r.encode();
+            index.put(scope, r);
+            self.store.queue(Write::Record(scope.to_string(), bytes))
         };
-        self.store.write(Write::Record(scope.to_string(), record.encode())).await
+        on_disk.await
     }
 
     /// Drop a pending record whose request never left the sidecar.
     pub async fn forget(&self, scope: &str) -> Result<(), StoreError> {
-        self.index().remove(scope);
-        self.store.write(Write::Forget(vec![scope.to_string()])).await
+        let on_disk = {
+            let mut index = self.index();
+            index.remove(scope);
+            self.store.queue(Write::Forget(vec![scope.to_string()]))
+        };
+        on_disk.await
     }
 
     /// Drop every record past its expiry (not one still in flight); how many.
     pub async fn expire(&self, now_ms: u64) -> Result<usize, StoreError> {
-        let gone: Vec<String> = {
+        let (n, on_disk) = {
             let mut index = self.index();
             let due: Vec<String> = index
                 .records
@@ -156,16 +186,15 @@ impl Records {
                 .filter(|(_, r)| r.expires_ms <= now_ms && r.state != State::Pending)
                 .map(|(s, _)| s.clone())
                 .collect();
+            if due.is_empty() {
+                return Ok(0);
+            }
             for s in &due {
                 index.remove(s);
             }
-            due
+            (due.len(), self.store.queue(Write::Forget(due)))
         };
-        if gone.is_empty() {
-            return Ok(0);
-        }
-        let n = gone.len();
-        self.store.write(Write::Forget(gone)).await?;
+        on_disk.await?;
         Ok(n)
     }
 
@@ -174,28 +203,28 @@ impl Records {
     /// not (the record goes, and the next request with the key is
     /// forwarded).
     pub async fn resolve(&self, scope: &str, applied: Option<u16>) -> Result<Record, ResolveError> {
-        let record = {
+        let (record, on_disk) = {
             let mut index = self.index();
             let Some(r) = index.records.get(scope) else { return Err(ResolveError::NoSuchKey) };
             if !matches!(r.state, State::Unknown { .. }) {
                 return Err(ResolveError::NotUnknown(r.state.name()));
             }
             match applied {
-                None => index.remove(scope).expect("present"),
+                None => {
+                    let r = index.remove(scope).expect("present");
+                    (r, self.store.queue(Write::Forget(vec![scope.to_string()])))
+                }
                 Some(status) => {
                     let mut r = r.clone();
                     r.state = State::Done { status, headers: Vec::new(), kept: true };
                     r.body = Bytes::new();
+                    let bytes = r.encode();
                     index.put(scope, r.clone());
-                    r
+                    (r, self.store.queue(Write::Record(scope.to_string(), bytes)))
                 }
             }
         };
-        let write = match applied {
-            None => Write::Forget(vec![scope.to_string()]),
-            Some(_) => Write::Record(scope.to_string(), record.encode()),
-        };
-        self.store.write(write).await.map_err(|e| ResolveError::Store(e.to_string()))?;
+        on_disk.await.map_err(|e| ResolveError::Store(e.to_string()))?;
         Ok(record)
     }
 }
@@ -213,12 +242,13 @@ mod tests {
             expires_ms,
             state: State::Pending,
             body: Bytes::new(),
+            reserve: 0,
         }
     }
 
     fn open(dir: &std::path::Path, max_bytes: u64) -> Records {
         let (store, loaded) = Store::open(dir).unwrap();
-        Records::load(Arc::new(store), loaded.records, max_bytes)
+        Records::load(Arc::new(store), loaded.records, max_bytes, 0)
     }
 
     #[tokio::test]
@@ -230,7 +260,7 @@ mod tests {
             assert_eq!(r.begin("rack/1\nk", pending("f", 100)).await.unwrap(), Verdict::InFlight);
             assert_eq!(r.begin("rack/1\nk", pending("g", 100)).await.unwrap(), Verdict::Mismatch);
             let done = State::Done { status: 201, headers: vec![("x-a".into(), b"1".to_vec())], kept: true };
-            r.settle("rack/1\nk", done, Bytes::from_static(b"made")).await.unwrap();
+            r.settle("rack/1\nk", done, Bytes::from_static(b"made"), 0).await.unwrap();
             assert_eq!(r.begin("rack/1\nj", pending("f", 100)).await.unwrap(), Verdict::Forward);
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -247,6 +277,72 @@ mod tests {
         assert_eq!(r.begin("rack/1\nj", pending("f", 100)).await.unwrap(), Verdict::Forward);
     }
 
+    /// A forget racing a new request under the same key: whatever the
+    /// order, a request told to go ahead has its record on disk (the
+    /// forget is never written after it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forget_never_lands_after_the_record_that_replaced_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut forwarded = vec![];
+        {
+            let r = Arc::new(open(dir.path(), 1 << 30));
+            for i in 0..300 {
+                let scope = format!("rack/1\nk{i}");
+                assert_eq!(r.begin(&scope, pending("a", u64::MAX)).await.unwrap(), Verdict::Forward);
+                let (r1, s1) = (r.clone(), scope.clone());
+                let forget = tokio::spawn(async move { r1.forget(&s1).await.unwrap() });
+                let (r2, s2) = (r.clone(), scope.clone());
+                let retry = tokio::spawn(async move {
+                    loop {
+                        match r2.begin(&s2, pending("a", u64::MAX)).await.unwrap() {
+                            Verdict::InFlight => tokio::task::yield_now().await,
+                            v => return v,
+                        }
+                    }
+                });
+                forget.await.unwrap();
+                if retry.await.unwrap() == Verdict::Forward {
+                    forwarded.push(scope);
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let r = open(dir.path(), 1 << 30);
+        assert_eq!(forwarded.len(), 300, "every retry went ahead once the first was forgotten");
+        let lost: Vec<_> = forwarded.iter().filter(|s| r.get(s).is_none()).collect();
+        assert!(lost.is_empty(), "forwarded with no record on disk: {lost:?}");
+    }
+
+    /// What cannot be read back stands as an unknown outcome for its key.
+    #[tokio::test]
+    async fn an_unreadable_record_is_an_unknown_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (store, _) = Store::open(dir.path()).unwrap();
+            store.write(Write::Record("rack/1\nk".into(), b"\x05\0\0\0{bad}".to_vec())).await.unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let r = open(dir.path(), 1 << 20);
+        assert!(matches!(r.begin("rack/1\nk", pending("f", 100)).await.unwrap(), Verdict::Unknown(_)));
+    }
+
+    /// A pending record holds room for its answer, so answers cannot grow
+    /// the store past its bound; one that would is kept without its body.
+    #[tokio::test]
+    async fn pending_records_hold_room_for_their_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut big = pending("f", 100);
+        big.reserve = 1000;
+        let r = open(dir.path(), big.size("rack/1\nk0") + 500);
+        assert_eq!(r.begin("rack/1\nk0", big.clone()).await.unwrap(), Verdict::Forward);
+        assert!(matches!(r.begin("rack/1\nk1", big.clone()).await, Err(BeginError::Full { .. })), "held");
+        let huge = vec![("x-big".to_string(), vec![b'h'; 4000])];
+        r.settle("rack/1\nk0", State::Done { status: 200, headers: huge, kept: true }, Bytes::new(), 0).await.unwrap();
+        let kept = r.get("rack/1\nk0").unwrap();
+        assert_eq!(kept.state, State::Done { status: 200, headers: vec![], kept: false });
+        assert!(r.bytes() <= big.size("rack/1\nk0") + 500);
+    }
+
     #[tokio::test]
     async fn records_expire_and_a_full_store_refuses_new_keys() {
         let dir = tempfile::tempdir().unwrap();
@@ -257,7 +353,7 @@ mod tests {
         }
         assert!(matches!(r.begin("rack/1\nk3", pending("f", 100)).await, Err(BeginError::Full { .. })));
         assert_eq!(r.len(), 3, "nothing live was evicted");
-        r.settle("rack/1\nk0", State::Unknown { why: "cut".into() }, Bytes::new()).await.unwrap();
+        r.settle("rack/1\nk0", State::Unknown { why: "cut".into() }, Bytes::new(), 0).await.unwrap();
         assert_eq!(r.expire(99).await.unwrap(), 0, "not yet");
         assert_eq!(r.expire(100).await.unwrap(), 1, "expired, but pending ones stay");
         assert!(r.get("rack/1\nk0").is_none(), "an expired key is gone");

@@ -22,6 +22,8 @@ use crate::lock::state::Token;
 
 const FLOORS: TableDefinition<&str, u64> = TableDefinition::new("floors");
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
+/// One row a health probe rewrites, to find out whether writes work again.
+const PROBE: TableDefinition<&str, u64> = TableDefinition::new("probe");
 
 #[derive(Debug, Clone, Error)]
 #[error("state store: {0}")]
@@ -40,6 +42,8 @@ pub enum Write {
     Record(String, Vec<u8>),
     /// Drop idempotency records.
     Forget(Vec<String>),
+    /// Rewrite the probe row (`probe`).
+    Probe,
 }
 
 /// What the file held when it was opened.
@@ -53,7 +57,8 @@ pub struct Store {
     writes: Batcher<Write, Result<(), StoreError>>,
     /// Set by a failed write, cleared by the next one that succeeds.
     broken: Arc<AtomicBool>,
-    /// The first write of the last failed batch, for `probe` to try again.
+    /// What `probe` tries after a failed batch: its first floor raise, else
+    /// the probe row.
     failed: Arc<Mutex<Option<Write>>>,
 }
 
@@ -94,11 +99,13 @@ impl Store {
             let (file, flag, last) = (file.clone(), flag.clone(), last.clone());
             async move {
                 let n = batch.len();
-                let first = batch.first().cloned();
+                // A raise is safe to redo; a record put or forget is not (a
+                // newer one for the same key may have been queued since).
+                let retry = batch.iter().find(|w| matches!(w, Write::Floor(..))).cloned().unwrap_or(Write::Probe);
                 let result =
                     tokio::task::spawn_blocking(move || file.write(&batch)).await.unwrap_or_else(|e| Err(err(e)));
                 flag.store(result.is_err(), Ordering::Relaxed);
-                *last.lock().unwrap_or_else(|p| p.into_inner()) = if result.is_err() { first } else { None };
+                *last.lock().unwrap_or_else(|p| p.into_inner()) = if result.is_err() { Some(retry) } else { None };
                 vec![result; n]
             }
         });
@@ -107,7 +114,14 @@ impl Store {
 
     /// Make `write` durable; returns once it is on disk.
     pub async fn write(&self, write: Write) -> Result<(), StoreError> {
-        self.writes.call(write).await.unwrap_or_else(|| Err(err("writer stopped")))
+        self.queue(write).await
+    }
+
+    /// Queue `write` now, behind everything queued before it (writes reach
+    /// the disk in that order), and return the wait for it to be on disk.
+    pub fn queue(&self, write: Write) -> impl std::future::Future<Output = Result<(), StoreError>> {
+        let pending = self.writes.queue(write);
+        async move { pending.await.unwrap_or_else(|| Err(err("writer stopped"))) }
     }
 
     /// Whether the last write failed (writes that need the store get 500
@@ -116,13 +130,12 @@ impl Store {
         self.broken.load(Ordering::Relaxed)
     }
 
-    /// Whether the store works again: the last failed batch's first write
-    /// is tried again (an empty commit would pass on a full disk while real
-    /// ones fail). So a broken store finds out without waiting for a client
-    /// write, which a readiness check that took it out of service would
-    /// never let through. Redoing it is safe: a floor raise only refuses
-    /// tokens below one a client presented, a record put or forget is what
-    /// the request that failed asked for.
+    /// Whether the store works again: the last failed batch's first floor
+    /// raise is tried again, or the probe row rewritten (an empty commit
+    /// would pass on a full disk while real ones fail). So a broken store
+    /// finds out without waiting for a client write, which a readiness check
+    /// that took it out of service would never let through. Redoing a raise
+    /// is safe: it only refuses tokens below one a client presented.
     pub async fn probe(&self) -> bool {
         let retry = self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match retry {
@@ -164,6 +177,7 @@ fn commit(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
     {
         let mut floors = txn.open_table(FLOORS).map_err(err)?;
         let mut records = txn.open_table(RECORDS).map_err(err)?;
+        let mut probe = txn.open_table(PROBE).map_err(err)?;
         for w in writes {
             match w {
                 Write::Floor(key, token) => {
@@ -179,6 +193,10 @@ fn commit(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
                     for scope in scopes {
                         records.remove(scope.as_str()).map_err(err)?;
                     }
+                }
+                Write::Probe => {
+                    let n = probe.get("probe").map_err(err)?.map_or(0, |v| v.value());
+                    probe.insert("probe", n.wrapping_add(1)).map_err(err)?;
                 }
             }
         }
