@@ -56,10 +56,10 @@ async fn main() {
     let (ratio, per_rep) = p.ratios();
     let p99 = Spread::of(&p.p99[1]).median / Spread::of(&p.p99[0]).median;
     let markdown = format!(
-        "Strict, cached, `PUT /racks/1` with a live token, {} keep-alive connections; BENCH_REPS={}, \\
-         BENCH_SECONDS={} per phase; median (min–max).\\n\\n{}\\n\\
-         Throughput with ÷ without: {ratio:.3} (ratio of medians); per repetition {} (target: ≥ 0.8). \\
-         p99 with ÷ without: {p99:.2} (target: ≤ 2).\\n",
+        "Strict, cached, `PUT /racks/1` with a live token, {} keep-alive connections; BENCH_REPS={}, \
+         BENCH_SECONDS={} per phase; median (min–max).\n\n{}\n\
+         Throughput with ÷ without: {ratio:.3} (ratio of medians); per repetition {} (target: ≥ 0.8). \
+         p99 with ÷ without: {p99:.2} (target: ≤ 2).\n",
         s.connections,
         s.reps,
         s.seconds.as_secs(),

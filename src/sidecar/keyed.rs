@@ -52,14 +52,21 @@ impl Drop for Keyed {
         if self.settled {
             return;
         }
-        let (records, scope, expires) = (self.records.clone(), std::mem::take(&mut self.scope), self.retained());
         let why = "the request ended without its answer being recorded".to_string();
-        tokio::spawn(async move {
-            if let Err(e) = records.settle(&scope, State::Unknown { why }, Bytes::new(), expires).await {
-                tracing::error!("recording an unknown outcome: {e}");
-            }
-        });
+        durably(self.records.settle(&self.scope, State::Unknown { why }, Bytes::new(), self.retained()));
     }
+}
+
+/// Wait for a settled record to be on disk in a task of its own: the
+/// answer need not wait for it (see `Records::settle`).
+fn durably(write: impl std::future::Future<Output = Result<(), super::store::StoreError>> + Send + 'static) {
+    tokio::spawn(async move {
+        if let Err(e) = write.await {
+            tracing::error!(
+                "recording an idempotency outcome: {e} (the pending record stays: unknown after a restart)"
+            );
+        }
+    });
 }
 
 /// The request's key, if it has one; refused if it is malformed, or missing
@@ -224,16 +231,9 @@ pub async fn finish(
     // An unknown outcome is kept a whole retention from now: the request
     // may still be applied.
     let unknown = |why: String| {
-        let (records, scope, expires) = (records.clone(), scope.clone(), keyed.retained());
         count("unknown");
         tracing::warn!(route, scope = %scope.replace('\n', " "), why, "idempotent request's outcome unknown");
-        async move {
-            if let Err(e) = records.settle(&scope, State::Unknown { why }, Bytes::new(), expires).await {
-                tracing::error!(
-                    "recording an unknown outcome: {e} (it stays pending on disk: unknown after a restart)"
-                );
-            }
-        }
+        durably(records.settle(&scope, State::Unknown { why }, Bytes::new(), keyed.retained()));
     };
     let resp = match result {
         Ok(resp) => resp,
@@ -244,7 +244,7 @@ pub async fn finish(
                 Answer::BodyCut { message, .. } => format!("the request body was cut: {message}"),
                 other => format!("{other:?}"),
             };
-            unknown(why).await;
+            unknown(why);
             return Err(a);
         }
         Err(a) => {
@@ -267,12 +267,7 @@ pub async fn finish(
     match read {
         Ok((bytes, None)) => {
             let state = State::Done { status, headers, kept: true };
-            if let Err(e) = records.settle(&scope, state, bytes.clone(), retained).await {
-                tracing::error!(
-                    route,
-                    "keeping an answer for replay: {e} (a retry gets outcome_unknown after a restart)"
-                );
-            }
+            durably(records.settle(&scope, state, bytes.clone(), retained));
             count("stored");
             Ok(match records.get(&scope) {
                 Some(rec) => answer_of(&rec, false),
@@ -281,9 +276,7 @@ pub async fn finish(
         }
         Ok((prefix, Some(rest))) => {
             let state = State::Done { status, headers, kept: false };
-            if let Err(e) = records.settle(&scope, state, Bytes::new(), retained).await {
-                tracing::error!(route, "recording an answer too large to keep: {e}");
-            }
+            durably(records.settle(&scope, state, Bytes::new(), retained));
             count("stored");
             let first = futures_util::stream::once(async move { Ok::<_, BoxError>(hyper::body::Frame::data(prefix)) });
             let rest = http_body_util::BodyStream::new(rest);
@@ -291,7 +284,7 @@ pub async fn finish(
             Ok(Response::from_parts(parts, body.boxed()))
         }
         Err(e) => {
-            unknown(format!("the upstream's answer broke off: {e}")).await;
+            unknown(format!("the upstream's answer broke off: {e}"));
             Err(Answer::UpstreamFailed(e))
         }
     }

@@ -8,7 +8,8 @@
 //! disk sees the changes to a key in the order the index made them (a
 //! forget never lands after the newer record that replaced it).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -28,21 +29,38 @@ pub struct Records {
 #[derive(Default)]
 struct Index {
     records: HashMap<String, Record>,
+    /// (expiry, scope) of every record: the sweep takes only what is due,
+    /// instead of scanning every record under the lock.
+    by_expiry: BTreeSet<(u64, String)>,
     bytes: u64,
 }
 
 impl Index {
     fn put(&mut self, scope: &str, record: Record) {
         self.bytes += record.size(scope);
+        self.by_expiry.insert((record.expires_ms, scope.to_string()));
         if let Some(old) = self.records.insert(scope.to_string(), record) {
             self.bytes -= old.size(scope);
+            let expires = self.records[scope].expires_ms;
+            if old.expires_ms != expires {
+                self.by_expiry.remove(&(old.expires_ms, scope.to_string()));
+            }
         }
     }
 
     fn remove(&mut self, scope: &str) -> Option<Record> {
         let old = self.records.remove(scope)?;
         self.bytes -= old.size(scope);
+        self.by_expiry.remove(&(old.expires_ms, scope.to_string()));
         Some(old)
+    }
+
+    /// The scopes of records due by `now_ms`, but those still in flight.
+    fn due(&self, now_ms: u64) -> Vec<String> {
+        let due = self.by_expiry.iter().take_while(|(at, _)| *at <= now_ms);
+        due.filter(|(_, s)| self.records.get(s).is_some_and(|r| r.state != State::Pending))
+            .map(|(_, s)| s.clone())
+            .collect()
     }
 }
 
@@ -144,11 +162,20 @@ impl Records {
     /// The forwarded request's end: `state` (done or unknown), and the
     /// answer's body if it is kept. The record lasts at least until
     /// `expires_ms` (an unknown outcome is kept a whole retention from when
-    /// it became unknown).
-    pub async fn settle(&self, scope: &str, state: State, body: Bytes, expires_ms: u64) -> Result<(), StoreError> {
-        let on_disk = {
-            let mut index = self.index();
-            let Some(old) = index.records.get(scope) else { return Ok(()) };
+    /// it became unknown). The index has it at once; the returned wait is
+    /// for the disk, which I1 does not need: a settle lost in a crash
+    /// leaves the pending record, an unknown outcome after the restart.
+    pub fn settle(
+        &self,
+        scope: &str,
+        state: State,
+        body: Bytes,
+        expires_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> {
+        use futures_util::future::Either;
+        let mut index = self.index();
+        let Some(old) = index.records.get(scope) else { return Either::Left(std::future::ready(Ok(()))) };
+        {
             let held = old.size(scope);
             let mut r = Record { state, body, reserve: 0, expires_ms: old.expires_ms.max(expires_ms), ..old.clone() };
             // Past what the pending record held (headers beyond the
@@ -161,9 +188,8 @@ impl Records {
             }
             let bytes = r.encode();
             index.put(scope, r);
-            self.store.queue(Write::Record(scope.to_string(), bytes))
-        };
-        on_disk.await
+            Either::Right(self.store.queue(Write::Record(scope.to_string(), bytes)))
+        }
     }
 
     /// Drop a pending record whose request never left the sidecar.
@@ -180,12 +206,7 @@ impl Records {
     pub async fn expire(&self, now_ms: u64) -> Result<usize, StoreError> {
         let (n, on_disk) = {
             let mut index = self.index();
-            let due: Vec<String> = index
-                .records
-                .iter()
-                .filter(|(_, r)| r.expires_ms <= now_ms && r.state != State::Pending)
-                .map(|(s, _)| s.clone())
-                .collect();
+            let due = index.due(now_ms);
             if due.is_empty() {
                 return Ok(0);
             }
