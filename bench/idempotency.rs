@@ -4,7 +4,7 @@
 //! `idempotency` (every request a new key, so every one makes a pending
 //! record and keeps its answer: two durable writes, batched), one without.
 //!
-//! Run: `cargo bench --bench idempotency` (part of `bench/run`). Env:
+//! Run: `cargo bench --bench idempotency` (beside `bench/run`, like `hardening`). Env:
 //! BENCH_SECONDS (5), BENCH_REPS (3), BENCH_CONNECTIONS (32), BENCH_RATE
 //! (5000, for the latency phase). Writes bench/results/idempotency.{md,json}.
 

@@ -4,6 +4,7 @@
 //! The client side lives in `fencegate_client::http`.
 
 mod deadline;
+mod refusals;
 mod serve;
 
 use std::convert::Infallible;
@@ -17,6 +18,7 @@ use serde::Serialize;
 
 pub use deadline::{BodyTimedOut, Deadline};
 pub use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
+pub use refusals::RefusalBody;
 pub use serve::{serve, Conn, Listener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 
 /// The body of every response fencegate's servers produce.

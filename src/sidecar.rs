@@ -328,6 +328,7 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
         // waited for below.
         drain: CONNECTION_DRAIN,
         max_connections: limits.max_connections,
+        refusal_body: Some(refusal_body(sidecar.metrics.clone(), limits.max_header_bytes)),
     };
     let longest = sidecar.settings.routes.iter().map(|r| r.timeout).max().unwrap_or_default();
     let order = sidecar.fencer.order.clone();
@@ -444,6 +445,29 @@ fn admin_token(dir: &std::path::Path) -> anyhow::Result<String> {
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The JSON body of hyper's own refusals of a request head, counted like the
+/// sidecar's own (route `-`, outcome `rejected`).
+fn refusal_body(metrics: SidecarMetrics, max_header_bytes: u64) -> crate::http::RefusalBody {
+    Arc::new(move |status| {
+        let (error, message) = match status {
+            400 => (
+                Problem::MalformedRequest,
+                "the request head is malformed or its framing ambiguous (differing Content-Lengths, an unknown \
+                 Transfer-Encoding, line folding, a malformed header line)"
+                    .to_string(),
+            ),
+            431 => (Problem::HeadersTooLarge, format!("the request head is over {max_header_bytes} bytes")),
+            414 => (Problem::UriTooLong, "the request target is too long".to_string()),
+            _ => return None,
+        };
+        metrics.requests.with_label_values(&["-", "rejected"]).inc();
+        let body = fencegate_client::wire::ProblemBody { error, route: Some("-".into()), message: Some(message) };
+        let mut json = serde_json::to_vec(&body).ok()?;
+        json.push(b'\n');
+        Some(json)
+    })
 }
 
 /// How long shutdown waits for connections to finish their answers.

@@ -53,6 +53,9 @@ pub struct Listener {
     /// Connections served at once; the loop stops accepting at the limit
     /// (new ones wait in the kernel's backlog).
     pub max_connections: usize,
+    /// The JSON body of hyper's own refusals (`refusals.rs`); `None`: hyper's
+    /// empty one.
+    pub refusal_body: Option<super::RefusalBody>,
 }
 
 impl Listener {
@@ -67,6 +70,7 @@ impl Listener {
             tls: None,
             drain: Duration::from_secs(5),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            refusal_body: None,
         }
     }
 }
@@ -210,6 +214,7 @@ where
         .max_buf_size(opts.max_header_bytes);
     builder.http2().timer(TokioTimer::new()).max_header_list_size(opts.max_header_bytes as u32);
     let builder = if opts.http2 { builder } else { builder.http1_only() };
+    let io = super::refusals::Refusals::new(io, opts.refusal_body.clone());
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let mut closing = None;

@@ -402,6 +402,14 @@ pub enum Problem {
     UpstreamTimeout,
     /// 502: the upstream could not be reached, or the exchange broke.
     UpstreamError,
+    /// 400: a request head the HTTP parser refused before any route was
+    /// chosen (differing `Content-Length`s, an unknown `Transfer-Encoding`,
+    /// obsolete line folding, a malformed header line).
+    MalformedRequest,
+    /// 431: the request head is over `limits.max_header_bytes`.
+    HeadersTooLarge,
+    /// 414: the request target is too long for the HTTP parser.
+    UriTooLong,
     /// 400: the `Idempotency-Key` header is malformed, or sent twice.
     MalformedIdempotencyKey,
     /// 428: the route requires an `Idempotency-Key` and the request has none.
@@ -433,7 +441,10 @@ impl Problem {
             | Problem::InvalidParam
             | Problem::UnfencedWrite
             | Problem::DisguisedRequest
-            | Problem::MalformedIdempotencyKey => StatusCode::BAD_REQUEST,
+            | Problem::MalformedIdempotencyKey
+            | Problem::MalformedRequest => StatusCode::BAD_REQUEST,
+            Problem::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Problem::UriTooLong => StatusCode::URI_TOO_LONG,
             Problem::MissingIdempotencyKey => StatusCode::PRECONDITION_REQUIRED,
             Problem::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::IdempotencyInFlight | Problem::OutcomeUnknown | Problem::ResponseNotKept => StatusCode::CONFLICT,
