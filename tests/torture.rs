@@ -127,18 +127,34 @@ async fn control_arm(seconds: u64, seed: u64) -> Arm {
     Arm { name: "control (no sidecar)", history, faults: BTreeMap::new(), reports }
 }
 
+/// A Markdown table: a column per arm, the rows any arm filled in, sorted.
+struct Columns {
+    names: Vec<&'static str>,
+    rows: BTreeMap<String, Vec<String>>,
+}
+
+impl Columns {
+    fn new(names: Vec<&'static str>) -> Columns {
+        Columns { names, rows: BTreeMap::new() }
+    }
+
+    fn put(&mut self, arm: usize, row: String, value: String) {
+        let n = self.names.len();
+        self.rows.entry(row).or_insert_with(|| vec!["".into(); n])[arm] = value;
+    }
+
+    fn markdown(&self) -> String {
+        let mut out = format!("| | {} |\n|---|{}\n", self.names.join(" | "), "---|".repeat(self.names.len()));
+        for (row, values) in &self.rows {
+            out.push_str(&format!("| {row} | {} |\n", values.join(" | ")));
+        }
+        out
+    }
+}
+
 fn summary(arms: &[&Arm], seed: u64) -> String {
-    let mut out = format!(
-        "\ntorture summary (seed {seed})\n\n| | {} |\n|---|{}\n",
-        arms.iter().map(|a| a.name).collect::<Vec<_>>().join(" | "),
-        "---|".repeat(arms.len())
-    );
-    let mut rows: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut t = Columns::new(arms.iter().map(|a| a.name).collect());
     for (i, arm) in arms.iter().enumerate() {
-        let mut put = |row: String, value: String| {
-            let r = rows.entry(row).or_insert_with(|| vec!["".into(); arms.len()]);
-            r[i] = value;
-        };
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for op in arm.history.ops() {
             let kind = match &op.kind {
@@ -156,19 +172,16 @@ fn summary(arms: &[&Arm], seed: u64) -> String {
             *counts.entry(format!("ops: {kind} {outcome}")).or_default() += 1;
         }
         for (k, v) in counts {
-            put(k, v.to_string());
+            t.put(i, k, v.to_string());
         }
         for (f, n) in &arm.faults {
-            put(format!("fault: {f:?}"), n.to_string());
+            t.put(i, format!("fault: {f:?}"), n.to_string());
         }
         for r in &arm.reports {
-            put(format!("violations: {}", r.name), r.violations.len().to_string());
+            t.put(i, format!("violations: {}", r.name), r.violations.len().to_string());
         }
     }
-    for (row, values) in rows {
-        out.push_str(&format!("| {row} | {} |\n", values.join(" | ")));
-    }
-    out
+    format!("\ntorture summary (seed {seed})\n\n{}", t.markdown())
 }
 
 /// Keep the history of a failing arm, and say how to replay it.
@@ -180,29 +193,18 @@ fn keep_history(arm: &Arm, seed: u64) -> String {
 }
 
 fn retry_summary(arms: &[&retries::RetryArm]) -> String {
-    let mut out = format!(
-        "\n| | {} |\n|---|{}\n",
-        arms.iter().map(|a| a.name).collect::<Vec<_>>().join(" | "),
-        "---|".repeat(arms.len())
-    );
-    let mut rows: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut t = Columns::new(arms.iter().map(|a| a.name).collect());
     for (i, arm) in arms.iter().enumerate() {
-        let mut put = |row: String, value: String| {
-            rows.entry(row).or_insert_with(|| vec!["".into(); arms.len()])[i] = value;
-        };
         for (k, v) in &arm.outcomes {
-            put(format!("writes: {k}"), v.to_string());
+            t.put(i, format!("writes: {k}"), v.to_string());
         }
-        put("attempts".into(), arm.attempts.to_string());
+        t.put(i, "attempts".into(), arm.attempts.to_string());
         for (f, n) in &arm.faults {
-            put(format!("fault: {f}"), n.to_string());
+            t.put(i, format!("fault: {f}"), n.to_string());
         }
-        put(format!("violations: {}", arm.report.name), arm.report.violations.len().to_string());
+        t.put(i, format!("violations: {}", arm.report.name), arm.report.violations.len().to_string());
     }
-    for (row, values) in rows {
-        out.push_str(&format!("| {row} | {} |\n", values.join(" | ")));
-    }
-    out
+    format!("\n{}", t.markdown())
 }
 
 async fn profile(nodes: u64, seconds: u64, control_seconds: u64, seed: u64) {
