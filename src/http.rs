@@ -6,6 +6,7 @@
 mod deadline;
 mod refusals;
 mod serve;
+mod stall;
 
 use std::convert::Infallible;
 
@@ -19,7 +20,9 @@ use serde::Serialize;
 pub use deadline::{BodyTimedOut, Deadline};
 pub use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
 pub use refusals::RefusalBody;
-pub use serve::{serve, Conn, Listener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
+pub use serve::{
+    serve, Conn, Listener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_SEND_TIMEOUT, MAX_CONNECTIONS,
+};
 
 /// The body of every response fencegate's servers produce.
 pub type Body = BoxBody<Bytes, BoxError>;

@@ -207,7 +207,7 @@ impl Sidecar {
         let started = Instant::now();
         let tls = self.acceptor.is_some();
         let req = Request::from_parts(parts, body);
-        let result = self.upstream.forward(&route.upstream, req, peer, tls, route.timeout).await;
+        let result = self.upstream.forward(&route.upstream, req, peer, tls, route.timeout, limits.send_timeout).await;
         self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
         match (&result, permit) {
             // The exchange broke after the request may have reached the
@@ -329,6 +329,7 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
         drain: CONNECTION_DRAIN,
         max_connections: limits.max_connections,
         refusal_body: Some(refusal_body(sidecar.metrics.clone(), limits.max_header_bytes)),
+        send_timeout: limits.send_timeout,
     };
     let longest = sidecar.settings.routes.iter().map(|r| r.timeout).max().unwrap_or_default();
     let order = sidecar.fencer.order.clone();

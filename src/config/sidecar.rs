@@ -88,6 +88,11 @@ pub struct Limits {
     /// How long a client may take to send a request body, from its head on.
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
+    /// How long a client may take no data of its answer (a zero window), and
+    /// the upstream send none of its answer's body, before the connection
+    /// (or the exchange) is closed.
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
     /// Connections served at once; more wait in the kernel's backlog.
     pub max_connections: usize,
     /// The idempotency records kept at most, in bytes (memory and disk);
@@ -103,6 +108,7 @@ impl Default for Limits {
             max_header_bytes: 64 * KIB,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            send_timeout: crate::http::DEFAULT_SEND_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             idempotency_store: 64 * MIB,
         }
@@ -419,6 +425,9 @@ impl SidecarConfig {
         if l.body_timeout.is_zero() || l.body_timeout > MAX_BODY_TIMEOUT {
             return Err(ConfigError::invalid("limits.body_timeout", "must be above 0 and at most 1h"));
         }
+        if l.send_timeout.is_zero() || l.send_timeout > MAX_BODY_TIMEOUT {
+            return Err(ConfigError::invalid("limits.send_timeout", "must be above 0 and at most 1h"));
+        }
         if !(1..=MAX_CONNECTIONS).contains(&l.max_connections) {
             return Err(ConfigError::invalid("limits.max_connections", "must be between 1 and 1000000"));
         }
@@ -499,6 +508,7 @@ limits:
   max_header_bytes: 64KiB
   header_timeout: 10s
   body_timeout: 60s
+  send_timeout: 60s
 tls:
   cert: ./tls/cert.pem
   key: ./tls/key.pem
@@ -689,6 +699,7 @@ routes:
             ("header_timeout: 10s", "header_timeout: soon", "header_timeout"),
             ("body_timeout: 60s", "body_timeout: 0s", "limits.body_timeout"),
             ("body_timeout: 60s", "body_timeout: 2h", "limits.body_timeout"),
+            ("send_timeout: 60s", "send_timeout: 0s", "limits.send_timeout"),
             ("header_timeout: 10s", "header_timeout: 10s\n  max_connections: 0", "limits.max_connections"),
             // addresses
             ("metrics_listen: 127.0.0.1:9464", "metrics_listen: 127.0.0.1:8080", "metrics_listen"),

@@ -1,6 +1,7 @@
-//! A request body that must arrive whole by a deadline: a client that
-//! trickles a body (one byte a minute) cannot hold a connection, a request
-//! task and an upstream connection open for ever.
+//! A body that must arrive whole by a deadline (a request body: a client
+//! that trickles one byte a minute cannot hold a connection, a request task
+//! and an upstream connection open for ever), or that must keep coming (an
+//! upstream's answer: one that stalls half-way is cut).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,6 +30,9 @@ pub struct Deadline<B> {
     inner: B,
     at: Instant,
     within: Duration,
+    /// Each frame moves the deadline `within` on (a stall bound, not a
+    /// bound on the whole).
+    rolling: bool,
     /// Made on the first wait only: most bodies are empty or already in.
     sleep: Option<Pin<Box<Sleep>>>,
 }
@@ -36,7 +40,12 @@ pub struct Deadline<B> {
 impl<B> Deadline<B> {
     /// `inner` must be whole `within` from `start` (the request's arrival).
     pub fn new(inner: B, start: Instant, within: Duration) -> Self {
-        Deadline { inner, at: start + within, within, sleep: None }
+        Deadline { inner, at: start + within, within, rolling: false, sleep: None }
+    }
+
+    /// `inner` must yield a frame at least every `within`.
+    pub fn between_frames(inner: B, within: Duration) -> Self {
+        Deadline { inner, at: Instant::now() + within, within, rolling: true, sleep: None }
     }
 }
 
@@ -51,6 +60,12 @@ where
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if this.rolling {
+                this.at = Instant::now() + this.within;
+                if let Some(sleep) = &mut this.sleep {
+                    sleep.as_mut().reset(this.at);
+                }
+            }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let at = this.at;
@@ -92,6 +107,9 @@ mod tests {
         let e = body.collect().await.expect_err("the deadline passed");
         assert!(e.is::<BodyTimedOut>(), "{e}");
         assert!(started.elapsed() >= Duration::from_millis(90), "{:?}", started.elapsed());
+        // Between frames: a stall is cut, a steady trickle is not.
+        let body = Deadline::between_frames(trickle(false), Duration::from_millis(100));
+        assert!(body.collect().await.expect_err("stalled").is::<BodyTimedOut>());
         // One that is whole in time is read as it is.
         let body = Deadline::new(trickle(true), Instant::now(), Duration::from_secs(5));
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"part");

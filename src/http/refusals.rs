@@ -5,16 +5,17 @@
 //! and offers no hook to say more. This writer recognises those answers on
 //! their way out and writes them with the listener's JSON body instead.
 //!
-//! It recognises them by their exact form: a status line of 400, 414 or 431
-//! followed directly by `connection: close`, `content-length: 0` and `date`,
-//! ending the write. No answer a handler gives has that form: hyper writes
-//! a handler's own headers before the ones it adds, every answer of
-//! fencegate's own starts with `content-type`, and the sidecar strips
-//! `connection` from what the upstream sends. hyper writes a refusal last,
-//! then closes the connection.
+//! It does so only on a connection whose requests have never reached the
+//! handler: there, nothing but hyper writes (a refusal of the first request
+//! head, or HTTP/2's own frames), so no body a handler streams, however it
+//! is spelled, can be taken for a refusal. A refusal of a later request on
+//! a keep-alive connection keeps hyper's empty body. It recognises a refusal
+//! by its exact form: a status line of 400, 414 or 431 followed directly by
+//! `connection: close`, `content-length: 0` and `date`, ending the write.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -28,14 +29,22 @@ pub struct Refusals<I> {
     inner: I,
     /// `None`: everything is written as it is.
     body: Option<RefusalBody>,
+    /// Set once a request of this connection reached the handler: from
+    /// then on, everything is written as it is.
+    requested: Arc<AtomicBool>,
     /// A rewritten refusal not yet all written.
     pending: Vec<u8>,
     written: usize,
 }
 
 impl<I> Refusals<I> {
-    pub fn new(inner: I, body: Option<RefusalBody>) -> Self {
-        Refusals { inner, body, pending: Vec::new(), written: 0 }
+    pub fn new(inner: I, body: Option<RefusalBody>, requested: Arc<AtomicBool>) -> Self {
+        Refusals { inner, body, requested, pending: Vec::new(), written: 0 }
+    }
+
+    /// The body for refusals, while no request has reached the handler.
+    fn body(&self) -> Option<&RefusalBody> {
+        self.body.as_ref().filter(|_| !self.requested.load(Ordering::Relaxed))
     }
 }
 
@@ -90,7 +99,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Refusals<I> {
 impl<I: AsyncWrite + Unpin> AsyncWrite for Refusals<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         ready!(self.drain(cx))?;
-        let json = match (&self.body, refusal(buf)) {
+        let json = match (self.body(), refusal(buf)) {
             (Some(body), Some((status, date))) => body(status).map(|json| rewritten(buf, date, &json)),
             _ => None,
         };
@@ -112,7 +121,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Refusals<I> {
     ) -> Poll<io::Result<usize>> {
         ready!(self.drain(cx))?;
         // A refusal is a head with no body: one slice, hyper's last.
-        if self.body.is_some() {
+        if self.body().is_some() {
             let mut filled = bufs.iter().filter(|b| !b.is_empty());
             if let (Some(only), None) = (filled.next(), filled.next()) {
                 if refusal(only).is_some() {
@@ -170,7 +179,8 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (client, server) = tokio::io::duplex(16);
         let body: RefusalBody = Arc::new(|status| Some(format!("{{\"status\":{status}}}").into_bytes()));
-        let mut w = Refusals::new(server, Some(body));
+        let requested = Arc::new(AtomicBool::new(false));
+        let mut w = Refusals::new(server, Some(body), requested.clone());
         let own = format!("HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\ndate: {DATE}\r\n\r\n");
         let reader = tokio::spawn(async move {
             let mut out = String::new();
@@ -180,11 +190,14 @@ mod tests {
         });
         w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.unwrap();
         assert_eq!(w.write(own.as_bytes()).await.unwrap(), own.len(), "hyper is told it was written");
+        // Once a request reached the handler, the same bytes are a body.
+        requested.store(true, Ordering::Relaxed);
+        w.write_all(own.as_bytes()).await.unwrap();
         w.shutdown().await.unwrap();
         drop(w);
         let out = reader.await.unwrap();
         let want = format!(
-            "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\nHTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: 14\r\ndate: {DATE}\r\n\r\n{{\"status\":400}}"
+            "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\nHTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: 14\r\ndate: {DATE}\r\n\r\n{{\"status\":400}}{own}"
         );
         assert_eq!(out, want);
     }

@@ -32,6 +32,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// The largest `max_connections` a config may ask for.
 pub const MAX_CONNECTIONS: usize = 1_000_000;
 
+/// How long a peer may take no data from a connection before it is closed.
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How long `accept` waits after running out of descriptors or memory.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -56,6 +59,9 @@ pub struct Listener {
     /// The JSON body of hyper's own refusals (`refusals.rs`); `None`: hyper's
     /// empty one.
     pub refusal_body: Option<super::RefusalBody>,
+    /// A connection whose peer takes no data for this long is closed
+    /// (`stall.rs`).
+    pub send_timeout: Duration,
 }
 
 impl Listener {
@@ -71,6 +77,7 @@ impl Listener {
             drain: Duration::from_secs(5),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             refusal_body: None,
+            send_timeout: DEFAULT_SEND_TIMEOUT,
         }
     }
 }
@@ -185,8 +192,9 @@ impl RateLimitedLog {
 /// idle for `header_timeout`: before its first request (nothing sent, one
 /// byte, a partial or complete HTTP/2 preface: hyper waits for those without
 /// a timeout of its own) and between requests (hyper bounds that for
-/// HTTP/1.1 itself, not for HTTP/2). On shutdown it finishes what is in
-/// flight and closes.
+/// HTTP/1.1 itself, not for HTTP/2). A peer that takes no data for
+/// `send_timeout` is dropped; an HTTP/2 peer that stops answering PINGs too.
+/// On shutdown, or idle, it finishes what is in flight and closes.
 async fn connection<I, F, Fut>(io: I, conn: Conn, opts: &Listener, mut stopping: Stopping, handle: F)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -212,12 +220,18 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(opts.header_timeout)
         .max_buf_size(opts.max_header_bytes);
-    builder.http2().timer(TokioTimer::new()).max_header_list_size(opts.max_header_bytes as u32);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(opts.max_header_bytes as u32)
+        .keep_alive_interval(opts.header_timeout)
+        .keep_alive_timeout(opts.header_timeout);
     let builder = if opts.http2 { builder } else { builder.http1_only() };
-    let io = super::refusals::Refusals::new(io, opts.refusal_body.clone());
+    let io = super::stall::Stalls::new(io, opts.send_timeout);
+    let io = super::refusals::Refusals::new(io, opts.refusal_body.clone(), activity.requested.clone());
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let mut closing = None;
+    let mut closing = false;
     loop {
         tokio::select! {
             result = conn.as_mut() => {
@@ -226,7 +240,7 @@ where
                 }
                 return;
             }
-            () = activity.idle(opts.header_timeout), if closing.is_none() => {
+            () = activity.idle(opts.header_timeout), if !closing => {
                 if !activity.ever() {
                     // Nothing to finish: drop it.
                     tracing::debug!(listener = opts.name, "{peer} sent no request within {:?}", opts.header_timeout);
@@ -234,15 +248,16 @@ where
                 }
                 tracing::debug!(listener = opts.name, "{peer} idle for {:?}: closing", opts.header_timeout);
                 conn.as_mut().graceful_shutdown();
-                closing = Some(tokio::time::Instant::now() + opts.drain);
+                closing = true;
             }
-            _ = stopping.wait_for(|s| *s), if closing.is_none() => {
+            _ = stopping.wait_for(|s| *s), if !closing => {
                 conn.as_mut().graceful_shutdown();
-                closing = Some(tokio::time::Instant::now() + opts.drain);
+                closing = true;
             }
             // A client that does not take part in HTTP/2's graceful close
-            // (never answers its PING) is not waited for beyond the drain.
-            () = tokio::time::sleep_until(closing.unwrap_or_else(tokio::time::Instant::now)), if closing.is_some() => return,
+            // (never answers its PING) is not waited for once nothing has
+            // been in flight for the drain; a request in flight is.
+            () = activity.idle(opts.drain), if closing => return,
         }
     }
 }
@@ -261,6 +276,8 @@ struct Activity {
     last: AtomicU64,
     /// An HTTP/1.1 request has come: hyper bounds the idling.
     http1: AtomicBool,
+    /// A request of any version has reached the handler.
+    requested: Arc<AtomicBool>,
 }
 
 impl Activity {
@@ -270,6 +287,7 @@ impl Activity {
             busy: AtomicUsize::new(0),
             last: AtomicU64::new(u64::MAX),
             http1: AtomicBool::new(false),
+            requested: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -278,6 +296,9 @@ impl Activity {
     }
 
     fn begin(self: &Arc<Self>, version: hyper::Version) -> Option<Busy> {
+        if !self.requested.load(Ordering::Relaxed) {
+            self.requested.store(true, Ordering::Relaxed);
+        }
         if version != hyper::Version::HTTP_2 {
             if !self.http1.load(Ordering::Relaxed) {
                 self.http1.store(true, Ordering::Relaxed);
@@ -290,7 +311,7 @@ impl Activity {
     }
 
     fn ever(&self) -> bool {
-        self.http1.load(Ordering::Relaxed) || self.last.load(Ordering::Relaxed) != u64::MAX
+        self.requested.load(Ordering::Relaxed)
     }
 
     /// Resolves once nothing has been in flight for `limit` (never on an

@@ -23,7 +23,7 @@ use hyper_util::rt::TokioExecutor;
 use fencegate_client::wire::Problem;
 
 use super::answer::Answer;
-use crate::http::{error_chain, Body, BoxError};
+use crate::http::{error_chain, Body};
 
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -82,6 +82,7 @@ impl Upstream {
         client: SocketAddr,
         tls: bool,
         timeout: Duration,
+        stall: Duration,
     ) -> Result<Response<Body>, Answer> {
         let (mut parts, body) = req.into_parts();
         let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
@@ -129,7 +130,11 @@ impl Upstream {
             };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        Ok(Response::from_parts(parts, body.map_err(|e| -> BoxError { e.into() }).boxed()))
+        // An upstream that stalls half-way through its answer is cut (the
+        // client sees the answer end early) rather than holding the
+        // connection for ever.
+        let body = crate::http::Deadline::between_frames(body, stall);
+        Ok(Response::from_parts(parts, body.boxed()))
     }
 }
 
