@@ -18,6 +18,7 @@ pub mod fence;
 pub mod floors;
 pub mod forward;
 pub mod idempotency;
+pub mod journal;
 pub mod keyed;
 pub mod knowledge;
 pub mod order;

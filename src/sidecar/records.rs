@@ -17,6 +17,10 @@ use bytes::Bytes;
 use super::idempotency::{judge, Record, State, Verdict};
 use super::store::{Store, StoreError, Write};
 
+/// The journal is written anew once it is over four times what is live
+/// plus this.
+const REWRITE_SLACK: u64 = 64 << 20;
+
 /// How long an unreadable record is kept (the longest `retention` allowed).
 const MAX_RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
 
@@ -24,6 +28,8 @@ pub struct Records {
     index: Mutex<Index>,
     store: Arc<Store>,
     max_bytes: u64,
+    /// `REWRITE_SLACK` (smaller in tests).
+    rewrite_slack: u64,
 }
 
 #[derive(Default)]
@@ -104,7 +110,7 @@ impl Records {
                 }
             }
         }
-        Records { index: Mutex::new(index), store, max_bytes }
+        Records { index: Mutex::new(index), store, max_bytes, rewrite_slack: REWRITE_SLACK }
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
@@ -203,19 +209,34 @@ impl Records {
     }
 
     /// Drop every record past its expiry (not one still in flight); how many.
+    /// Then, if the journal has grown well past what is live, have it
+    /// written anew from the live records.
     pub async fn expire(&self, now_ms: u64) -> Result<usize, StoreError> {
         let (n, on_disk) = {
             let mut index = self.index();
             let due = index.due(now_ms);
-            if due.is_empty() {
-                return Ok(0);
-            }
             for s in &due {
                 index.remove(s);
             }
-            (due.len(), self.store.queue(Write::Forget(due)))
+            let n = due.len();
+            let forgotten = (n > 0).then(|| self.store.queue(Write::Forget(due)));
+            (n, forgotten)
         };
-        on_disk.await?;
+        if let Some(w) = on_disk {
+            w.await?;
+        }
+        let rewrite = {
+            let index = self.index();
+            let grown = self.store.journal_bytes() > 4 * index.bytes + self.rewrite_slack;
+            // Queued under the lock: the snapshot and the queue agree.
+            grown.then(|| {
+                let live = index.records.iter().map(|(s, r)| (s.clone(), r.encode())).collect();
+                self.store.queue(Write::Rewrite(Arc::new(live)))
+            })
+        };
+        if let Some(w) = rewrite {
+            w.await?;
+        }
         Ok(n)
     }
 
@@ -332,6 +353,32 @@ mod tests {
         assert_eq!(forwarded.len(), 300, "every retry went ahead once the first was forgotten");
         let lost: Vec<_> = forwarded.iter().filter(|s| r.get(s).is_none()).collect();
         assert!(lost.is_empty(), "forwarded with no record on disk: {lost:?}");
+    }
+
+    /// A journal grown well past what is live is written anew with just the
+    /// live records.
+    #[tokio::test]
+    async fn a_grown_journal_is_written_anew_with_the_live_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("idempotency.log");
+        {
+            let mut r = open(dir.path(), 1 << 20);
+            r.rewrite_slack = 0;
+            for i in 0..20 {
+                assert_eq!(r.begin(&format!("rack/1\nk{i}"), pending("f", u64::MAX)).await.unwrap(), Verdict::Forward);
+            }
+            for i in 1..20 {
+                r.forget(&format!("rack/1\nk{i}")).await.unwrap();
+            }
+            let grown = std::fs::metadata(&journal).unwrap().len();
+            r.expire(0).await.unwrap();
+            let rewritten = std::fs::metadata(&journal).unwrap().len();
+            assert!(rewritten * 10 < grown, "{grown} bytes, then {rewritten}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let r = open(dir.path(), 1 << 20);
+        assert_eq!(r.len(), 1);
+        assert!(r.get("rack/1\nk0").is_some());
     }
 
     /// What cannot be read back stands as an unknown outcome for its key.

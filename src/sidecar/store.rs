@@ -1,13 +1,16 @@
-//! The sidecar's durable state, one redb file under `state_dir`
-//! (`floors.redb`): the per-key floors (S2) and the idempotency records
-//! (I1). One batcher writes both: concurrent writes of either kind share one
-//! write transaction, so one fsync, and each call returns once its write is
-//! on disk.
+//! The sidecar's durable state under `state_dir`: the per-key floors (S2)
+//! in redb (`floors.redb`) and the idempotency records (I1) in an
+//! append-only journal (`idempotency.log`, `journal.rs`). One batcher writes
+//! both: the writes queued while the previous batch was written go out
+//! together (one append and `fdatasync` for the records, one redb commit for
+//! the floors), in the order they were queued, and each call returns once
+//! its write is on disk.
 //!
 //! redb refuses every write after an I/O error (a full disk) until the
 //! database is reopened: the store then drops it and opens the file again
-//! for the next write, so it recovers by itself once the cause is gone.
-//! Meanwhile it says it is broken (`/healthz`, `/readyz`).
+//! for the next write, and the journal is reopened at the end of what is
+//! valid, so both recover by themselves once the cause is gone. Meanwhile
+//! the store says it is broken (`/healthz`, `/readyz`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,11 +20,11 @@ use std::sync::{Arc, Mutex};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
+use super::journal::{Change, Journal};
 use crate::batch::Batcher;
 use crate::lock::state::Token;
 
 const FLOORS: TableDefinition<&str, u64> = TableDefinition::new("floors");
-const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 /// One row a health probe rewrites, to find out whether writes work again.
 const PROBE: TableDefinition<&str, u64> = TableDefinition::new("probe");
 
@@ -42,6 +45,9 @@ pub enum Write {
     Record(String, Vec<u8>),
     /// Drop idempotency records.
     Forget(Vec<String>),
+    /// Write the records' journal anew from these (every live record, as of
+    /// when this was queued).
+    Rewrite(Arc<Vec<(String, Vec<u8>)>>),
     /// Rewrite the probe row (`probe`).
     Probe,
 }
@@ -55,6 +61,8 @@ pub struct Loaded {
 
 pub struct Store {
     writes: Batcher<Write, Result<(), StoreError>>,
+    /// The journal's length, for `Records` to decide when to rewrite it.
+    journal_bytes: Arc<std::sync::atomic::AtomicU64>,
     /// Set by a failed write, cleared by the next one that succeeds.
     broken: Arc<AtomicBool>,
     /// What `probe` tries after a failed batch: its first floor raise, else
@@ -62,16 +70,25 @@ pub struct Store {
     failed: Arc<Mutex<Option<Write>>>,
 }
 
-/// The database, or `None` after an I/O error until it is reopened.
+/// The database, or `None` after an I/O error until it is reopened; the
+/// journal, and whether an error left it to be reopened.
 struct File {
     path: PathBuf,
     db: Mutex<Option<Database>>,
+    journal: Mutex<(Journal, bool)>,
+    journal_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl File {
-    /// One transaction on the open database, reopening it first if an
-    /// earlier error closed it; an error closes it again.
+    /// One batch: the records' changes to the journal, in order (a rewrite
+    /// supersedes the changes queued before it), then one transaction on the
+    /// database for the floors, reopening either first if an earlier error
+    /// closed it.
     fn write(&self, writes: &[Write]) -> Result<(), StoreError> {
+        self.journal(writes)?;
+        if !writes.iter().any(|w| matches!(w, Write::Floor(..) | Write::Probe)) {
+            return Ok(());
+        }
         let mut db = self.db.lock().unwrap_or_else(|p| p.into_inner());
         if db.is_none() {
             *db = Some(Database::create(&self.path).map_err(|e| err(format!("reopening: {e}")))?);
@@ -82,16 +99,59 @@ impl File {
         }
         result
     }
+
+    fn journal(&self, writes: &[Write]) -> Result<(), StoreError> {
+        let mut guard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let (journal, broken) = &mut *guard;
+        if *broken {
+            journal.reopen().map_err(|e| err(format!("reopening the journal: {e}")))?;
+            *broken = false;
+        }
+        let mut changes = Vec::new();
+        let mut result = Ok(());
+        for w in writes {
+            match w {
+                Write::Record(scope, bytes) => changes.push(Change::Put(scope, bytes)),
+                Write::Forget(scopes) => changes.extend(scopes.iter().map(|s| Change::Forget(s))),
+                Write::Rewrite(live) => {
+                    changes.clear();
+                    result = journal.rewrite(live);
+                    if result.is_err() {
+                        break;
+                    }
+                }
+                // The probe finds out whether the journal takes writes too
+                // (an entry that forgets nothing).
+                Write::Probe => changes.push(Change::Forget("")),
+                Write::Floor(..) => {}
+            }
+        }
+        let result = result.and_then(|()| journal.append(&changes));
+        self.journal_bytes.store(journal.bytes, Ordering::Relaxed);
+        if result.is_err() {
+            *broken = true;
+        }
+        result.map_err(|e| err(format!("journal: {e}")))
+    }
 }
 
 impl Store {
-    /// Open (or create) `dir/floors.redb` and load everything in it.
+    /// Open (or create) `dir/floors.redb` and `dir/idempotency.log`, and
+    /// load everything in them.
     pub fn open(dir: &Path) -> Result<(Store, Loaded), StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| err(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join("floors.redb");
         let db = Database::create(&path).map_err(err)?;
-        let loaded = load(&db)?;
-        let file = Arc::new(File { path, db: Mutex::new(Some(db)) });
+        let mut loaded = load(&db)?;
+        let (journal, records) = Journal::open(dir).map_err(|e| err(format!("the idempotency journal: {e}")))?;
+        loaded.records = records;
+        let journal_bytes = Arc::new(std::sync::atomic::AtomicU64::new(journal.bytes));
+        let file = Arc::new(File {
+            path,
+            db: Mutex::new(Some(db)),
+            journal: Mutex::new((journal, false)),
+            journal_bytes: journal_bytes.clone(),
+        });
         let broken = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let (flag, last) = (broken.clone(), failed.clone());
@@ -109,7 +169,7 @@ impl Store {
                 vec![result; n]
             }
         });
-        Ok((Store { writes, broken, failed }, loaded))
+        Ok((Store { writes, journal_bytes, broken, failed }, loaded))
     }
 
     /// Make `write` durable; returns once it is on disk.
@@ -122,6 +182,11 @@ impl Store {
     pub fn queue(&self, write: Write) -> impl std::future::Future<Output = Result<(), StoreError>> {
         let pending = self.writes.queue(write);
         async move { pending.await.unwrap_or_else(|| Err(err("writer stopped"))) }
+    }
+
+    /// The records' journal's length in bytes.
+    pub fn journal_bytes(&self) -> u64 {
+        self.journal_bytes.load(Ordering::Relaxed)
     }
 
     /// Whether the last write failed (writes that need the store get 500
@@ -158,16 +223,6 @@ fn load(db: &Database) -> Result<Loaded, StoreError> {
         Err(redb::TableError::TableDoesNotExist(_)) => {}
         Err(e) => return Err(err(e)),
     }
-    match txn.open_table(RECORDS) {
-        Ok(table) => {
-            for row in table.iter().map_err(err)? {
-                let (k, v) = row.map_err(err)?;
-                loaded.records.push((k.value().to_string(), v.value().to_vec()));
-            }
-        }
-        Err(redb::TableError::TableDoesNotExist(_)) => {}
-        Err(e) => return Err(err(e)),
-    }
     Ok(loaded)
 }
 
@@ -176,7 +231,6 @@ fn commit(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
     let txn = db.begin_write().map_err(err)?;
     {
         let mut floors = txn.open_table(FLOORS).map_err(err)?;
-        let mut records = txn.open_table(RECORDS).map_err(err)?;
         let mut probe = txn.open_table(PROBE).map_err(err)?;
         for w in writes {
             match w {
@@ -186,14 +240,7 @@ fn commit(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
                         floors.insert(key.as_str(), token).map_err(err)?;
                     }
                 }
-                Write::Record(scope, bytes) => {
-                    records.insert(scope.as_str(), bytes.as_slice()).map_err(err)?;
-                }
-                Write::Forget(scopes) => {
-                    for scope in scopes {
-                        records.remove(scope.as_str()).map_err(err)?;
-                    }
-                }
+                Write::Record(..) | Write::Forget(..) | Write::Rewrite(..) => {} // the journal's
                 Write::Probe => {
                     let n = probe.get("probe").map_err(err)?.map_or(0, |v| v.value());
                     probe.insert("probe", n.wrapping_add(1)).map_err(err)?;

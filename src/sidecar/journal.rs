@@ -1,0 +1,195 @@
+//! The idempotency records on disk: an append-only journal
+//! (`state_dir/idempotency.log`) of puts and forgets, replayed into memory at
+//! start. A batch of changes is one append and one `fdatasync`: what I1
+//! needs durable before a request is forwarded costs a sequential write,
+//! not a B-tree update. When the journal has grown well past what is live,
+//! it is rewritten from the live records (a new file, fsync'd, renamed over
+//! the old).
+//!
+//! An entry: `[u32 length of the rest][u8 kind][u16 scope length][scope]
+//! [payload][u64 FNV-1a of kind..payload]`, little-endian. A crash can leave
+//! a torn last entry: replay stops at the first entry that does not check
+//! out and cuts the file there.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write as _};
+use std::path::{Path, PathBuf};
+
+const PUT: u8 = 1;
+const FORGET: u8 = 2;
+/// Entries longer than this are not ours (a record is at most its answer,
+/// 64 MiB, and its headers).
+const MAX_ENTRY: u32 = 80 << 20;
+
+/// One change to the records.
+pub enum Change<'a> {
+    Put(&'a str, &'a [u8]),
+    Forget(&'a str),
+}
+
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+    /// Its length: what has been appended since it was last written anew.
+    pub bytes: u64,
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+fn encode(out: &mut Vec<u8>, change: &Change<'_>) {
+    let (kind, scope, payload) = match change {
+        Change::Put(s, p) => (PUT, *s, *p),
+        Change::Forget(s) => (FORGET, *s, &[][..]),
+    };
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.push(kind);
+    out.extend_from_slice(&(scope.len() as u16).to_le_bytes());
+    out.extend_from_slice(scope.as_bytes());
+    out.extend_from_slice(payload);
+    let sum = fnv(&out[start + 4..]);
+    out.extend_from_slice(&sum.to_le_bytes());
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// The entries of `bytes` applied in order, and where the valid ones end.
+fn replay(bytes: &[u8]) -> (HashMap<String, Vec<u8>>, usize) {
+    let mut live = HashMap::new();
+    let mut at = 0;
+    while let Some(len) = bytes.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))) {
+        let Some(entry) = bytes.get(at + 4..at + 4 + len as usize).filter(|_| (11..=MAX_ENTRY).contains(&len)) else {
+            break;
+        };
+        let (body, sum) = entry.split_at(entry.len() - 8);
+        if fnv(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+            break;
+        }
+        let scope_len = u16::from_le_bytes([body[1], body[2]]) as usize;
+        let Some(scope) = body.get(3..3 + scope_len).and_then(|s| std::str::from_utf8(s).ok()) else { break };
+        match body[0] {
+            PUT => {
+                live.insert(scope.to_string(), body[3 + scope_len..].to_vec());
+            }
+            FORGET => {
+                live.remove(scope);
+            }
+            _ => break,
+        }
+        at += 4 + len as usize;
+    }
+    (live, at)
+}
+
+impl Journal {
+    /// Open (or create) the journal in `dir` and replay it.
+    pub fn open(dir: &Path) -> io::Result<(Journal, Vec<(String, Vec<u8>)>)> {
+        let path = dir.join("idempotency.log");
+        let mut file = OpenOptions::new().read(true).append(true).create(true).open(&path)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let (live, valid) = replay(&bytes);
+        if valid < bytes.len() {
+            tracing::warn!(path = %path.display(), cut = bytes.len() - valid, "idempotency journal: a torn last entry, cut off");
+            file.set_len(valid as u64)?;
+            file.sync_all()?;
+        }
+        Ok((Journal { path, file, bytes: valid as u64 }, live.into_iter().collect()))
+    }
+
+    /// Append `changes` and make them durable.
+    pub fn append(&mut self, changes: &[Change<'_>]) -> io::Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut out = Vec::new();
+        for c in changes {
+            encode(&mut out, c);
+        }
+        let written = self.file.write_all(&out).and_then(|()| self.file.sync_data());
+        if written.is_err() {
+            // Whatever part of it landed is cut at the next open, or by the
+            // reopen the store does after an error.
+            let _ = self.file.set_len(self.bytes);
+            return written;
+        }
+        self.bytes += out.len() as u64;
+        Ok(())
+    }
+
+    /// Write the journal anew from `live`: a new file, fsync'd, renamed over
+    /// the old one, the directory fsync'd.
+    pub fn rewrite(&mut self, live: &[(String, Vec<u8>)]) -> io::Result<()> {
+        let tmp = self.path.with_extension("log.new");
+        let mut out = Vec::new();
+        for (scope, bytes) in live {
+            encode(&mut out, &Change::Put(scope, bytes));
+        }
+        {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&out)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        self.file = OpenOptions::new().append(true).open(&self.path)?;
+        self.bytes = out.len() as u64;
+        Ok(())
+    }
+
+    /// Open the file again (after an I/O error), at the end of what is valid.
+    pub fn reopen(&mut self) -> io::Result<()> {
+        let dir = self.path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let (fresh, _) = Journal::open(&dir)?;
+        *self = fresh;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_replay_in_order_and_a_torn_tail_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut j, live) = Journal::open(dir.path()).unwrap();
+            assert!(live.is_empty());
+            j.append(&[Change::Put("a\n1", b"one"), Change::Put("a\n2", b"two")]).unwrap();
+            j.append(&[Change::Forget("a\n1"), Change::Put("a\n2", b"two, again")]).unwrap();
+        }
+        // A torn entry after the valid ones.
+        let path = dir.path().join("idempotency.log");
+        let valid = std::fs::metadata(&path).unwrap().len();
+        OpenOptions::new().append(true).open(&path).unwrap().write_all(&[40, 0, 0, 0, 1, 3]).unwrap();
+        let (mut j, live) = Journal::open(dir.path()).unwrap();
+        assert_eq!(live, vec![("a\n2".to_string(), b"two, again".to_vec())]);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), valid, "cut at the torn entry");
+        // Written anew: the same records, a shorter file, and appends go on.
+        j.rewrite(&live).unwrap();
+        assert!(j.bytes < valid);
+        j.append(&[Change::Put("a\n3", b"three")]).unwrap();
+        drop(j);
+        let (_, mut live) = Journal::open(dir.path()).unwrap();
+        live.sort();
+        assert_eq!(live, vec![("a\n2".into(), b"two, again".to_vec()), ("a\n3".into(), b"three".to_vec())]);
+    }
+
+    #[test]
+    fn a_corrupt_entry_ends_the_replay() {
+        let mut out = Vec::new();
+        encode(&mut out, &Change::Put("k", b"v"));
+        let good = out.len();
+        encode(&mut out, &Change::Put("k", b"w"));
+        let last = out.len() - 1;
+        out[last] ^= 1;
+        let (live, valid) = replay(&out);
+        assert_eq!((live.get("k").map(Vec::as_slice), valid), (Some(&b"v"[..]), good));
+    }
+}
