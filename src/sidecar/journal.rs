@@ -22,6 +22,9 @@ const FORGET: u8 = 2;
 /// 64 MiB, and its headers).
 const MAX_ENTRY: u32 = 80 << 20;
 
+/// Records as stored: (scope, encoding).
+pub type Stored = Vec<(String, Vec<u8>)>;
+
 /// One change to the records.
 pub enum Change<'a> {
     Put(&'a str, &'a [u8]),
@@ -86,7 +89,7 @@ fn replay(bytes: &[u8]) -> (HashMap<String, Vec<u8>>, usize) {
 
 impl Journal {
     /// Open (or create) the journal in `dir` and replay it.
-    pub fn open(dir: &Path) -> io::Result<(Journal, Vec<(String, Vec<u8>)>)> {
+    pub fn open(dir: &Path) -> io::Result<(Journal, Stored)> {
         let path = dir.join("idempotency.log");
         let mut file = OpenOptions::new().read(true).append(true).create(true).open(&path)?;
         let mut bytes = Vec::new();
