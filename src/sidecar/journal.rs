@@ -8,8 +8,10 @@
 //!
 //! An entry: `[u32 length of the rest][u8 kind][u16 scope length][scope]
 //! [payload][u64 FNV-1a of kind..payload]`, little-endian. A crash can leave
-//! a torn last entry: replay stops at the first entry that does not check
-//! out and cuts the file there.
+//! a torn last batch: replay stops at the first entry that does not check
+//! out and cuts the file there, if nothing valid follows; a bad entry with
+//! valid ones after it is damage, not a torn write, and the journal is not
+//! opened (cutting would lose what follows).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -59,30 +61,31 @@ fn encode(out: &mut Vec<u8>, change: &Change<'_>) {
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }
 
+/// The entry at the start of `bytes`, if one checks out: (kind, scope,
+/// payload, its whole length).
+fn entry(bytes: &[u8]) -> Option<(u8, &str, &[u8], usize)> {
+    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().expect("4 bytes"));
+    let entry = bytes.get(4..4 + len as usize).filter(|_| (11..=MAX_ENTRY).contains(&len))?;
+    let (body, sum) = entry.split_at(entry.len() - 8);
+    if fnv(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+        return None;
+    }
+    let scope_len = u16::from_le_bytes([body[1], body[2]]) as usize;
+    let scope = body.get(3..3 + scope_len).and_then(|s| std::str::from_utf8(s).ok())?;
+    matches!(body[0], PUT | FORGET).then(|| (body[0], scope, &body[3 + scope_len..], 4 + len as usize))
+}
+
 /// The entries of `bytes` applied in order, and where the valid ones end.
 fn replay(bytes: &[u8]) -> (HashMap<String, Vec<u8>>, usize) {
     let mut live = HashMap::new();
     let mut at = 0;
-    while let Some(len) = bytes.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))) {
-        let Some(entry) = bytes.get(at + 4..at + 4 + len as usize).filter(|_| (11..=MAX_ENTRY).contains(&len)) else {
-            break;
-        };
-        let (body, sum) = entry.split_at(entry.len() - 8);
-        if fnv(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
-            break;
+    while let Some((kind, scope, payload, len)) = entry(&bytes[at..]) {
+        if kind == PUT {
+            live.insert(scope.to_string(), payload.to_vec());
+        } else {
+            live.remove(scope);
         }
-        let scope_len = u16::from_le_bytes([body[1], body[2]]) as usize;
-        let Some(scope) = body.get(3..3 + scope_len).and_then(|s| std::str::from_utf8(s).ok()) else { break };
-        match body[0] {
-            PUT => {
-                live.insert(scope.to_string(), body[3 + scope_len..].to_vec());
-            }
-            FORGET => {
-                live.remove(scope);
-            }
-            _ => break,
-        }
-        at += 4 + len as usize;
+        at += len;
     }
     (live, at)
 }
@@ -96,10 +99,18 @@ impl Journal {
         file.read_to_end(&mut bytes)?;
         let (live, valid) = replay(&bytes);
         if valid < bytes.len() {
-            tracing::warn!(path = %path.display(), cut = bytes.len() - valid, "idempotency journal: a torn last entry, cut off");
+            if let Some(at) = (valid + 1..bytes.len()).find(|at| entry(&bytes[*at..]).is_some()) {
+                return Err(io::Error::other(format!(
+                    "{}: a damaged entry at byte {valid} with valid entries after it (at {at}); move the file aside to start without the records",
+                    path.display()
+                )));
+            }
+            tracing::warn!(path = %path.display(), cut = bytes.len() - valid, "idempotency journal: a torn last batch, cut off");
             file.set_len(valid as u64)?;
             file.sync_all()?;
         }
+        // The file's own directory entry, for a journal just made.
+        File::open(dir)?.sync_all()?;
         Ok((Journal { path, file, bytes: valid as u64 }, live.into_iter().collect()))
     }
 
@@ -110,13 +121,21 @@ impl Journal {
         }
         let mut out = Vec::new();
         for c in changes {
+            let (Change::Put(scope, _) | Change::Forget(scope)) = c;
+            if scope.len() > usize::from(u16::MAX) {
+                return Err(io::Error::other("a scope too long for the journal"));
+            }
+            let start = out.len();
             encode(&mut out, c);
+            if out.len() - start - 4 > MAX_ENTRY as usize {
+                return Err(io::Error::other("an entry too large for the journal"));
+            }
         }
         let written = self.file.write_all(&out).and_then(|()| self.file.sync_data());
         if written.is_err() {
-            // Whatever part of it landed is cut at the next open, or by the
-            // reopen the store does after an error.
-            let _ = self.file.set_len(self.bytes);
+            // Whatever part of it landed goes (or, failing that, the reopen
+            // after an error cuts it).
+            let _ = self.file.set_len(self.bytes).and_then(|()| self.file.sync_data());
             return written;
         }
         self.bytes += out.len() as u64;
@@ -145,11 +164,13 @@ impl Journal {
         Ok(())
     }
 
-    /// Open the file again (after an I/O error), at the end of what is valid.
+    /// Open the file again after an I/O error, cut to the end of the last
+    /// batch that was written whole (known exactly: no replay).
     pub fn reopen(&mut self) -> io::Result<()> {
-        let dir = self.path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let (fresh, _) = Journal::open(&dir)?;
-        *self = fresh;
+        let file = OpenOptions::new().append(true).open(&self.path)?;
+        file.set_len(self.bytes)?;
+        file.sync_all()?;
+        self.file = file;
         Ok(())
     }
 }
@@ -182,6 +203,23 @@ mod tests {
         let (_, mut live) = Journal::open(dir.path()).unwrap();
         live.sort();
         assert_eq!(live, vec![("a\n2".into(), b"two, again".to_vec()), ("a\n3".into(), b"three".to_vec())]);
+    }
+
+    #[test]
+    fn a_damaged_entry_with_valid_ones_after_it_is_not_cut_away() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut j, _) = Journal::open(dir.path()).unwrap();
+            j.append(&[Change::Put("a\n1", b"one")]).unwrap();
+            j.append(&[Change::Put("a\n2", b"two")]).unwrap();
+        }
+        let path = dir.path().join("idempotency.log");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8] ^= 0xff; // inside the first entry
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Journal::open(dir.path()).err().expect("refused");
+        assert!(e.to_string().contains("damaged entry"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing cut");
     }
 
     #[test]

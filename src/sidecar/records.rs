@@ -159,7 +159,10 @@ impl Records {
             // is pending nothing else changes this key).
             let mut index = self.index();
             index.remove(scope);
-            drop(self.store.queue(Write::Forget(vec![scope.to_string()])));
+            // Waited for in a task of its own: a write nobody waits for is
+            // not served (`Batcher`), and the pending record may be on disk.
+            let forget = self.store.queue(Write::Forget(vec![scope.to_string()]));
+            tokio::spawn(forget);
             return Err(BeginError::Store(e));
         }
         Ok(Verdict::Forward)
@@ -379,6 +382,31 @@ mod tests {
         let r = open(dir.path(), 1 << 20);
         assert_eq!(r.len(), 1);
         assert!(r.get("rack/1\nk0").is_some());
+    }
+
+    /// Records a build kept in floors.redb are moved into the journal.
+    #[tokio::test]
+    async fn records_kept_in_redb_by_an_older_build_are_moved_into_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rec = pending("f", u64::MAX);
+        rec.state = State::Unknown { why: "cut".into() };
+        {
+            let db = redb::Database::create(dir.path().join("floors.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("idempotency");
+                let mut t = txn.open_table(def).unwrap();
+                t.insert("rack/1\nold", rec.encode().as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        {
+            let r = open(dir.path(), 1 << 20);
+            assert!(matches!(r.begin("rack/1\nold", pending("f", u64::MAX)).await.unwrap(), Verdict::Unknown(_)));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let r = open(dir.path(), 1 << 20);
+        assert!(r.get("rack/1\nold").is_some(), "kept in the journal");
     }
 
     /// What cannot be read back stands as an unknown outcome for its key.

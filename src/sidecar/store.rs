@@ -25,6 +25,8 @@ use crate::batch::Batcher;
 use crate::lock::state::Token;
 
 const FLOORS: TableDefinition<&str, u64> = TableDefinition::new("floors");
+/// Where records were kept before the journal: moved into it at start.
+const OLD_RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 /// One row a health probe rewrites, to find out whether writes work again.
 const PROBE: TableDefinition<&str, u64> = TableDefinition::new("probe");
 
@@ -143,8 +145,9 @@ impl Store {
         let path = dir.join("floors.redb");
         let db = Database::create(&path).map_err(err)?;
         let mut loaded = load(&db)?;
-        let (journal, records) = Journal::open(dir).map_err(|e| err(format!("the idempotency journal: {e}")))?;
+        let (mut journal, records) = Journal::open(dir).map_err(|e| err(format!("the idempotency journal: {e}")))?;
         loaded.records = records;
+        migrate(&db, &mut journal, &mut loaded.records)?;
         let journal_bytes = Arc::new(std::sync::atomic::AtomicU64::new(journal.bytes));
         let file = Arc::new(File {
             path,
@@ -208,6 +211,33 @@ impl Store {
             Some(w) => self.write(w).await.is_ok(),
         }
     }
+}
+
+/// Records of a build that kept them in redb: appended to a journal that has
+/// none yet and made durable, then the table goes (a crash in between
+/// leaves both; the journal is then not empty, and the table just goes).
+fn migrate(db: &Database, journal: &mut Journal, records: &mut Vec<(String, Vec<u8>)>) -> Result<(), StoreError> {
+    let old: Vec<(String, Vec<u8>)> = {
+        let txn = db.begin_read().map_err(err)?;
+        match txn.open_table(OLD_RECORDS) {
+            Ok(table) => table
+                .iter()
+                .map_err(err)?
+                .map(|row| row.map(|(k, v)| (k.value().to_string(), v.value().to_vec())).map_err(err))
+                .collect::<Result<_, _>>()?,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+            Err(e) => return Err(err(e)),
+        }
+    };
+    if journal.bytes == 0 && !old.is_empty() {
+        let changes: Vec<Change<'_>> = old.iter().map(|(s, b)| Change::Put(s, b)).collect();
+        journal.append(&changes).map_err(|e| err(format!("moving records into the journal: {e}")))?;
+        tracing::info!(records = old.len(), "idempotency records moved from floors.redb into the journal");
+        records.extend(old);
+    }
+    let txn = db.begin_write().map_err(err)?;
+    txn.delete_table(OLD_RECORDS).map_err(err)?;
+    txn.commit().map_err(err)
 }
 
 fn load(db: &Database) -> Result<Loaded, StoreError> {
