@@ -96,9 +96,13 @@ async fn only_members_speak_raft_and_each_only_as_itself() {
     for id in c.ids() {
         let peer = c.peer_url(id);
         let body = serde_json::to_string(&vote(3)).unwrap();
-        // No certificate: the handshake itself fails.
+        // No certificate: the handshake itself fails. In TLS 1.3 the client
+        // is done with its side first, so it sees the server's alert, or
+        // just the connection going away, depending on timing; never an
+        // answer.
         let e = call(&anonymous, Method::POST, &format!("{peer}/raft/vote"), Some(&body)).await.unwrap_err();
-        assert!(e.contains("CertificateRequired"), "node {id}: {e}");
+        let refused = ["CertificateRequired", "connection was not ready", "connection closed", "reset"];
+        assert!(refused.iter().any(|r| e.contains(r)), "node {id}: {e}");
         // Plain HTTP on a TLS port is no way in either.
         let plain = HttpClient::new(1 << 20);
         let plain_url = peer.replace("https://", "http://");
