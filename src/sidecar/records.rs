@@ -34,7 +34,9 @@ pub struct Records {
 
 #[derive(Default)]
 struct Index {
-    records: HashMap<String, Record>,
+    /// Boxed: growing the map moves pointers, not records (a stall under
+    /// the lock otherwise, with hundreds of thousands of them).
+    records: HashMap<String, Box<Record>>,
     /// (expiry, scope) of every record: the sweep takes only what is due,
     /// instead of scanning every record under the lock.
     by_expiry: BTreeSet<(u64, String)>,
@@ -45,7 +47,7 @@ impl Index {
     fn put(&mut self, scope: &str, record: Record) {
         self.bytes += record.size(scope);
         self.by_expiry.insert((record.expires_ms, scope.to_string()));
-        if let Some(old) = self.records.insert(scope.to_string(), record) {
+        if let Some(old) = self.records.insert(scope.to_string(), Box::new(record)) {
             self.bytes -= old.size(scope);
             let expires = self.records[scope].expires_ms;
             if old.expires_ms != expires {
@@ -58,7 +60,7 @@ impl Index {
         let old = self.records.remove(scope)?;
         self.bytes -= old.size(scope);
         self.by_expiry.remove(&(old.expires_ms, scope.to_string()));
-        Some(old)
+        Some(*old)
     }
 
     /// The scopes of records due by `now_ms`, but those still in flight.
@@ -130,7 +132,7 @@ impl Records {
     }
 
     pub fn get(&self, scope: &str) -> Option<Record> {
-        self.index().records.get(scope).cloned()
+        self.index().records.get(scope).map(|r| (**r).clone())
     }
 
     /// Judge a request under `scope`; if it is to be forwarded, its pending
@@ -141,7 +143,7 @@ impl Records {
         let on_disk = {
             let mut index = self.index();
             // Past its retention a record is gone, whether swept yet or not.
-            let existing = index.records.get(scope);
+            let existing = index.records.get(scope).map(|r| &**r);
             let live = existing.filter(|r| r.expires_ms > record.created_ms || r.state == State::Pending);
             let verdict = judge(live, &record.fingerprint);
             if verdict != Verdict::Forward {
@@ -186,7 +188,8 @@ impl Records {
         let Some(old) = index.records.get(scope) else { return Either::Left(std::future::ready(Ok(()))) };
         {
             let held = old.size(scope);
-            let mut r = Record { state, body, reserve: 0, expires_ms: old.expires_ms.max(expires_ms), ..old.clone() };
+            let mut r =
+                Record { state, body, reserve: 0, expires_ms: old.expires_ms.max(expires_ms), ..(**old).clone() };
             // Past what the pending record held (headers beyond the
             // reserve) and with no room left: kept without the answer.
             if r.size(scope) > held && index.bytes - held + r.size(scope) > self.max_bytes {
@@ -260,7 +263,7 @@ impl Records {
                     (r, self.store.queue(Write::Forget(vec![scope.to_string()])))
                 }
                 Some(status) => {
-                    let mut r = r.clone();
+                    let mut r = (**r).clone();
                     r.state = State::Done { status, headers: Vec::new(), kept: true };
                     r.body = Bytes::new();
                     let bytes = r.encode();
