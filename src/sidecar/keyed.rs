@@ -86,7 +86,8 @@ fn problem(error: Problem, message: String) -> Answer {
     Answer::Idempotency { error, message }
 }
 
-fn now_ms() -> u64 {
+/// Unix milliseconds: when records are made and expire.
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
@@ -152,7 +153,8 @@ pub async fn begin(
         }
         Verdict::Replay(rec) => {
             count("replayed");
-            Ok(Begun::Answered(answer_of(&rec, true)))
+            let State::Done { status, headers, .. } = &rec.state else { unreachable!("only done records replay") };
+            Ok(Begun::Answered(answer_of(*status, headers, rec.body.clone(), true)))
         }
         Verdict::Mismatch => {
             count("mismatch");
@@ -202,10 +204,9 @@ pub async fn begin(
 /// if it is a replay. The first answer is sent this way too, so that a
 /// replay is the same bytes but `Date`: the upstream's reason phrase and
 /// HTTP version are not kept, either time.
-fn answer_of(rec: &Record, replayed: bool) -> Response<Body> {
-    let State::Done { status, headers, .. } = &rec.state else { unreachable!("only done records are answered") };
-    let mut resp = Response::new(crate::http::full(rec.body.clone()));
-    *resp.status_mut() = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
+fn answer_of(status: u16, headers: &[(String, Vec<u8>)], body: Bytes, replayed: bool) -> Response<Body> {
+    let mut resp = Response::new(crate::http::full(body));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
     for (k, v) in headers {
         if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_bytes(v)) {
             resp.headers_mut().append(k, v);
@@ -259,20 +260,20 @@ pub async fn finish(
     // The marker is the sidecar's to set.
     parts.headers.remove(idempotency::REPLAYED);
     let status = parts.status.as_u16();
-    let headers = parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec())).collect();
+    let headers: Vec<(String, Vec<u8>)> =
+        parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec())).collect();
     let read = tokio::time::timeout(keyed.timeout, collect_up_to(body, keyed.policy.max_response as usize)).await;
     let read =
         read.unwrap_or_else(|_| Err(format!("no whole answer within the route's timeout ({:?})", keyed.timeout)));
     let retained = keyed.retained();
     match read {
         Ok((bytes, None)) => {
-            let state = State::Done { status, headers, kept: true };
-            durably(records.settle(&scope, state, bytes.clone(), retained));
+            // Built before the record is settled: the store may keep it
+            // without its answer (no room), the client still gets it whole.
+            let answer = answer_of(status, &headers, bytes.clone(), false);
+            durably(records.settle(&scope, State::Done { status, headers, kept: true }, bytes, retained));
             count("stored");
-            Ok(match records.get(&scope) {
-                Some(rec) => answer_of(&rec, false),
-                None => Response::from_parts(parts, crate::http::full(bytes)),
-            })
+            Ok(answer)
         }
         Ok((prefix, Some(rest))) => {
             let state = State::Done { status, headers, kept: false };
