@@ -28,11 +28,10 @@ impl std::error::Error for BodyTimedOut {}
 
 pub struct Deadline<B> {
     inner: B,
-    at: Instant,
+    /// `None`: a bound on each wait for a frame (counted from when the wait
+    /// began, or the last frame after one), not on the whole.
+    at: Option<Instant>,
     within: Duration,
-    /// Each frame moves the deadline `within` on (a stall bound, not a
-    /// bound on the whole).
-    rolling: bool,
     /// Made on the first wait only: most bodies are empty or already in.
     sleep: Option<Pin<Box<Sleep>>>,
 }
@@ -40,12 +39,12 @@ pub struct Deadline<B> {
 impl<B> Deadline<B> {
     /// `inner` must be whole `within` from `start` (the request's arrival).
     pub fn new(inner: B, start: Instant, within: Duration) -> Self {
-        Deadline { inner, at: start + within, within, rolling: false, sleep: None }
+        Deadline { inner, at: Some(start + within), within, sleep: None }
     }
 
     /// `inner` must yield a frame at least every `within`.
     pub fn between_frames(inner: B, within: Duration) -> Self {
-        Deadline { inner, at: Instant::now() + within, within, rolling: true, sleep: None }
+        Deadline { inner, at: None, within, sleep: None }
     }
 }
 
@@ -60,16 +59,16 @@ where
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            if this.rolling {
-                this.at = Instant::now() + this.within;
-                if let Some(sleep) = &mut this.sleep {
-                    sleep.as_mut().reset(this.at);
-                }
+            // No clock read unless a wait happened before.
+            if let (None, Some(sleep)) = (this.at, &mut this.sleep) {
+                sleep.as_mut().reset(Instant::now() + this.within);
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        let at = this.at;
-        let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        let (at, within) = (this.at, this.within);
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.unwrap_or_else(|| Instant::now() + within))));
         match sleep.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut(this.within))))),
             Poll::Pending => Poll::Pending,
