@@ -139,6 +139,26 @@ mod tests {
         Answer::Rejected(Rejection { reason, key: "rack/1".into(), token: Some(3), current: Some(4) })
     }
 
+    /// S1: a fenced request that may have reached the upstream keeps higher
+    /// tokens waiting until its route's timeout; one that provably did not
+    /// (or whose timeout has passed) lets them go.
+    #[test]
+    fn answers_say_whether_the_upstream_may_have_the_request() {
+        let cut = Answer::BodyCut { error: Problem::BodyTimeout, message: "m".into() };
+        for a in [Answer::UpstreamFailed("x".into()), cut] {
+            assert!(a.may_have_reached_upstream(), "{a:?}");
+        }
+        for a in [
+            Answer::UpstreamUnreachable("x".into()),
+            Answer::UpstreamTimeout,
+            Answer::TooLarge { limit: 1 },
+            Answer::BadRequest { error: Problem::BodyTimeout, message: "m".into() },
+            Answer::Internal("x".into()),
+        ] {
+            assert!(!a.may_have_reached_upstream(), "{a:?}");
+        }
+    }
+
     /// Each answer's status, `outcome` label, cause and body `error`.
     #[test]
     fn every_answer_has_one_status_outcome_and_cause() {
