@@ -26,6 +26,7 @@ pub mod order;
 pub mod records;
 pub mod routes;
 pub mod store;
+pub mod writer;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use super::idempotency::{judge, Record, State, Verdict};
-use super::store::{Store, StoreError, Write};
+use super::store::{Store, StoreError, When, Write};
 
 /// The journal is written anew once it is over four times what is live
 /// plus this.
@@ -154,17 +154,15 @@ impl Records {
                 return Err(BeginError::Full { limit: self.max_bytes });
             }
             index.put(scope, record.clone());
-            self.store.queue(Write::Record(scope.to_string(), record.encode()))
+            self.store.queue(Write::Record(scope.to_string(), record.encode()), When::Now)
         };
         if let Err(e) = on_disk.await {
             // Not on disk, so not forwarded: a retry may try again (while it
             // is pending nothing else changes this key).
             let mut index = self.index();
             index.remove(scope);
-            // Waited for in a task of its own: a write nobody waits for is
-            // not served (`Batcher`), and the pending record may be on disk.
-            let forget = self.store.queue(Write::Forget(vec![scope.to_string()]));
-            tokio::spawn(forget);
+            // Not waited for: the pending record may be on disk, or not.
+            drop(self.store.queue(Write::Forget(vec![scope.to_string()]), When::Soon));
             return Err(BeginError::Store(e));
         }
         Ok(Verdict::Forward)
@@ -200,7 +198,7 @@ impl Records {
             }
             let bytes = r.encode();
             index.put(scope, r);
-            Either::Right(self.store.queue(Write::Record(scope.to_string(), bytes)))
+            Either::Right(self.store.queue(Write::Record(scope.to_string(), bytes), When::Soon))
         }
     }
 
@@ -209,7 +207,7 @@ impl Records {
         let on_disk = {
             let mut index = self.index();
             index.remove(scope);
-            self.store.queue(Write::Forget(vec![scope.to_string()]))
+            self.store.queue(Write::Forget(vec![scope.to_string()]), When::Now)
         };
         on_disk.await
     }
@@ -225,7 +223,7 @@ impl Records {
                 index.remove(s);
             }
             let n = due.len();
-            let forgotten = (n > 0).then(|| self.store.queue(Write::Forget(due)));
+            let forgotten = (n > 0).then(|| self.store.queue(Write::Forget(due), When::Soon));
             (n, forgotten)
         };
         if let Some(w) = on_disk {
@@ -237,7 +235,7 @@ impl Records {
             // Queued under the lock: the snapshot and the queue agree.
             grown.then(|| {
                 let live = index.records.iter().map(|(s, r)| (s.clone(), r.encode())).collect();
-                self.store.queue(Write::Rewrite(Arc::new(live)))
+                self.store.queue(Write::Rewrite(Arc::new(live)), When::Now)
             })
         };
         if let Some(w) = rewrite {
@@ -260,7 +258,7 @@ impl Records {
             match applied {
                 None => {
                     let r = index.remove(scope).expect("present");
-                    (r, self.store.queue(Write::Forget(vec![scope.to_string()])))
+                    (r, self.store.queue(Write::Forget(vec![scope.to_string()]), When::Now))
                 }
                 Some(status) => {
                     let mut r = (**r).clone();
@@ -268,7 +266,7 @@ impl Records {
                     r.body = Bytes::new();
                     let bytes = r.encode();
                     index.put(scope, r.clone());
-                    (r, self.store.queue(Write::Record(scope.to_string(), bytes)))
+                    (r, self.store.queue(Write::Record(scope.to_string(), bytes), When::Now))
                 }
             }
         };

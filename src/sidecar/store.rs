@@ -1,10 +1,10 @@
 //! The sidecar's durable state under `state_dir`: the per-key floors (S2)
 //! in redb (`floors.redb`) and the idempotency records (I1) in an
-//! append-only journal (`idempotency.log`, `journal.rs`). One batcher writes
-//! both: the writes queued while the previous batch was written go out
-//! together (one append and `fdatasync` for the records, one redb commit for
-//! the floors), in the order they were queued, and each call returns once
-//! its write is on disk.
+//! append-only journal (`idempotency.log`, `journal.rs`). One thread writes
+//! both (`writer.rs`): the writes queued while the previous batch was
+//! written go out together (one append and `fdatasync` for the records, one
+//! redb commit for the floors), in the order they were queued, and each
+//! call's wait ends once its write is on disk.
 //!
 //! redb refuses every write after an I/O error (a full disk) until the
 //! database is reopened: the store then drops it and opens the file again
@@ -21,8 +21,14 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
 use super::journal::{Change, Journal};
-use crate::batch::Batcher;
+pub use super::writer::When;
+use super::writer::Writer;
 use crate::lock::state::Token;
+
+/// How long a write nobody waits for (`When::Soon`: a keyed request's
+/// answer) may stay off the disk, waiting for one that somebody does. A
+/// crash within it costs a replay, not I1: the record is then unknown.
+const SOON: std::time::Duration = std::time::Duration::from_millis(5);
 
 const FLOORS: TableDefinition<&str, u64> = TableDefinition::new("floors");
 /// Where records were kept before the journal: moved into it at start.
@@ -62,7 +68,7 @@ pub struct Loaded {
 }
 
 pub struct Store {
-    writes: Batcher<Write, Result<(), StoreError>>,
+    writes: Writer<Write, Result<(), StoreError>>,
     /// The journal's length, for `Records` to decide when to rewrite it.
     journal_bytes: Arc<std::sync::atomic::AtomicU64>,
     /// Set by a failed write, cleared by the next one that succeeds.
@@ -72,12 +78,14 @@ pub struct Store {
     failed: Arc<Mutex<Option<Write>>>,
 }
 
-/// The database, or `None` after an I/O error until it is reopened; the
-/// journal, and whether an error left it to be reopened.
+/// What the writer thread owns: the database, or `None` after an I/O error
+/// until it is reopened; the journal, and whether an error left it to be
+/// reopened.
 struct File {
     path: PathBuf,
-    db: Mutex<Option<Database>>,
-    journal: Mutex<(Journal, bool)>,
+    db: Option<Database>,
+    journal: Journal,
+    journal_broken: bool,
     journal_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -86,28 +94,26 @@ impl File {
     /// supersedes the changes queued before it), then one transaction on the
     /// database for the floors, reopening either first if an earlier error
     /// closed it.
-    fn write(&self, writes: &[Write]) -> Result<(), StoreError> {
+    fn write(&mut self, writes: &[Write]) -> Result<(), StoreError> {
         self.journal(writes)?;
         if !writes.iter().any(|w| matches!(w, Write::Floor(..) | Write::Probe)) {
             return Ok(());
         }
-        let mut db = self.db.lock().unwrap_or_else(|p| p.into_inner());
-        if db.is_none() {
-            *db = Some(Database::create(&self.path).map_err(|e| err(format!("reopening: {e}")))?);
+        if self.db.is_none() {
+            self.db = Some(Database::create(&self.path).map_err(|e| err(format!("reopening: {e}")))?);
         }
-        let result = commit(db.as_ref().expect("opened above"), writes);
+        let result = commit(self.db.as_ref().expect("opened above"), writes);
         if result.is_err() {
-            *db = None;
+            self.db = None;
         }
         result
     }
 
-    fn journal(&self, writes: &[Write]) -> Result<(), StoreError> {
-        let mut guard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
-        let (journal, broken) = &mut *guard;
-        if *broken {
+    fn journal(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        let journal = &mut self.journal;
+        if self.journal_broken {
             journal.reopen().map_err(|e| err(format!("reopening the journal: {e}")))?;
-            *broken = false;
+            self.journal_broken = false;
         }
         let mut changes = Vec::new();
         let mut result = Ok(());
@@ -131,7 +137,7 @@ impl File {
         let result = result.and_then(|()| journal.append(&changes));
         self.journal_bytes.store(journal.bytes, Ordering::Relaxed);
         if result.is_err() {
-            *broken = true;
+            self.journal_broken = true;
         }
         result.map_err(|e| err(format!("journal: {e}")))
     }
@@ -149,41 +155,35 @@ impl Store {
         loaded.records = records;
         migrate(&db, &mut journal, &mut loaded.records)?;
         let journal_bytes = Arc::new(std::sync::atomic::AtomicU64::new(journal.bytes));
-        let file = Arc::new(File {
-            path,
-            db: Mutex::new(Some(db)),
-            journal: Mutex::new((journal, false)),
-            journal_bytes: journal_bytes.clone(),
-        });
+        let mut file =
+            File { path, db: Some(db), journal, journal_broken: false, journal_bytes: journal_bytes.clone() };
         let broken = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let (flag, last) = (broken.clone(), failed.clone());
-        let writes = Batcher::start(4096, move |batch: Vec<Write>| {
-            let (file, flag, last) = (file.clone(), flag.clone(), last.clone());
-            async move {
-                let n = batch.len();
-                // A raise is safe to redo; a record put or forget is not (a
-                // newer one for the same key may have been queued since).
-                let retry = batch.iter().find(|w| matches!(w, Write::Floor(..))).cloned().unwrap_or(Write::Probe);
-                let result =
-                    tokio::task::spawn_blocking(move || file.write(&batch)).await.unwrap_or_else(|e| Err(err(e)));
-                flag.store(result.is_err(), Ordering::Relaxed);
-                *last.lock().unwrap_or_else(|p| p.into_inner()) = if result.is_err() { Some(retry) } else { None };
-                vec![result; n]
-            }
-        });
+        let writes = Writer::start("fencegate-store", SOON, move |batch: Vec<Write>| {
+            let n = batch.len();
+            // A raise is safe to redo; a record put or forget is not (a
+            // newer one for the same key may have been queued since).
+            let retry = batch.iter().find(|w| matches!(w, Write::Floor(..))).cloned().unwrap_or(Write::Probe);
+            let result = file.write(&batch);
+            flag.store(result.is_err(), Ordering::Relaxed);
+            *last.lock().unwrap_or_else(|p| p.into_inner()) = if result.is_err() { Some(retry) } else { None };
+            vec![result; n]
+        })
+        .map_err(|e| err(format!("starting the writer thread: {e}")))?;
         Ok((Store { writes, journal_bytes, broken, failed }, loaded))
     }
 
     /// Make `write` durable; returns once it is on disk.
     pub async fn write(&self, write: Write) -> Result<(), StoreError> {
-        self.queue(write).await
+        self.queue(write, When::Now).await
     }
 
     /// Queue `write` now, behind everything queued before it (writes reach
     /// the disk in that order), and return the wait for it to be on disk.
-    pub fn queue(&self, write: Write) -> impl std::future::Future<Output = Result<(), StoreError>> {
-        let pending = self.writes.queue(write);
+    /// It is written whether or not anyone waits.
+    pub fn queue(&self, write: Write, when: When) -> impl std::future::Future<Output = Result<(), StoreError>> {
+        let pending = self.writes.queue(write, when);
         async move { pending.await.unwrap_or_else(|| Err(err("writer stopped"))) }
     }
 
