@@ -76,3 +76,8 @@ pub fn unauthenticated(addr: std::net::SocketAddr, why: &str) {
 pub fn peer_refused(addr: std::net::SocketAddr, why: &str) {
     tracing::warn!(target: TARGET, event = "peer_refused", %addr, why);
 }
+
+/// `identity` asked the leader for a membership change (`what`).
+pub fn membership(identity: &str, what: &str) {
+    tracing::warn!(target: TARGET, event = "membership", identity, change = what);
+}

@@ -107,6 +107,21 @@ enum Command {
         #[arg(long)]
         mermaid: Option<PathBuf>,
     },
+    /// List, add or remove lock-service members, online (needs the admin
+    /// right on every key once ACLs are on).
+    ///
+    /// A new node is started first with its own config (its `peers` listing
+    /// the current members and itself), then added: it joins as a learner,
+    /// catches up, and only then votes. No other node's config changes. A
+    /// change that would leave the voters without a live majority is
+    /// refused unless --force. Removing the leader hands leadership over
+    /// first. Exit status 1 if the cluster refused.
+    Member {
+        #[command(subcommand)]
+        action: MemberAction,
+        #[command(flatten)]
+        endpoints: Endpoints,
+    },
     /// Make a bearer token for a client identity: prints the token, then the
     /// line for the nodes' `auth.tokens_file` (which stores only its hash).
     Token {
@@ -127,6 +142,30 @@ enum Command {
     CheckConfig {
         /// A node or sidecar configuration file (a file with `routes` is a sidecar's).
         file: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum MemberAction {
+    /// The members as the leader sees them: role, URL, replication, whether each answers.
+    List,
+    /// Add node ID, whose peer plane is at PEER_URL (its `peer_listen`).
+    Add {
+        id: u64,
+        peer_url: String,
+        /// Its Lock API URL (its `listen`), told to clients.
+        #[arg(long)]
+        client_url: Option<String>,
+        /// Add it even if the new voters would have no live majority.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove node ID (a dead one, or one being retired).
+    Remove {
+        id: u64,
+        /// Remove it even if the remaining voters would have no live majority.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -234,6 +273,19 @@ pub fn run(cli: Cli) -> i32 {
                 let client = endpoints.client()?;
                 let args = lock::LockArgs { key, ttl, wait, holder, grace, operation_id, client, command };
                 lock::run(args).await
+            }
+            Command::Member { action, endpoints } => {
+                let client = endpoints.client()?;
+                let list = match action {
+                    MemberAction::List => client.members().await?,
+                    MemberAction::Add { id, peer_url, client_url, force } => {
+                        let add = fencegate_client::wire::AddMember { id, peer_url, client_url, force };
+                        client.add_member(&add).await?
+                    }
+                    MemberAction::Remove { id, force } => client.remove_member(id, force).await?,
+                };
+                status::members(&list);
+                Ok(0)
             }
             Command::Token { action: TokenAction::New { identity } } => token::new(&identity),
             Command::Idempotency { action: IdempotencyAction::Show(r) } => {

@@ -9,6 +9,7 @@ pub(crate) mod credentials;
 mod error;
 mod forward;
 mod keeper;
+pub mod members;
 mod proposer;
 mod raft_rpc;
 mod waitlist;
@@ -19,7 +20,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context;
-use openraft::EmptyNode;
 use prometheus::Registry;
 use redb::Database;
 use tokio::net::TcpListener;
@@ -28,9 +28,9 @@ use crate::auth::Acl;
 use crate::config::node::NodeConfig;
 use crate::metrics::{LockMetrics, RaftMetrics};
 use crate::raft::log_store::{read_meta, write_meta, LogStore};
-use crate::raft::network::{self, Network, Peers};
+use crate::raft::network::{Directory, Network, Peer};
 use crate::raft::state_machine::{Applied, StateMachineStore};
-use crate::raft::types::{NodeId, Raft};
+use crate::raft::types::{Member, NodeId, Raft};
 use crate::tls::NodeTls;
 use fencegate_client::wire::{self, ClusterInfo};
 
@@ -46,15 +46,16 @@ pub struct Node {
     pub config: NodeConfig,
     pub raft: Raft,
     pub applied: Arc<Applied>,
-    pub peers: Peers,
+    /// Where the other members are reached.
+    pub directory: Arc<Directory>,
     credentials: Arc<credentials::Credentials>,
     acl: Acl,
     /// `None` without `tls`: both planes serve plain HTTP.
-    tls: Option<Arc<NodeTls>>,
+    pub(crate) tls: Option<Arc<NodeTls>>,
     pub registry: Registry,
     pub lock_metrics: LockMetrics,
     pub raft_metrics: RaftMetrics,
-    proposer: proposer::Proposer,
+    pub(crate) proposer: proposer::Proposer,
     waitlist: waitlist::WaitList,
     /// The term whose leadership the lease clock was reset for (0: none yet).
     /// Keepalives wait for it: before the reset, deadlines may be stale.
@@ -106,12 +107,16 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let peers = network::peers(&config.peers, tls.as_ref().map(|t| &t.peer_links), MAX_PEER_BODY);
-        let network = Network::new(peers.clone());
+        let directory = Directory::new(config.peers.clone(), tls.as_ref().map(|t| &t.peer_links), MAX_PEER_BODY);
+        let network = Network::new(directory.clone());
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log_store, sm).await?;
 
-        if !raft.is_initialized().await? && should_bootstrap(config.id, &peers).await {
-            let members: BTreeMap<NodeId, EmptyNode> = peers.keys().map(|id| (*id, EmptyNode {})).collect();
+        if !raft.is_initialized().await? && should_bootstrap(config.id, &directory).await {
+            let member = |(id, url): (&NodeId, &String)| {
+                let client_url = config.clients.get(id).cloned().unwrap_or_default();
+                (*id, Member { peer_url: url.clone(), client_url })
+            };
+            let members: BTreeMap<NodeId, Member> = config.peers.iter().map(member).collect();
             if let Err(e) = raft.initialize(members).await {
                 tracing::info!("not bootstrapping: {e}");
             }
@@ -128,7 +133,7 @@ impl Node {
             proposer: proposer::Proposer::start(raft.clone()),
             raft,
             applied,
-            peers,
+            directory,
             registry,
             lock_metrics,
             raft_metrics,
@@ -147,6 +152,30 @@ impl Node {
 
     pub fn members(&self) -> BTreeSet<NodeId> {
         self.applied.lock().membership.membership().voter_ids().collect()
+    }
+
+    /// Member `id`'s entry in the membership as this node knows it (the
+    /// latest in its log, committed or not), if it has one.
+    pub fn member(&self, id: NodeId) -> Option<Member> {
+        self.raft.metrics().borrow().membership_config.membership().get_node(&id).cloned()
+    }
+
+    /// Whether `id` may speak to this node as a member: one of the `peers`
+    /// config, or of the membership (voter or learner).
+    pub fn knows(&self, id: NodeId) -> bool {
+        self.directory.config.contains_key(&id) || self.member(id).is_some()
+    }
+
+    /// Every member this node knows of, itself included.
+    pub fn known(&self) -> BTreeSet<NodeId> {
+        let metrics = self.raft.metrics().borrow().membership_config.clone();
+        let listed = metrics.membership().nodes().map(|(id, _)| *id);
+        self.directory.config.keys().copied().chain(listed).collect()
+    }
+
+    /// How this node reaches member `id` on the peer plane.
+    pub fn peer(&self, id: NodeId) -> Option<Peer> {
+        self.directory.peer(id, self.member(id).as_ref())
     }
 
     /// Stop serving long-lived requests: watch streams end and waiting
@@ -191,11 +220,12 @@ impl Node {
 /// no peer already belongs to one: a node whose data was wiped must rejoin,
 /// not found a second cluster under the same ids. The others wait to be
 /// contacted by the leader.
-async fn should_bootstrap(id: NodeId, peers: &Peers) -> bool {
-    if peers.keys().next() != Some(&id) {
+async fn should_bootstrap(id: NodeId, directory: &Directory) -> bool {
+    if directory.config.keys().next() != Some(&id) {
         return false;
     }
-    for (peer, network::Peer { url, http }) in peers.iter().filter(|(p, _)| **p != id) {
+    for peer in directory.config.keys().copied().filter(|p| *p != id) {
+        let Some(Peer { url, http }) = directory.peer(peer, None) else { continue };
         let answer = http
             .call(
                 hyper::Method::GET,

@@ -19,6 +19,7 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
         async move {
             shutdown_signal().await;
             tracing::info!("shutting down: draining requests in flight (a second signal exits at once)");
+            crate::server::members::step_down(&node).await;
             node.stop_serving();
         }
     };

@@ -34,3 +34,25 @@ pub async fn run(key: Option<String>, client: Client) -> anyhow::Result<i32> {
     }
     Ok(0)
 }
+
+/// A member list, one line each.
+pub fn members(list: &fencegate_client::wire::MemberList) {
+    println!(
+        "leader: node {}  last log index: {}{}",
+        list.leader,
+        list.last_log_index,
+        if list.changing { "  (a change is under way)" } else { "" }
+    );
+    println!("  {:>3}  {:<7}  {:<9}  {:>9}  url", "id", "role", "state", "matched");
+    for m in &list.members {
+        let state = if m.id == list.leader {
+            "leader"
+        } else if m.reachable {
+            "up"
+        } else {
+            "DOWN"
+        };
+        let matched = m.matched_index.map_or("-".to_string(), |i| i.to_string());
+        println!("  {:>3}  {:<7}  {:<9}  {:>9}  {}", m.id, m.role, state, matched, m.peer_url);
+    }
+}

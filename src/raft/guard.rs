@@ -2,7 +2,8 @@
 //!
 //! openraft trusts its peers: a term near `u64::MAX` makes it panic on
 //! overflow at the next election, entries that are not consecutive break its
-//! log, and a membership naming strangers hands them votes. Whatever arrives
+//! log, and a membership of thousands of nodes or of URLs that are none
+//! would be dialled for ever. Whatever arrives
 //! on the peer plane is checked here first; a refusal is an error answer and
 //! a log line, never a panic. Pure: the caller passes who the members are.
 //!
@@ -11,7 +12,7 @@
 
 use openraft::{EntryPayload, Membership};
 
-use super::types::{Entry, LogId, NodeId, TypeConfig, Vote};
+use super::types::{Entry, LogId, Member, NodeId, TypeConfig, Vote};
 use crate::lock::state::Command;
 use crate::lock::validate;
 
@@ -23,6 +24,11 @@ pub const MAX_INDEX: u64 = 1 << 62;
 pub const MAX_ENTRIES: usize = 1024;
 /// Commands in one entry (`server::proposer` packs at most a few hundred).
 pub const MAX_COMMANDS: usize = 4096;
+/// Nodes (voters and learners) in one membership: a cluster has 3 to 5
+/// voters, a learner or two while one is added.
+pub const MAX_MEMBERS: usize = 16;
+/// The longest member URL.
+pub const MAX_URL: usize = 1024;
 /// The largest snapshot offset: a snapshot is the JSON of the lock table.
 pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 32;
 
@@ -42,13 +48,6 @@ impl Peers<'_> {
         }
         Ok(())
     }
-
-    fn member(&self, id: NodeId) -> Result<(), String> {
-        if id != self.me && !(self.members)(id) {
-            return Err(format!("names node {id}, which is not a member"));
-        }
-        Ok(())
-    }
 }
 
 fn vote(v: &Vote, peers: &Peers) -> Result<(), String> {
@@ -59,23 +58,40 @@ fn vote(v: &Vote, peers: &Peers) -> Result<(), String> {
 }
 
 /// A log id that the RPC's own vote could have produced.
-fn log_id(what: &str, l: &LogId, v: &Vote, peers: &Peers) -> Result<(), String> {
+fn log_id(what: &str, l: &LogId, v: &Vote) -> Result<(), String> {
     if l.leader_id.term > v.leader_id.term {
         return Err(format!("{what} has term {} above the RPC's term {}", l.leader_id.term, v.leader_id.term));
     }
     if l.index > MAX_INDEX {
         return Err(format!("{what} has index {} beyond {MAX_INDEX}", l.index));
     }
-    if l.leader_id.term == 0 {
-        // Before any election: the bootstrap entry, whose log id is the
-        // default one (node 0).
-        return Ok(());
-    }
-    peers.member(l.leader_id.node_id).map_err(|e| format!("{what} {e}"))
+    // The leader a log id names may be long gone: members change.
+    Ok(())
 }
 
-fn membership(m: &Membership<NodeId, openraft::EmptyNode>, peers: &Peers) -> Result<(), String> {
-    m.nodes().try_for_each(|(id, _)| peers.member(*id)).map_err(|e| format!("a membership {e}"))
+/// A membership may name nodes this one does not know yet: that is how a
+/// member added by `member add` arrives. It is bounded, and its URLs are
+/// URLs.
+fn membership(m: &Membership<NodeId, Member>) -> Result<(), String> {
+    let n = m.nodes().count();
+    if n > MAX_MEMBERS {
+        return Err(format!("a membership of {n} nodes (at most {MAX_MEMBERS})"));
+    }
+    for (id, node) in m.nodes() {
+        for url in [&node.peer_url, &node.client_url] {
+            let plausible = url.is_empty()
+                || (url.len() <= MAX_URL
+                    && (url.starts_with("http://") || url.starts_with("https://"))
+                    && url.chars().all(|c| c.is_ascii_graphic()));
+            if !plausible {
+                return Err(format!(
+                    "a membership gives node {id} a URL that is none: {:?}",
+                    url.chars().take(80).collect::<String>()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn commands(cmds: &[Command]) -> Result<(), String> {
@@ -99,16 +115,16 @@ fn commands(cmds: &[Command]) -> Result<(), String> {
 
 pub fn vote_request(rpc: &openraft::raft::VoteRequest<NodeId>, peers: &Peers) -> Result<(), String> {
     vote(&rpc.vote, peers)?;
-    rpc.last_log_id.as_ref().map_or(Ok(()), |l| log_id("last_log_id", l, &rpc.vote, peers))
+    rpc.last_log_id.as_ref().map_or(Ok(()), |l| log_id("last_log_id", l, &rpc.vote))
 }
 
 pub fn append_request(rpc: &openraft::raft::AppendEntriesRequest<TypeConfig>, peers: &Peers) -> Result<(), String> {
     vote(&rpc.vote, peers)?;
     if let Some(p) = &rpc.prev_log_id {
-        log_id("prev_log_id", p, &rpc.vote, peers)?;
+        log_id("prev_log_id", p, &rpc.vote)?;
     }
     if let Some(c) = &rpc.leader_commit {
-        log_id("leader_commit", c, &rpc.vote, peers)?;
+        log_id("leader_commit", c, &rpc.vote)?;
     }
     if rpc.entries.len() > MAX_ENTRIES {
         return Err(format!("{} entries in one append (at most {MAX_ENTRIES})", rpc.entries.len()));
@@ -117,15 +133,15 @@ pub fn append_request(rpc: &openraft::raft::AppendEntriesRequest<TypeConfig>, pe
     let mut expected = rpc.prev_log_id.map_or(0, |p| p.index + 1);
     let mut term = rpc.prev_log_id.map_or(0, |p| p.leader_id.term);
     for e in &rpc.entries {
-        entry(e, expected, term, &rpc.vote, peers)?;
+        entry(e, expected, term, &rpc.vote)?;
         expected = e.log_id.index + 1;
         term = e.log_id.leader_id.term;
     }
     Ok(())
 }
 
-fn entry(e: &Entry, expected: u64, term: u64, v: &Vote, peers: &Peers) -> Result<(), String> {
-    log_id("an entry", &e.log_id, v, peers)?;
+fn entry(e: &Entry, expected: u64, term: u64, v: &Vote) -> Result<(), String> {
+    log_id("an entry", &e.log_id, v)?;
     if e.log_id.index != expected {
         return Err(format!("entry index {} where {expected} comes next", e.log_id.index));
     }
@@ -135,16 +151,16 @@ fn entry(e: &Entry, expected: u64, term: u64, v: &Vote, peers: &Peers) -> Result
     match &e.payload {
         EntryPayload::Blank => Ok(()),
         EntryPayload::Normal(cmds) => commands(cmds),
-        EntryPayload::Membership(m) => membership(m, peers),
+        EntryPayload::Membership(m) => membership(m),
     }
 }
 
 pub fn snapshot_request(rpc: &openraft::raft::InstallSnapshotRequest<TypeConfig>, peers: &Peers) -> Result<(), String> {
     vote(&rpc.vote, peers)?;
     if let Some(l) = &rpc.meta.last_log_id {
-        log_id("the snapshot's last_log_id", l, &rpc.vote, peers)?;
+        log_id("the snapshot's last_log_id", l, &rpc.vote)?;
     }
-    membership(rpc.meta.last_membership.membership(), peers)?;
+    membership(rpc.meta.last_membership.membership())?;
     let end = rpc.offset.checked_add(rpc.data.len() as u64);
     if end.is_none_or(|end| end > MAX_SNAPSHOT_BYTES) {
         return Err(format!("a snapshot chunk at offset {} beyond {MAX_SNAPSHOT_BYTES} bytes", rpc.offset));
@@ -157,7 +173,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use openraft::raft::{AppendEntriesRequest, VoteRequest};
-    use openraft::{CommittedLeaderId, EmptyNode, LeaderId};
+    use openraft::{CommittedLeaderId, LeaderId};
 
     use super::*;
     use crate::lock::state::AcquireCmd;
@@ -223,7 +239,10 @@ mod tests {
         if let EntryPayload::Normal(c) = &mut many_commands.payload {
             *c = vec![c[0].clone(); MAX_COMMANDS + 1];
         }
-        let strangers = Membership::<NodeId, EmptyNode>::new(vec![BTreeSet::from([1, 2, 66])], None);
+        let crowd = Membership::<NodeId, Member>::new(vec![(1..=MAX_MEMBERS as u64 + 1).collect()], None);
+        let bad_url = Member { peer_url: "file:///etc/passwd".into(), ..Default::default() };
+        let nodes = std::collections::BTreeMap::from([(1, Member::default()), (2, bad_url)]);
+        let odd = Membership::<NodeId, Member>::new(vec![BTreeSet::from([1, 2])], nodes);
         for (rpc, says) in [
             (append(v(u64::MAX, 2), last, vec![]), "term"),
             (append(v(5, 7), last, vec![]), "not a member"),
@@ -234,12 +253,12 @@ mod tests {
             (append(v(5, 2), last, vec![acquire("rack//1")]), "bad command"),
             (append(v(5, 2), last, vec![many_commands]), "commands"),
             (
-                append(
-                    v(5, 2),
-                    last,
-                    vec![Entry { log_id: lid(5, 2, 8), payload: EntryPayload::Membership(strangers) }],
-                ),
-                "node 66",
+                append(v(5, 2), last, vec![Entry { log_id: lid(5, 2, 8), payload: EntryPayload::Membership(crowd) }]),
+                "17 nodes",
+            ),
+            (
+                append(v(5, 2), last, vec![Entry { log_id: lid(5, 2, 8), payload: EntryPayload::Membership(odd) }]),
+                "a URL that is none",
             ),
             (append(v(5, 2), last, (8..8 + MAX_ENTRIES as u64 + 1).map(|i| blank(lid(5, 2, i))).collect()), "entries"),
         ] {

@@ -1,5 +1,7 @@
 //! Peer RPCs over HTTP: each Raft RPC is a JSON POST to `/raft/{append,vote,snapshot}`
-//! on the target's URL from this node's `peers` list (served by `server::raft_rpc`).
+//! on the target's peer URL (served by `server::raft_rpc`): the one this
+//! node's `peers` config gives, else the one its membership entry carries
+//! (a member added by `member add`).
 //!
 //! With TLS, each peer has a client of its own that presents this node's
 //! certificate and accepts only a server certified as that member
@@ -9,8 +11,8 @@
 //! it backs off instead of hammering a dead peer; an error the peer's Raft
 //! returned comes back as a `RemoteError`.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use hyper::{Method, StatusCode};
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -19,11 +21,10 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
     VoteResponse,
 };
-use openraft::EmptyNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::types::{NodeId, TypeConfig};
+use super::types::{Member, NodeId, TypeConfig};
 use fencegate_client::http::HttpClient;
 
 pub const APPEND_PATH: &str = "/raft/append";
@@ -39,39 +40,57 @@ pub struct Peer {
     pub http: HttpClient,
 }
 
-/// Every member of the `peers` config, this node included (nothing calls itself).
-pub type Peers = Arc<BTreeMap<NodeId, Peer>>;
+/// Where members are reached: a pooled client per (member, URL), made on
+/// first use.
+pub struct Directory {
+    /// The `peers` config: the founding members, and where a member whose
+    /// entry carries no URL is reached.
+    pub config: BTreeMap<NodeId, String>,
+    tls: Option<rustls::ClientConfig>,
+    max_body: usize,
+    clients: Mutex<HashMap<(NodeId, String), HttpClient>>,
+}
 
-/// The members of `urls`, reached with `tls` (this node's peer-link config)
-/// or in plain HTTP; answers above `max_body` are refused.
-pub fn peers(urls: &BTreeMap<NodeId, String>, tls: Option<&rustls::ClientConfig>, max_body: usize) -> Peers {
-    let peer = |(id, url): (&NodeId, &String)| {
-        let http = match tls {
-            Some(tls) => HttpClient::https(max_body, tls.clone(), Some(crate::tls::identity::member_name(*id))),
-            None => HttpClient::new(max_body),
-        };
-        (*id, Peer { url: url.clone(), http })
-    };
-    Arc::new(urls.iter().map(peer).collect())
+impl Directory {
+    /// Members reached with `tls` (this node's peer-link config) or in
+    /// plain HTTP; answers above `max_body` are refused.
+    pub fn new(config: BTreeMap<NodeId, String>, tls: Option<&rustls::ClientConfig>, max_body: usize) -> Arc<Self> {
+        Arc::new(Directory { config, tls: tls.cloned(), max_body, clients: Mutex::default() })
+    }
+
+    /// Member `id`, at the URL this node's config gives it, else the one
+    /// its entry carries. The config comes first: it says how this node
+    /// reaches a founding member (the entry carries how the bootstrapping
+    /// node did); a member added later is in no config.
+    pub fn peer(&self, id: NodeId, member: Option<&Member>) -> Option<Peer> {
+        let listed = member.map(|m| m.peer_url.as_str()).filter(|u| !u.is_empty());
+        let url = self.config.get(&id).map(String::as_str).or(listed)?;
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let http = clients.entry((id, url.to_string())).or_insert_with(|| match &self.tls {
+            Some(tls) => HttpClient::https(self.max_body, tls.clone(), Some(crate::tls::identity::member_name(id))),
+            None => HttpClient::new(self.max_body),
+        });
+        Some(Peer { url: url.to_string(), http: http.clone() })
+    }
 }
 
 /// Creates one [`PeerClient`] per target.
 #[derive(Clone)]
 pub struct Network {
-    peers: Peers,
+    directory: Arc<Directory>,
 }
 
 impl Network {
-    pub fn new(peers: Peers) -> Self {
-        Self { peers }
+    pub fn new(directory: Arc<Directory>) -> Self {
+        Self { directory }
     }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
-    async fn new_client(&mut self, target: NodeId, _node: &EmptyNode) -> PeerClient {
-        PeerClient { target, peer: self.peers.get(&target).cloned() }
+    async fn new_client(&mut self, target: NodeId, member: &Member) -> PeerClient {
+        PeerClient { target, peer: self.directory.peer(target, Some(member)) }
     }
 }
 
@@ -90,14 +109,14 @@ impl PeerClient {
         path: &str,
         req: &Req,
         option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, EmptyNode, RaftError<NodeId, E>>>
+    ) -> Result<Resp, RPCError<NodeId, Member, RaftError<NodeId, E>>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
         let unreachable = |msg: String| RPCError::Unreachable(Unreachable::new(&PeerError(msg)));
-        let Some(peer) = &self.peer else { return Err(unreachable(format!("node {} is not in peers", self.target))) };
+        let Some(peer) = &self.peer else { return Err(unreachable(format!("no URL for node {}", self.target))) };
         let body = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let answer = peer
             .http
@@ -118,7 +137,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
         self.call(APPEND_PATH, &rpc, &option).await
     }
 
@@ -126,7 +145,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         &mut self,
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId, InstallSnapshotError>>>
+    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>>
     {
         self.call(SNAPSHOT_PATH, &rpc, &option).await
     }
@@ -135,7 +154,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         &mut self,
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
         self.call(VOTE_PATH, &rpc, &option).await
     }
 }

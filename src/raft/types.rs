@@ -6,13 +6,14 @@ openraft::declare_raft_types!(
     /// A Raft entry carries a batch of lock commands (`server::proposer` packs
     /// concurrent proposals into one entry, so one fsync serves them all);
     /// applying it yields one outcome per command.
-    /// Nodes carry no address: peers are resolved from each node's own config
-    /// (`peers`), so membership stays identical on every node.
+    /// A member carries the URLs it was added with (`member add`), so a node
+    /// added at a new address is reached without editing anyone's config;
+    /// the founding members carry their `peers` URLs from the bootstrap.
     pub TypeConfig:
         D = Vec<Command>,
         R = Vec<Outcome>,
         NodeId = u64,
-        Node = openraft::EmptyNode,
+        Node = Member,
         SnapshotData = std::io::Cursor<Vec<u8>>,
 );
 
@@ -22,6 +23,26 @@ pub type LogId = openraft::LogId<NodeId>;
 pub type Entry = openraft::Entry<TypeConfig>;
 pub type Vote = openraft::Vote<NodeId>;
 pub type StorageError = openraft::StorageError<NodeId>;
-pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::EmptyNode>;
-pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::EmptyNode>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, Member>;
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Member>;
+pub type Membership = openraft::Membership<NodeId, Member>;
+
+/// Where a member is reached. Both empty in entries written before members
+/// carried URLs (they read as `{}`, as openraft's `EmptyNode` wrote them):
+/// then each node's own config says.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Member {
+    /// Its peer plane (`peer_listen`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub peer_url: String,
+    /// Its Lock API (`listen`), as clients are told it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub client_url: String,
+}
+
+impl std::fmt::Display for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.peer_url)
+    }
+}
 pub type Snapshot = openraft::Snapshot<TypeConfig>;

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::proposer::RaftCallError;
-use super::{forward, raft_rpc, watch, Node};
+use super::{forward, members, raft_rpc, watch, Node};
 use crate::audit;
 use crate::auth::Right;
 use crate::http::{full, json, parse_json, read_body, Body, Conn};
@@ -105,11 +105,21 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
 /// The member (other than this node) the connection's certificate names,
 /// worked out once per connection.
 fn certified_member(node: &Node, conn: &Conn) -> Result<u64, ApiError> {
-    let named = conn.named.get_or_init(|| {
-        let cert = conn.leaf()?;
-        let mut others = node.peers.keys().copied().filter(|id| *id != node.id);
-        others.find(|id| crate::tls::identity::certifies_member(cert, *id)).map(|id| id.to_string())
-    });
+    // Only a member found is kept: a member just added may be unknown here
+    // a moment longer than its connection.
+    let named = match conn.named.get() {
+        Some(Some(id)) => Some(id.clone()),
+        _ => {
+            let found = conn.leaf().and_then(|cert| {
+                let mut others = node.known().into_iter().filter(|id| *id != node.id);
+                others.find(|id| crate::tls::identity::certifies_member(cert, *id)).map(|id| id.to_string())
+            });
+            if let Some(id) = &found {
+                let _ = conn.named.set(Some(id.clone()));
+            }
+            found
+        }
+    };
     named.as_deref().and_then(|id| id.parse().ok()).ok_or_else(|| {
         audit::peer_refused(conn.addr, "a certificate that names no other member");
         ApiError::Forbidden("the peer plane is for members: the certificate names none".into())
@@ -167,6 +177,21 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
             (Method::POST | Method::DELETE, _) => return Err(ApiError::LeaseNotFound),
             _ => return Err(ApiError::MethodNotAllowed),
         }
+    } else if path == wire::MEMBERS_PATH {
+        match method {
+            Method::GET => Call::Members,
+            Method::POST => Call::AddMember,
+            _ => return Err(ApiError::MethodNotAllowed),
+        }
+    } else if let Some(id) = path.strip_prefix(wire::MEMBERS_PATH).and_then(|p| p.strip_prefix('/')) {
+        let id = id.parse().map_err(|_| ApiError::BadRequest(format!("{id:?} is not a node id")))?;
+        let force = match req.uri().query() {
+            None => false,
+            Some("force=true") => true,
+            Some(q) => return Err(ApiError::BadRequest(format!("unknown query {q:?} (only force=true)"))),
+        };
+        only(&method, Method::DELETE)?;
+        Call::RemoveMember { id, force }
     } else {
         return Err(ApiError::NotFound);
     };
@@ -174,6 +199,8 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     match &call {
         Call::Acquire(key) => caller.may(&node, Right::Acquire, key)?,
         Call::Read(key) => caller.may(&node, Right::Read, key)?,
+        // Membership is the whole cluster's: admin on every key.
+        Call::Members | Call::AddMember | Call::RemoveMember { .. } => caller.may(&node, Right::Admin, "")?,
         // Need the lease's key and owner: checked on the leader.
         Call::Keepalive(_) | Call::Release(_) => {}
     }
@@ -193,6 +220,20 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
         Call::Read(key) => read(&node, &key).await,
         Call::Keepalive(id) => keepalive(&node, &caller, &id, received).await,
         Call::Release(id) => release(&node, &caller, &id).await,
+        Call::Members => Ok(json(StatusCode::OK, &members::list(&node).await)),
+        Call::AddMember => {
+            let add = parse_json(&body)?;
+            audit::membership(&caller.identity, &format!("{add:?}"));
+            Ok(json(StatusCode::OK, &members::add(&node, add).await?))
+        }
+        Call::RemoveMember { id, force } => {
+            audit::membership(&caller.identity, &format!("remove {id} (force: {force})"));
+            match members::remove(&node, id, force).await? {
+                members::Removal::Done(list) => Ok(json(StatusCode::OK, &list)),
+                // The new leader removes this node; a follower may forward.
+                members::Removal::HandedOver(to) => forward::to_leader(&node, to, &parts, body, &caller.identity).await,
+            }
+        }
     }
 }
 
@@ -211,6 +252,9 @@ enum Call {
     Read(String),
     Keepalive(String),
     Release(String),
+    Members,
+    AddMember,
+    RemoveMember { id: u64, force: bool },
 }
 
 fn only(method: &Method, allowed: Method) -> Result<(), ApiError> {

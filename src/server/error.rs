@@ -33,6 +33,9 @@ pub enum ApiError {
     LeaseNotFound,
     #[error("{key} is held")]
     Held { key: String, holder: Option<String>, token: Token, lock_delay: bool },
+    /// A membership change refused; nothing changed.
+    #[error("{0}")]
+    MembershipRefused(String),
     /// No leader known, or this node stopped being leader mid-request.
     #[error("no leader: {0}")]
     NoLeader(String),
@@ -58,6 +61,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => (ErrorCode::MethodNotAllowed, Cause::Client),
             ApiError::LeaseNotFound => (ErrorCode::LeaseNotFound, Cause::Client),
             ApiError::Held { .. } => (ErrorCode::Held, Cause::Client),
+            ApiError::MembershipRefused(_) => (ErrorCode::MembershipRefused, Cause::Client),
             ApiError::NoLeader(_) => (ErrorCode::NoLeader, Cause::LockService),
             ApiError::Unavailable(_) => (ErrorCode::Unavailable, Cause::LockService),
             ApiError::Internal(_) => (ErrorCode::Internal, Cause::Internal),

@@ -37,8 +37,8 @@ pub async fn to_leader(
     body: Bytes,
     identity: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(peer) = node.peers.get(&leader) else {
-        return Err(ApiError::NoLeader(format!("leader {leader} is not in peers")));
+    let Some(peer) = node.peer(leader) else {
+        return Err(ApiError::NoLeader(format!("no URL for leader {leader}")));
     };
     // An acquire may wait up to its wait_ms on the leader before proposing.
     let wait = serde_json::from_slice::<serde_json::Value>(&body)

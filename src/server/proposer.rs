@@ -10,6 +10,9 @@
 //!   while one `ensure_linearizable` round runs share the next round, which
 //!   starts after all of them were received (L3 needs exactly that).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use thiserror::Error;
 
@@ -34,6 +37,19 @@ const STOPPED: &str = "shutting down";
 pub struct Proposer {
     writes: Batcher<Command, Result<Outcome, RaftCallError>>,
     checks: Batcher<(), Result<(), RaftCallError>>,
+    /// Handovers under way (`pause`): while any is, proposals and
+    /// leadership checks are refused as if this node were not the leader,
+    /// so the log stops growing under the node taking over.
+    paused: Arc<AtomicUsize>,
+}
+
+/// Proposals are refused until this is dropped.
+pub struct Paused(Arc<AtomicUsize>);
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Proposer {
@@ -62,19 +78,33 @@ impl Proposer {
                 vec![result; waiters.len()]
             }
         });
-        Self { writes, checks }
+        Self { writes, checks, paused: Arc::default() }
+    }
+
+    /// Refuse proposals (`NotLeader`) until the guard is dropped.
+    pub fn pause(&self) -> Paused {
+        self.paused.fetch_add(1, Ordering::SeqCst);
+        Paused(self.paused.clone())
     }
 
     /// Propose `cmd` and wait until it is committed and applied. Callers bound
     /// the wait themselves; a command whose caller gave up before its batch
     /// went out is dropped, one already proposed may still be applied.
     pub async fn propose(&self, cmd: Command) -> Result<Outcome, RaftCallError> {
+        if self.paused.load(Ordering::SeqCst) > 0 {
+            return Err(RaftCallError::NotLeader);
+        }
         self.writes.call(cmd).await.unwrap_or(Err(RaftCallError::Failed(STOPPED.into())))
     }
 
     /// Confirm with a quorum, in a round started after this call, that this
     /// node is leader, and wait until everything committed before is applied.
     pub async fn confirm_leadership(&self) -> Result<(), RaftCallError> {
+        // A check is a heartbeat round: it would renew the followers' view
+        // of this leader, which a handover waits to run out.
+        if self.paused.load(Ordering::SeqCst) > 0 {
+            return Err(RaftCallError::NotLeader);
+        }
         self.checks.call(()).await.unwrap_or(Err(RaftCallError::Failed(STOPPED.into())))
     }
 }

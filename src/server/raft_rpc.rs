@@ -33,7 +33,7 @@ pub async fn handle(
         );
         Err(ApiError::Forbidden(format!("the client certificate does not name member {sender}")))
     };
-    let members = |id| node.peers.contains_key(&id);
+    let members = |id| node.knows(id);
     let peers = Peers { me: node.id, members: &members };
     let refuse = |e: String| {
         tracing::warn!(rpc, "refused raft rpc: {e}");
@@ -57,6 +57,10 @@ pub async fn handle(
             certified(&req.vote)?;
             guard::snapshot_request(&req, &peers).map_err(refuse)?;
             Ok(json(StatusCode::OK, &raft.install_snapshot(req).await))
+        }
+        "campaign" => {
+            super::members::campaign(node, body, member).await?;
+            Ok(json(StatusCode::OK, &serde_json::json!({ "campaigning": true })))
         }
         _ => Err(ApiError::NotFound),
     }

@@ -197,6 +197,9 @@ struct Inner {
 
 /// How long to keep retrying a call that found no leader, beyond its own wait.
 const FAILOVER_BUDGET: Duration = Duration::from_secs(5);
+/// How long a membership change may take on the leader: a new member's
+/// catch-up (`server::members::CATCH_UP`) and both steps of the change.
+const MEMBER_CHANGE: Duration = Duration::from_secs(150);
 
 impl Client {
     /// A client for the cluster behind `endpoints` (`http://host:port`; any
@@ -363,6 +366,23 @@ impl Client {
     /// first). Not a leader call: any live node answers.
     pub async fn cluster(&self) -> Result<ClusterInfo, ClientError> {
         decode(self.call(Method::GET, wire::CLUSTER_PATH, None::<&()>, Duration::ZERO).await?)
+    }
+
+    /// The members, as the leader sees them (needs the `admin` right).
+    pub async fn members(&self) -> Result<wire::MemberList, ClientError> {
+        decode(self.call(Method::GET, wire::MEMBERS_PATH, None::<&()>, MEMBER_CHANGE).await?)
+    }
+
+    /// Add a member: a learner first, a voter once it has caught up. Waits
+    /// for both (up to a few minutes for a long catch-up).
+    pub async fn add_member(&self, add: &wire::AddMember) -> Result<wire::MemberList, ClientError> {
+        decode(self.call(Method::POST, wire::MEMBERS_PATH, Some(add), MEMBER_CHANGE).await?)
+    }
+
+    /// Remove a member (the leader hands over first if it is the one).
+    pub async fn remove_member(&self, id: u64, force: bool) -> Result<wire::MemberList, ClientError> {
+        let path = format!("{}/{id}{}", wire::MEMBERS_PATH, if force { "?force=true" } else { "" });
+        decode(self.call(Method::DELETE, &path, None::<&()>, MEMBER_CHANGE).await?)
     }
 
     /// One keepalive. `Ok(ttl)` only when the leader acknowledged it.

@@ -24,6 +24,10 @@ pub const LOCKS_PATH: &str = "/v1/locks/";
 pub const LEASES_PATH: &str = "/v1/leases/";
 /// `GET /v1/cluster`.
 pub const CLUSTER_PATH: &str = "/v1/cluster";
+/// `GET` lists the members, `POST` ([`AddMember`]) adds one,
+/// `DELETE {MEMBERS_PATH}/{id}` (`?force=true`) removes one; each needs the
+/// `admin` right on every key (a rule with prefix `""`).
+pub const MEMBERS_PATH: &str = "/v1/members";
 /// `GET /v1/watch?prefix=P[&after=REV]`.
 pub const WATCH_PATH: &str = "/v1/watch";
 
@@ -234,6 +238,10 @@ pub enum ErrorCode {
     LeaseNotFound,
     /// The key was not granted within `wait_ms`.
     Held,
+    /// 409: a membership change refused: it would leave the new voters
+    /// without a live majority (unless forced), another change is in
+    /// progress, or the node is already a voter. Nothing changed.
+    MembershipRefused,
     /// No leader known, or it moved mid-request. Retry (another node).
     NoLeader,
     /// No quorum in time. For a write, the outcome is unknown.
@@ -259,6 +267,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::LeaseNotFound => "lease_not_found",
             ErrorCode::Held => "held",
+            ErrorCode::MembershipRefused => "membership_refused",
             ErrorCode::NoLeader => "no_leader",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
@@ -277,7 +286,7 @@ impl ErrorCode {
             ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::NotFound | ErrorCode::LeaseNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorCode::Held => StatusCode::CONFLICT,
+            ErrorCode::Held | ErrorCode::MembershipRefused => StatusCode::CONFLICT,
             ErrorCode::NoLeader | ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -652,4 +661,52 @@ mod tests {
             assert_eq!(serde_json::to_value(reason).unwrap(), json!(reason.as_str()));
         }
     }
+}
+
+/// The members, as the leader sees them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberList {
+    /// The leader that answered.
+    pub leader: u64,
+    /// The last index in its log.
+    pub last_log_index: u64,
+    /// Whether a change is half done (a joint configuration).
+    pub changing: bool,
+    /// Voters first, then learners, each by id.
+    pub members: Vec<MemberState>,
+}
+
+/// One member, as the leader sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberState {
+    /// Its node id.
+    pub id: u64,
+    /// `voter` or `learner`.
+    pub role: String,
+    /// Its peer plane, as its membership entry (or the leader's `peers`
+    /// config) gives it.
+    pub peer_url: String,
+    /// Its Lock API, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_url: Option<String>,
+    /// The last log index the leader knows it holds (the leader: its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_index: Option<u64>,
+    /// Whether it answered the leader just now.
+    pub reachable: bool,
+}
+
+/// `POST /v1/members`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddMember {
+    /// The new member's node id (its config's `id`; not 0).
+    pub id: u64,
+    /// Its `peer_listen` URL.
+    pub peer_url: String,
+    /// Its `listen` URL, told to clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_url: Option<String>,
+    /// Add it even if the new voters would have no live majority.
+    #[serde(default)]
+    pub force: bool,
 }

@@ -304,6 +304,35 @@ impl Cluster {
         }
     }
 
+    /// Start a node that is not a member yet, with the next id, on ports of
+    /// its own, its `peers` listing every node (through relays if the
+    /// cluster has them); the others reach it at [`Cluster::peer_url`] once
+    /// it is added (`member add`). Its id.
+    pub async fn add_node(&mut self) -> u64 {
+        let id = self.ids().last().copied().unwrap_or(0) + 1;
+        let (client, peer) = (reserve(), reserve());
+        let scheme = if self.pki.is_some() { "https" } else { "http" };
+        self.urls.insert(id, format!("{scheme}://127.0.0.1:{}", client.port));
+        self.peer_urls.insert(id, format!("{scheme}://127.0.0.1:{}", peer.port));
+        if !self.relays.is_empty() {
+            for other in self.ids().into_iter().filter(|o| *o != id) {
+                let to = self.peer_urls[&other].rsplit(':').next().and_then(|p| p.parse().ok()).unwrap();
+                self.relays.insert((id, other), Relay::start(to).await);
+            }
+        }
+        self._reserved.extend([client, peer]);
+        self.spawn(id);
+        id
+    }
+
+    /// SIGKILL node `id` and forget it: a member removed for good.
+    pub fn drop_node(&mut self, id: u64) {
+        self.kill(id);
+        self.urls.remove(&id);
+        self.peer_urls.remove(&id);
+        self.relays.retain(|(from, to), _| *from != id && *to != id);
+    }
+
     /// Start every node that is not running.
     pub fn start_all(&mut self) {
         for id in self.ids() {

@@ -1,0 +1,142 @@
+//! Membership changes online, on real processes, while the torture
+//! workload (acquires, fenced writes through a sidecar, pauses past the
+//! TTL) runs the whole time; its history is checked at the end: no token
+//! goes down, no stale write reaches the upstream, no acknowledged grant is
+//! lost, no two holders overlap.
+//!
+//! 3 → 5 voters (two learners caught up and promoted), the leader removed
+//! (it hands over first), back to 3, a dead node replaced by a fresh one at
+//! a new address, and a removal refused because it would lose quorum.
+
+// `liveness` is the torture suite's own.
+#[allow(dead_code)]
+#[path = "torture/checker.rs"]
+mod checker;
+#[path = "torture/history.rs"]
+mod history;
+#[path = "torture/workload.rs"]
+mod workload;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencegate_client::wire::{AddMember, ErrorCode, MemberList};
+use fencegate_client::{Client, ClientError};
+use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::{bin, Cluster, Upstream};
+use history::History;
+use tokio::time::Instant;
+use workload::Workload;
+
+const NODE_YAML: &str =
+    "raft: { heartbeat: 50ms, election_timeout_min: 200ms, election_timeout_max: 400ms, propose_timeout: 2s }\n";
+
+fn voters(list: &MemberList) -> BTreeSet<u64> {
+    list.members.iter().filter(|m| m.role == "voter").map(|m| m.id).collect()
+}
+
+async fn add(c: &Cluster, client: &Client, id: u64) -> MemberList {
+    let add = AddMember { id, peer_url: c.peer_url(id), client_url: Some(c.url(id)), force: false };
+    client.add_member(&add).await.unwrap_or_else(|e| panic!("adding node {id}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn members_change_under_load_without_a_violation() {
+    let mut c = Cluster::start(&bin!(), 3, NODE_YAML).await;
+    let up = Upstream::start().await;
+    let routes = table(&[
+        rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"]).timeout("5s"),
+        everything_else(),
+    ]);
+    let sc = c.sidecar("sidecar", &up.url(), &routes).await;
+    let history = Arc::new(History::new());
+    let w = Workload { workers: 4, keys: 3, writes: 3, ttl: Duration::from_millis(1500), pause_probability: 0.1 };
+    let until = Instant::now() + Duration::from_secs(40);
+    let work = tokio::spawn(workload::run(w, history.clone(), c.client(), sc.url(), 7, "", until));
+    // Asked anew at each step: the cluster's nodes change.
+    let admin = c.client();
+
+    // 3 -> 5: each new node joins as a learner and votes once caught up.
+    let four = c.add_node().await;
+    let five = c.add_node().await;
+    add(&c, &admin, four).await;
+    let list = add(&c, &admin, five).await;
+    assert_eq!(voters(&list), BTreeSet::from([1, 2, 3, 4, 5]), "{list:?}");
+    assert!(!list.changing);
+    // A retried add is answered as the first was.
+    assert_eq!(voters(&add(&c, &admin, five).await), BTreeSet::from([1, 2, 3, 4, 5]));
+
+    // Remove the leader: it hands over first, the new leader removes it.
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let list = admin.remove_member(leader, false).await.unwrap();
+    assert_ne!(list.leader, leader, "the new leader answered");
+    assert!(!voters(&list).contains(&leader), "{list:?}");
+    c.drop_node(leader);
+
+    // Back to 3: one more goes. The newest go first: the workload's client
+    // and the sidecar know the three founding members only.
+    let admin = c.client();
+    let list = admin.members().await.unwrap();
+    let newest = |list: &MemberList| *voters(list).iter().rev().find(|v| **v != list.leader).unwrap();
+    let follower = newest(&list);
+    let list = admin.remove_member(follower, false).await.unwrap();
+    assert_eq!(voters(&list).len(), 3, "{list:?}");
+    c.drop_node(follower);
+
+    // Replace a dead node: it dies, it is removed, a fresh node (a new id
+    // at a new address) takes its place.
+    let admin = c.client();
+    let list = admin.members().await.unwrap();
+    let dead = newest(&list);
+    c.kill(dead);
+    let list = admin.members().await.unwrap();
+    assert!(list.members.iter().any(|m| m.id == dead && !m.reachable), "the dead node shows as down: {list:?}");
+    let list = admin.remove_member(dead, false).await.unwrap();
+    assert_eq!(voters(&list).len(), 2);
+    c.drop_node(dead);
+    let fresh = c.add_node().await;
+    let list = add(&c, &admin, fresh).await;
+    assert_eq!(voters(&list).len(), 3, "{list:?}");
+    assert!(voters(&list).contains(&fresh));
+
+    // With one of three down, removing another would leave one live voter
+    // of the two: refused, and nothing changes.
+    let admin = c.client();
+    let list = admin.members().await.unwrap();
+    let down = newest(&list);
+    let keep = *voters(&list).iter().find(|v| **v != list.leader && **v != down).unwrap();
+    c.kill(down);
+    match admin.remove_member(keep, false).await {
+        Err(ClientError::Refused { error: ErrorCode::MembershipRefused, message, .. }) => {
+            assert!(message.contains("majority"), "{message}")
+        }
+        other => panic!("removing a second node of three while one is down: {other:?}"),
+    }
+    assert_eq!(voters(&admin.members().await.unwrap()), voters(&list), "nothing changed");
+    c.start_node(down);
+
+    work.await.unwrap();
+    let mut latest = BTreeMap::new();
+    for k in 0..w.keys {
+        let key = format!("rack/{k}");
+        latest.insert(key.clone(), admin.read(&key).await.unwrap().token);
+    }
+    let applied: BTreeMap<String, Vec<u64>> = (0..w.keys)
+        .map(|k| {
+            let key = format!("rack/{k}");
+            (key.clone(), up.tokens(&workload::path_of(&key)).into_iter().flatten().collect())
+        })
+        .collect();
+    let ops = history.ops();
+    let grants = ops.iter().filter(|op| matches!(op.kind, history::Kind::Acquire { .. })).count();
+    assert!(grants > 20, "the workload ran: {grants} acquires");
+    for report in [
+        checker::upstream_order(&applied),
+        checker::token_order(&ops),
+        checker::durability(&ops, &latest),
+        checker::exclusion(&ops),
+    ] {
+        assert!(report.violations.is_empty(), "{}: {:?}", report.name, report.violations);
+    }
+}
