@@ -140,3 +140,25 @@ async fn members_change_under_load_without_a_violation() {
         assert!(report.violations.is_empty(), "{}: {:?}", report.name, report.violations);
     }
 }
+
+/// SIGTERM on the leader hands leadership over before the node exits: the
+/// others have a leader at once, without waiting out an election timeout
+/// (the defaults: 300-600 ms, and openraft's lease on top).
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_on_the_leader_hands_over_first() {
+    let mut c = Cluster::start(&bin!(), 3, "").await;
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let code = c.terminate(leader, Duration::from_secs(20)).await;
+    assert_eq!(code, Some(0), "a graceful stop exits 0");
+    let log = c.log_of(leader);
+    assert!(log.contains("leadership handed over"), "{log}");
+    // Already elected by the time the old leader exited.
+    let others: Vec<u64> = c.ids().into_iter().filter(|id| *id != leader).collect();
+    for id in &others {
+        let info = c.cluster_info(*id).await.unwrap();
+        assert!(info.leader.is_some_and(|l| l != leader), "node {id} has a new leader at once: {info:?}");
+    }
+    let client = c.client();
+    let lease = client.acquire("rack/after", fencegate_client::AcquireOptions::new(Duration::from_secs(5)));
+    tokio::time::timeout(Duration::from_secs(5), lease).await.unwrap().unwrap();
+}

@@ -235,6 +235,14 @@ pub async fn handover(node: &Node, live: &BTreeSet<NodeId>) -> Result<NodeId, St
     let _beat = Heartbeat(&node.raft);
     let deadline = Instant::now() + HANDOVER;
     let result = async {
+        // A batch proposed before the pause may still append an entry: the
+        // target must hold that one too, or the old leader refuses its vote.
+        while !node.proposer.idle() {
+            if Instant::now() >= deadline {
+                return Err("proposals still in flight".to_string());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let mut metrics = node.raft.metrics();
         let target = loop {
             let m = metrics.borrow().clone();
@@ -264,10 +272,14 @@ pub async fn handover(node: &Node, live: &BTreeSet<NodeId>) -> Result<NodeId, St
             Ok(a) => return Err(format!("node {target} refused to campaign: {}", String::from_utf8_lossy(&a.body))),
             Err(e) => return Err(format!("asking node {target} to campaign: {e}")),
         }
+        let term = metrics.borrow().current_term;
         loop {
-            let leader = metrics.borrow().current_leader;
+            let (leader, now) = (metrics.borrow().current_leader, metrics.borrow().current_term);
             if let Some(l) = leader.filter(|l| *l != node.id) {
                 return Ok(l);
+            }
+            if leader == Some(node.id) && now > term {
+                return Err(format!("node {target} did not win; this node was elected again"));
             }
             if tokio::time::timeout_at(deadline, metrics.changed()).await.is_err() {
                 return Err(format!("node {target} was asked to campaign but no new leader within {HANDOVER:?}"));

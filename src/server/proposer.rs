@@ -41,6 +41,8 @@ pub struct Proposer {
     /// leadership checks are refused as if this node were not the leader,
     /// so the log stops growing under the node taking over.
     paused: Arc<AtomicUsize>,
+    /// Batches being proposed now (entries that may still be appended).
+    in_flight: Arc<AtomicUsize>,
 }
 
 /// Proposals are refused until this is dropped.
@@ -55,10 +57,15 @@ impl Drop for Paused {
 impl Proposer {
     pub fn start(raft: Raft) -> Self {
         let r = raft.clone();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let busy = in_flight.clone();
         let writes = Batcher::start(MAX_BATCH, move |cmds: Vec<Command>| {
-            let (raft, n) = (r.clone(), cmds.len());
+            let (raft, n, busy) = (r.clone(), cmds.len(), busy.clone());
             async move {
-                match raft.client_write(cmds).await {
+                busy.fetch_add(1, Ordering::SeqCst);
+                let written = raft.client_write(cmds).await;
+                busy.fetch_sub(1, Ordering::SeqCst);
+                match written {
                     Ok(resp) => resp.data.into_iter().map(Ok).collect(),
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
                         vec![Err(RaftCallError::NotLeader); n]
@@ -78,7 +85,13 @@ impl Proposer {
                 vec![result; waiters.len()]
             }
         });
-        Self { writes, checks, paused: Arc::default() }
+        Self { writes, checks, paused: Arc::default(), in_flight }
+    }
+
+    /// Whether no batch is being proposed (with proposals paused: the log
+    /// has stopped growing).
+    pub fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) == 0
     }
 
     /// Refuse proposals (`NotLeader`) until the guard is dropped.

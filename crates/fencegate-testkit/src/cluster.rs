@@ -286,6 +286,21 @@ impl Cluster {
         self.nodes.remove(&id);
     }
 
+    /// SIGTERM node `id` (a graceful stop: a leader hands over first) and
+    /// wait for it to exit, SIGKILL after `within`; its exit code.
+    pub async fn terminate(&mut self, id: u64, within: Duration) -> Option<i32> {
+        let mut proc = self.nodes.remove(&id)?;
+        proc.signal(nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = proc.exited() {
+                return status.code();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None // dropped: SIGKILL
+    }
+
     /// SIGKILL every node.
     pub fn kill_all(&mut self) {
         self.nodes.clear();
