@@ -82,6 +82,7 @@ impl Node {
         let db = Database::builder().set_cache_size(REDB_CACHE).create(&path);
         let db = Arc::new(db.with_context(|| format!("opening {}", path.display()))?);
         check_node_id(&db, config.id)?;
+        check_format(&db, &path)?;
 
         let registry = Registry::new();
         let lock_metrics = LockMetrics::new(&registry)?;
@@ -251,6 +252,25 @@ async fn should_bootstrap(id: NodeId, directory: &Directory) -> bool {
         }
     }
     true
+}
+
+/// The data directory's format (the log, snapshot and metadata encodings
+/// in `raft.redb`): what this build writes, and the newest it reads. Bumped
+/// when a change would make an older build misread the files; a directory
+/// from before formats were numbered is format 1.
+pub const DATA_FORMAT: u32 = 1;
+
+/// Refuse a data directory a newer build wrote, instead of misreading it.
+fn check_format(db: &Database, path: &std::path::Path) -> anyhow::Result<()> {
+    match read_meta::<u32>(db, "format")? {
+        Some(v) if v > DATA_FORMAT => anyhow::bail!(
+            "{} was written by a newer fencegate (data format {v}; this build reads formats up to {DATA_FORMAT}): \
+             run a build that reads it (an upgrade is rolled forward, not back)",
+            path.display()
+        ),
+        Some(_) => Ok(()),
+        None => Ok(write_meta(db, "format", &DATA_FORMAT)?),
+    }
 }
 
 /// Refuse a data directory that belongs to another node id: two nodes sharing

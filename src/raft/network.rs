@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use hyper::{Method, StatusCode};
+use hyper::StatusCode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -26,6 +26,13 @@ use serde::Serialize;
 
 use super::types::{Member, NodeId, TypeConfig};
 use fencegate_client::http::HttpClient;
+
+/// The peer protocol this build speaks, sent on every peer RPC: a node
+/// refuses a newer one it cannot read (`server::api`), instead of
+/// misreading it. A request without it is from a build before protocols
+/// were numbered: protocol 1.
+pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL_HEADER: &str = "x-fencegate-peer-protocol";
 
 pub const APPEND_PATH: &str = "/raft/append";
 pub const VOTE_PATH: &str = "/raft/vote";
@@ -118,11 +125,13 @@ impl PeerClient {
         let unreachable = |msg: String| RPCError::Unreachable(Unreachable::new(&PeerError(msg)));
         let Some(peer) = &self.peer else { return Err(unreachable(format!("no URL for node {}", self.target))) };
         let body = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let answer = peer
-            .http
-            .call(Method::POST, &format!("{}{path}", peer.url), Some(body), option.hard_ttl())
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
+        let url = format!("{}{path}", peer.url);
+        let req = hyper::Request::post(&url)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(PROTOCOL_HEADER, PROTOCOL)
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| unreachable(format!("{url}: {e}")))?;
+        let answer = peer.http.send(req, option.hard_ttl()).await.map_err(|e| unreachable(e.to_string()))?;
         if answer.status != StatusCode::OK {
             return Err(unreachable(format!("{path} answered {}", answer.status)));
         }

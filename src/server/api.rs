@@ -81,6 +81,7 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
     let path = req.uri().path();
     if let Some(rpc) = path.strip_prefix("/raft/") {
         only(req.method(), Method::POST)?;
+        peer_protocol(req.headers())?;
         let rpc = rpc.to_string();
         let body = body_within(&node, req.into_body(), super::MAX_PEER_BODY).await?;
         return raft_rpc::handle(&node, &rpc, &body, member, conn).await;
@@ -100,6 +101,26 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
         return route(node, req, Caller { identity, forwarded: true }).await;
     }
     Err(ApiError::NotFound)
+}
+
+/// Refuse a peer RPC of a newer protocol than this build's (an upgrade
+/// half done the wrong way round: the newer nodes must not be misread).
+fn peer_protocol(headers: &hyper::HeaderMap) -> Result<(), ApiError> {
+    use crate::raft::network::{PROTOCOL, PROTOCOL_HEADER};
+    let Some(v) = headers.get(PROTOCOL_HEADER) else { return Ok(()) };
+    match v.to_str().ok().and_then(|v| v.parse::<u32>().ok()) {
+        Some(v) if v <= PROTOCOL => Ok(()),
+        Some(v) => {
+            tracing::warn!(
+                protocol = v,
+                "refused a peer of a newer protocol than this node's ({PROTOCOL}): upgrade this node"
+            );
+            Err(ApiError::BadRequest(format!(
+                "peer protocol {v} is newer than this node's ({PROTOCOL}): upgrade this node"
+            )))
+        }
+        None => Err(ApiError::BadRequest(format!("{PROTOCOL_HEADER} is not a number"))),
+    }
 }
 
 /// The member (other than this node) the connection's certificate names,

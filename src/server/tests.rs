@@ -264,3 +264,84 @@ async fn the_client_and_peer_planes_are_apart() {
     let _ = n.stop.send(());
     n.node.shutdown().await;
 }
+
+/// A peer RPC of a newer protocol is refused, not misread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_peer_protocol_is_refused() {
+    use crate::raft::network::PROTOCOL_HEADER;
+    let dir = tempfile::tempdir().unwrap();
+    let n = one_node(dir.path()).await;
+    let http = HttpClient::new(1 << 20);
+    let vote = hyper::Request::post(format!("{}/raft/vote", n.peer_url))
+        .header(PROTOCOL_HEADER, "99")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    let a = http.send(vote, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&a.body).contains("peer protocol 99 is newer"), "{:?}", a.body);
+    let _ = n.stop.send(());
+    n.node.shutdown().await;
+}
+
+/// A data directory a newer build wrote is refused at start, untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_of_a_newer_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Database::create(dir.path().join("raft.redb")).unwrap();
+        write_meta(&db, "format", &(DATA_FORMAT + 1)).unwrap();
+    }
+    let listen = "127.0.0.1:1";
+    let yaml = format!(
+        "id: 1\nlisten: {listen}\npeer_listen: 127.0.0.1:2\ndata_dir: {}\npeers:\n  1: http://127.0.0.1:2\n",
+        dir.path().display()
+    );
+    let config = parse_yaml::<NodeConfig>(&yaml).unwrap().validate().unwrap();
+    let e = Node::start(config).await.err().expect("refused");
+    assert!(e.to_string().contains("written by a newer fencegate"), "{e}");
+}
+
+/// Where the data directory fixture of this format lives.
+fn fixture() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/data-format-{DATA_FORMAT}"))
+}
+
+/// The committed fixture (a node's data directory written by the release
+/// that introduced this format) is still read: later releases keep this
+/// test and prove they read it. Tokens go on above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_dir_fixture_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture().join("raft.redb"), dir.path().join("raft.redb")).unwrap();
+    let n = one_node(dir.path()).await;
+    let client = Client::new(vec![n.url.clone()]).unwrap();
+    assert_eq!(client.read("fixture/held").await.unwrap().token, 1);
+    let released = client.read("fixture/released").await.unwrap();
+    assert_eq!((released.token, released.held), (2, false));
+    // Left held when the fixture was written: a new leader gives it its TTL
+    // (1 s) again, then it expires.
+    let opts = AcquireOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(10));
+    let lease = client.acquire("fixture/held", opts).await.unwrap();
+    assert!(lease.token() > 3, "above every token the fixture granted: {}", lease.token());
+    let _ = n.stop.send(());
+    n.node.shutdown().await;
+}
+
+/// Writes the fixture: `cargo test --lib write_the_data_dir_fixture -- --ignored`,
+/// once per new format (commit `tests/fixtures/data-format-N/raft.redb`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn write_the_data_dir_fixture() {
+    let dir = fixture();
+    assert!(!dir.join("raft.redb").exists(), "{} exists: a fixture is written once", dir.display());
+    std::fs::create_dir_all(&dir).unwrap();
+    let n = one_node(&dir).await;
+    let client = Client::new(vec![n.url.clone()]).unwrap();
+    let held = client.acquire("fixture/held", AcquireOptions::new(Duration::from_secs(1))).await.unwrap();
+    let released = client.acquire("fixture/released", AcquireOptions::new(Duration::from_secs(1))).await.unwrap();
+    assert_eq!((held.token(), released.token()), (1, 2));
+    released.release().await.unwrap();
+    std::mem::forget(held); // left held: it expires on its own
+    let _ = n.stop.send(());
+    n.node.shutdown().await;
+}

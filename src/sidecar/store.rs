@@ -35,6 +35,12 @@ const FLOORS: TableDefinition<&str, u64> = TableDefinition::new("floors");
 const OLD_RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 /// One row a health probe rewrites, to find out whether writes work again.
 const PROBE: TableDefinition<&str, u64> = TableDefinition::new("probe");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// The state directory's format (floors in `floors.redb`, the journal's
+/// entries): what this build writes and the newest it reads. A directory
+/// from before formats were numbered is format 1.
+pub const STATE_FORMAT: u64 = 1;
 
 #[derive(Debug, Clone, Error)]
 #[error("state store: {0}")]
@@ -150,6 +156,7 @@ impl Store {
         std::fs::create_dir_all(dir).map_err(|e| err(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join("floors.redb");
         let db = Database::create(&path).map_err(err)?;
+        check_format(&db, dir)?;
         let mut loaded = load(&db)?;
         let (mut journal, records) = Journal::open(dir).map_err(|e| err(format!("the idempotency journal: {e}")))?;
         loaded.records = records;
@@ -240,6 +247,30 @@ fn migrate(db: &Database, journal: &mut Journal, records: &mut Vec<(String, Vec<
     txn.commit().map_err(err)
 }
 
+/// Refuse a state directory a newer build wrote, instead of misreading it.
+fn check_format(db: &Database, dir: &Path) -> Result<(), StoreError> {
+    let found = {
+        let txn = db.begin_read().map_err(err)?;
+        match txn.open_table(META) {
+            Ok(t) => t.get("format").map_err(err)?.map(|v| v.value()),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(err(e)),
+        }
+    };
+    match found {
+        Some(v) if v > STATE_FORMAT => Err(err(format!(
+            "{} was written by a newer fencegate (state format {v}; this build reads formats up to {STATE_FORMAT})",
+            dir.display()
+        ))),
+        Some(_) => Ok(()),
+        None => {
+            let txn = db.begin_write().map_err(err)?;
+            txn.open_table(META).map_err(err)?.insert("format", STATE_FORMAT).map_err(err)?;
+            txn.commit().map_err(err)
+        }
+    }
+}
+
 fn load(db: &Database) -> Result<Loaded, StoreError> {
     let mut loaded = Loaded::default();
     let txn = db.begin_read().map_err(err)?;
@@ -279,4 +310,23 @@ fn commit(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
         }
     }
     txn.commit().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_state_dir_of_a_newer_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        {
+            let db = Database::create(dir.path().join("floors.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META).unwrap().insert("format", STATE_FORMAT + 1).unwrap();
+            txn.commit().unwrap();
+        }
+        let e = Store::open(dir.path()).err().expect("refused");
+        assert!(e.to_string().contains("written by a newer fencegate"), "{e}");
+    }
 }
