@@ -160,3 +160,36 @@ async fn sigterm_on_the_leader_hands_over_first() {
     let lease = client.acquire("rack/after", fencegate_client::AcquireOptions::new(Duration::from_secs(5)));
     tokio::time::timeout(Duration::from_secs(5), lease).await.unwrap().unwrap();
 }
+
+/// Over TLS on both planes: a member added later is certified by the
+/// cluster CA as `fencegate-node-4`, and the others accept its certificate
+/// once the membership names it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_added_over_tls_votes_and_serves() {
+    use fencegate_testkit::cluster::{ClusterOptions, Security};
+    let o = ClusterOptions { yaml: NODE_YAML.into(), security: Some(Security::default()), ..Default::default() };
+    let mut c = Cluster::start_with(&bin!(), o).await;
+    let four = c.add_node().await;
+    let list = add(&c, &c.client(), four).await;
+    assert_eq!(voters(&list), BTreeSet::from([1, 2, 3, four]), "{list:?}");
+    assert!(list.members.iter().all(|m| m.reachable), "{list:?}");
+    // A follower forwards leader calls on the peer plane with its own
+    // certificate: the leader takes node 4's now.
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    assert_ne!(leader, four, "a fresh member does not lead yet");
+    c.client_of(four).read("rack/tls").await.expect("a read forwarded by node 4");
+    // Node 4's vote counts: with 1 and 2 down, 3 and 4 are no majority of
+    // four; with 1 back, 1, 3 and 4 are one only with node 4, over TLS.
+    c.kill(1);
+    c.kill(2);
+    let client = c.client_of(four);
+    match client.acquire("rack/tls", fencegate_client::AcquireOptions::new(Duration::from_secs(5))).await {
+        Err(ClientError::Unavailable(_)) => {} // 2 of 4 voters: no quorum, as it should be
+        Ok(l) => panic!("two of four voters granted token {}", l.token()),
+        Err(e) => panic!("two of four voters: {e}"),
+    }
+    c.start_node(1);
+    let lease =
+        client.acquire("rack/tls", fencegate_client::AcquireOptions::new(Duration::from_secs(5))).await.unwrap();
+    assert!(lease.token() > 0);
+}

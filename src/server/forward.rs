@@ -46,8 +46,13 @@ pub async fn to_leader(
         .and_then(|v| v.get("wait_ms")?.as_u64())
         .map_or(std::time::Duration::ZERO, std::time::Duration::from_millis)
         .min(node.config.lease.max_wait);
-    let timeout = wait + node.config.raft.propose_timeout * 2;
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    // A member added waits on the leader for its catch-up.
+    let catch_up = match path.starts_with(fencegate_client::wire::MEMBERS_PATH) {
+        true => super::members::CATCH_UP,
+        false => std::time::Duration::ZERO,
+    };
+    let timeout = wait + catch_up + node.config.raft.propose_timeout * 2;
     let mut req = Request::builder().method(parts.method.clone()).uri(format!("{}{path}", peer.url));
     if let Some(ct) = parts.headers.get(CONTENT_TYPE) {
         req = req.header(CONTENT_TYPE, ct);
