@@ -315,3 +315,23 @@ async fn readiness_follows_the_lock_service() {
     c.start_all();
     wait_for("/readyz", 200, 30).await;
 }
+
+/// SIGTERM on the sidecar: it stops accepting, lets the write in flight
+/// finish (its answer reaches the client), and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_writes_in_flight_and_exits_0() {
+    let (c, up, sc) = fenced("strict").await;
+    let (token, _) = take(&c, "rack/t", 30_000, 0).await;
+    let url = sc.url();
+    let sc = Arc::new(sc);
+    let s = sc.clone();
+    let slow = tokio::spawn(async move { s.send("PUT", "/racks/t", Some(token), &[("x-test-delay-ms", "800")]).await });
+    up.wait_for_arrivals(1, AT_UPSTREAM).await;
+    sc.signal(nix::sys::signal::Signal::SIGTERM);
+    let (status, _) = slow.await.unwrap();
+    assert_eq!(status, 200, "the write in flight is answered");
+    let mut sc = Arc::into_inner(sc).unwrap();
+    assert_eq!(sc.wait_exit(Duration::from_secs(10)).await, Some(0), "then the sidecar exits 0");
+    assert!(tokio::net::TcpStream::connect(url.trim_start_matches("http://")).await.is_err(), "and accepts no more");
+    assert_eq!(up.tokens("/racks/t"), vec![Some(token)]);
+}

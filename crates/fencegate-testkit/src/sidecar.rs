@@ -133,6 +133,26 @@ impl Sidecar {
         self.proc = None;
     }
 
+    /// Send `signal` (SIGTERM: a graceful stop).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        if let Some(p) = &self.proc {
+            p.signal(signal);
+        }
+    }
+
+    /// Wait for it to exit, SIGKILL after `within`; its exit code.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let mut proc = self.proc.take()?;
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = proc.exited() {
+                return status.code();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+
     /// SIGKILL, then start again on the same config (and ports) and state.
     pub async fn restart(&mut self) {
         self.kill();
