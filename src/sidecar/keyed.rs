@@ -57,16 +57,11 @@ impl Drop for Keyed {
     }
 }
 
-/// Wait for a settled record to be on disk in a task of its own: the
-/// answer need not wait for it (see `Records::settle`).
-fn durably(write: impl std::future::Future<Output = Result<(), super::store::StoreError>> + Send + 'static) {
-    tokio::spawn(async move {
-        if let Err(e) = write.await {
-            tracing::error!(
-                "recording an idempotency outcome: {e} (the pending record stays: unknown after a restart)"
-            );
-        }
-    });
+/// A settled record's write, not waited for: the answer need not wait for
+/// it (see `Records::settle`), and the store's writer writes it whether or
+/// not anyone waits, and logs a batch that fails. No task per request.
+fn durably(write: impl std::future::Future<Output = Result<(), super::store::StoreError>>) {
+    drop(write);
 }
 
 /// The request's key, if it has one; refused if it is malformed, or missing

@@ -173,6 +173,12 @@ impl Store {
             // newer one for the same key may have been queued since).
             let retry = batch.iter().find(|w| matches!(w, Write::Floor(..))).cloned().unwrap_or(Write::Probe);
             let result = file.write(&batch);
+            if let Err(e) = &result {
+                // Said here once per batch: some of its writes nobody waits
+                // for (a keyed request's answer: its pending record stays,
+                // an unknown outcome after a restart).
+                tracing::error!(writes = n, "a batch of the state store was not written: {e}");
+            }
             flag.store(result.is_err(), Ordering::Relaxed);
             *last.lock().unwrap_or_else(|p| p.into_inner()) = if result.is_err() { Some(retry) } else { None };
             vec![result; n]
