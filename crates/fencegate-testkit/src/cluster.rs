@@ -291,14 +291,7 @@ impl Cluster {
     pub async fn terminate(&mut self, id: u64, within: Duration) -> Option<i32> {
         let mut proc = self.nodes.remove(&id)?;
         proc.signal(nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(status) = proc.exited() {
-                return status.code();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        None // dropped: SIGKILL
+        proc.exit_within(within).await // dropped after: SIGKILL if still running
     }
 
     /// SIGKILL every node.

@@ -90,6 +90,19 @@ impl Proc {
         status
     }
 
+    /// Its exit code once it exits within `within` (`None`: it did not, or
+    /// a signal ended it).
+    pub async fn exit_within(&mut self, within: std::time::Duration) -> Option<i32> {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if let Some(status) = self.exited() {
+                return status.code();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        None
+    }
+
     /// SIGKILL it and its descendants (descendants first: nginx's workers
     /// outlive a killed master and keep its port), and reap it; the kill has
     /// happened when this returns.

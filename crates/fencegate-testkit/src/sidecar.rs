@@ -142,15 +142,7 @@ impl Sidecar {
 
     /// Wait for it to exit, SIGKILL after `within`; its exit code.
     pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let mut proc = self.proc.take()?;
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(status) = proc.exited() {
-                return status.code();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        None
+        self.proc.take()?.exit_within(within).await
     }
 
     /// SIGKILL, then start again on the same config (and ports) and state.
