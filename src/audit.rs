@@ -81,3 +81,8 @@ pub fn peer_refused(addr: std::net::SocketAddr, why: &str) {
 pub fn membership(identity: &str, what: &str) {
     tracing::warn!(target: TARGET, event = "membership", identity, change = what);
 }
+
+/// `identity` took a backup of the whole table (holders and owners included).
+pub fn snapshot(identity: &str, revision: u64) {
+    tracing::warn!(target: TARGET, event = "snapshot", identity, revision);
+}

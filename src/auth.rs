@@ -216,7 +216,12 @@ fn parse_hash(s: &str) -> Option<[u8; 32]> {
 
 /// `sha256:<hex>` of a token: the form a tokens file stores.
 pub fn hash_line(token: &str) -> String {
-    let hex: String = token_hash(token).iter().map(|b| format!("{b:02x}")).collect();
+    sha256_text(token.as_bytes())
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn sha256_text(bytes: &[u8]) -> String {
+    let hex: String = digest(&SHA256, bytes).as_ref().iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
 }
 

@@ -5,6 +5,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod backup;
 pub mod batch;
 pub mod cli;
 pub mod config;

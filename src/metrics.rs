@@ -37,6 +37,9 @@ pub struct LockMetrics {
     pub keys: IntGauge,
     /// Acquires parked on this node, waiting for their key.
     pub waiters: IntGauge,
+    /// The applied table's revision: every token granted so far is at most
+    /// this (what a restore's `--min-token` must cover).
+    pub revision: IntGauge,
 }
 
 impl LockMetrics {
@@ -44,6 +47,7 @@ impl LockMetrics {
     pub fn set_table(&self, locks: &crate::lock::state::LockState) {
         self.leases.set(locks.lease_count() as i64);
         self.keys.set(locks.key_count() as i64);
+        self.revision.set(locks.revision() as i64);
     }
 
     pub fn new(r: &Registry) -> prometheus::Result<Self> {
@@ -70,6 +74,13 @@ impl LockMetrics {
             waiters: register(
                 r,
                 IntGauge::new("fencegate_lock_waiters", "Acquires waiting on this node for their key")?,
+            )?,
+            revision: register(
+                r,
+                IntGauge::new(
+                    "fencegate_lock_revision",
+                    "Revision of the applied lock table (>= every token granted)",
+                )?,
             )?,
         })
     }

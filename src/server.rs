@@ -26,6 +26,7 @@ use tokio::net::TcpListener;
 
 use crate::auth::Acl;
 use crate::config::node::NodeConfig;
+use crate::lock::state::LockState;
 use crate::metrics::{LockMetrics, RaftMetrics};
 use crate::raft::log_store::{read_meta, write_meta, LogStore};
 use crate::raft::network::{Directory, Network, Peer};
@@ -113,12 +114,7 @@ impl Node {
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log_store, sm).await?;
 
         if !raft.is_initialized().await? && should_bootstrap(config.id, &directory).await {
-            let member = |(id, url): (&NodeId, &String)| {
-                let client_url = config.clients.get(id).cloned().unwrap_or_default();
-                (*id, Member { peer_url: url.clone(), client_url })
-            };
-            let members: BTreeMap<NodeId, Member> = config.peers.iter().map(member).collect();
-            if let Err(e) = raft.initialize(members).await {
+            if let Err(e) = raft.initialize(founding_members(&config)).await {
                 tracing::info!("not bootstrapping: {e}");
             }
         }
@@ -217,6 +213,47 @@ impl Node {
     }
 }
 
+/// The members a new cluster starts with: every node of `peers`, with the
+/// URLs the config gives.
+fn founding_members(config: &NodeConfig) -> BTreeMap<NodeId, Member> {
+    let member = |(id, url): (&NodeId, &String)| {
+        let client_url = config.clients.get(id).cloned().unwrap_or_default();
+        (*id, Member { peer_url: url.clone(), client_url })
+    };
+    config.peers.iter().map(member).collect()
+}
+
+/// Build the data directory of `config`'s node as the first node of a
+/// cluster restored from a backup whose table is `locks` (already
+/// `LockState::restored`): only the node with the smallest id of `peers`,
+/// so that it starts initialized and no other node ever bootstraps an
+/// empty cluster beside it; the others start with empty data directories.
+/// Refuses a data directory that already holds a node's data. The
+/// database file it wrote.
+pub fn restore(config: &NodeConfig, locks: &LockState) -> anyhow::Result<std::path::PathBuf> {
+    let first = config.peers.keys().next().copied();
+    if first != Some(config.id) {
+        anyhow::bail!(
+            "restore into the node with the smallest id of `peers` ({}), not node {}: it starts the restored \
+             cluster, and the others start with empty data directories",
+            first.map_or("none".into(), |f| f.to_string()),
+            config.id
+        );
+    }
+    let path = config.data_dir.join("raft.redb");
+    if path.exists() {
+        anyhow::bail!("{} exists: a restore builds a new node's data; give it an empty data_dir", path.display());
+    }
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
+    let db = Database::builder().set_cache_size(REDB_CACHE).create(&path);
+    let db = db.with_context(|| format!("creating {}", path.display()))?;
+    check_node_id(&db, config.id)?;
+    check_format(&db, &path)?;
+    crate::raft::state_machine::seed(&db, locks, founding_members(config))?;
+    Ok(path)
+}
+
 /// Only the node with the smallest id bootstraps a new cluster, and only if
 /// no peer already belongs to one: a node whose data was wiped must rejoin,
 /// not found a second cluster under the same ids. The others wait to be
@@ -240,7 +277,8 @@ async fn should_bootstrap(id: NodeId, directory: &Directory) -> bool {
         // second cluster under the same ids would break every guarantee.
         let Ok(answer) = answer else { continue };
         match serde_json::from_slice::<ClusterInfo>(&answer.body) {
-            Ok(c) if c.term == 0 && c.leader.is_none() => {}
+            // A restored node has a snapshot before its first election.
+            Ok(c) if c.term == 0 && c.leader.is_none() && c.snapshot_index.is_none() => {}
             Ok(_) => {
                 tracing::info!(peer, "not bootstrapping: a peer already belongs to a cluster");
                 return false;

@@ -231,6 +231,13 @@ async fn clients_are_authenticated_and_authorised_per_prefix() {
         assert!(log.lines().any(|l| l.contains("fencegate::audit") && l.contains(event)), "no {event} line");
     }
 
+    // A backup holds every key: admin of rack/ is not enough, admin of
+    // every key (the kit's identity) is.
+    let a = call(&ops, Method::GET, &format!("{}/v1/snapshot", c.url(leader)), None).await.unwrap();
+    assert_eq!((a.status.as_u16(), error_of(&a).as_str()), (403, "forbidden"), "a backup by an admin of rack/");
+    let backup = c.client().snapshot(1 << 20).await.unwrap();
+    assert!(backup.starts_with(br#"{"format":"fencegate-snapshot""#));
+
     // A client certificate is an identity too.
     let cert_user = c.client_with_cert("cert-user");
     cert_user.acquire("fw/2", AcquireOptions::new(Duration::from_secs(5))).await.unwrap();

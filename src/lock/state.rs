@@ -367,6 +367,28 @@ impl LockState {
     pub fn lease_count(&self) -> usize {
         self.leases.len()
     }
+
+    /// The table a cluster restored from this one (a backup) starts with:
+    /// every key keeps its latest token, but no lease is live, no
+    /// lock-delay runs and no request id is remembered (the leases they
+    /// name are gone), and the revision is `floor + 1`, so every token the
+    /// restored cluster grants is above `floor` (the caller makes sure
+    /// `floor` is at least every token the old cluster granted). The `+ 1`
+    /// is the restore itself, an event that ends the backup's leases: a
+    /// watcher that saw revision `floor` resyncs instead of resuming.
+    pub fn restored(&self, floor: u64) -> LockState {
+        let keys = self
+            .keys
+            .iter()
+            .map(|(k, s)| (k.clone(), KeyState { token: s.token, lease_id: None, delay: None, rev: s.rev }))
+            .collect();
+        LockState {
+            revision: floor.max(self.revision) + 1,
+            keys,
+            compacted_below: self.compacted_below,
+            ..LockState::default()
+        }
+    }
 }
 
 #[cfg(test)]

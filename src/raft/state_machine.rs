@@ -5,19 +5,21 @@
 //! snapshot (stored in the same redb file as the log) plus the log entries
 //! after it, which openraft re-applies once they are known to be committed.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::Cursor;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot as RaftSnapshot};
-use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
+use openraft::{CommittedLeaderId, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use redb::Database;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::log_store::{blocking, read_meta, write_meta};
-use super::types::{Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use super::types::{
+    Entry, LogId, Member, Membership, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
 use crate::audit;
 use crate::lock::clock::LeaseClock;
 use crate::lock::state::{Command, Event, EventKind, LockState, Outcome};
@@ -136,6 +138,24 @@ impl StateMachineStore {
     pub fn applied(&self) -> Arc<Applied> {
         self.applied.clone()
     }
+}
+
+/// Make `locks` the state of a restored cluster's first node (`snapshot
+/// restore`): its snapshot, at index 1 of a log that starts after it, with
+/// `members` as the voters. openraft opens such a data directory as an
+/// initialized member whose log is purged up to the snapshot, so the
+/// others (started empty) are sent the snapshot once this node leads.
+pub fn seed(db: &Database, locks: &LockState, members: BTreeMap<NodeId, Member>) -> Result<(), StorageError> {
+    let data =
+        serde_json::to_vec(locks).map_err(|e| StorageError::IO { source: StorageIOError::write_snapshot(None, &e) })?;
+    let log_id = LogId::new(CommittedLeaderId::new(0, 0), 1);
+    let membership = Membership::new(vec![members.keys().copied().collect()], members);
+    let meta = SnapshotMeta {
+        last_log_id: Some(log_id),
+        last_membership: StoredMembership::new(Some(log_id), membership),
+        snapshot_id: format!("restored-{}", locks.revision()),
+    };
+    write_meta(db, SNAPSHOT, &StoredSnapshot { meta, data })
 }
 
 fn restore(state: &mut AppliedState, snap: &StoredSnapshot) -> Result<(), StorageError> {

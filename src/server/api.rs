@@ -25,6 +25,7 @@ use super::proposer::RaftCallError;
 use super::{forward, members, raft_rpc, watch, Node};
 use crate::audit;
 use crate::auth::Right;
+use crate::backup;
 use crate::http::{full, json, parse_json, read_body, Body, Conn};
 use crate::lock::state::{AcquireCmd, Command, Grant, Outcome};
 use crate::lock::validate;
@@ -198,6 +199,9 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
             (Method::POST | Method::DELETE, _) => return Err(ApiError::LeaseNotFound),
             _ => return Err(ApiError::MethodNotAllowed),
         }
+    } else if path == wire::SNAPSHOT_PATH {
+        only(&method, Method::GET)?;
+        Call::Snapshot
     } else if path == wire::MEMBERS_PATH {
         match method {
             Method::GET => Call::Members,
@@ -220,8 +224,10 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     match &call {
         Call::Acquire(key) => caller.may(&node, Right::Acquire, key)?,
         Call::Read(key) => caller.may(&node, Right::Read, key)?,
-        // Membership is the whole cluster's: admin on every key.
-        Call::Members | Call::AddMember | Call::RemoveMember { .. } => caller.may(&node, Right::Admin, "")?,
+        // Membership is the whole cluster's: admin on every key, and so are membership and the backup of every key.
+        Call::Members | Call::AddMember | Call::RemoveMember { .. } | Call::Snapshot => {
+            caller.may(&node, Right::Admin, "")?
+        }
         // Need the lease's key and owner: checked on the leader.
         Call::Keepalive(_) | Call::Release(_) => {}
     }
@@ -241,6 +247,7 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
         Call::Read(key) => read(&node, &key).await,
         Call::Keepalive(id) => keepalive(&node, &caller, &id, received).await,
         Call::Release(id) => release(&node, &caller, &id).await,
+        Call::Snapshot => snapshot(&node, &caller).await,
         Call::Members => Ok(json(StatusCode::OK, &members::list(&node).await)),
         Call::AddMember => {
             let add = parse_json(&body)?;
@@ -273,6 +280,7 @@ enum Call {
     Read(String),
     Keepalive(String),
     Release(String),
+    Snapshot,
     Members,
     AddMember,
     RemoveMember { id: u64, force: bool },
@@ -465,6 +473,24 @@ async fn linearizable(node: &Node) -> Result<(), ApiError> {
         Ok(Err(e)) => Err(ApiError::Unavailable(e.to_string())),
         Err(_) => Err(ApiError::Unavailable(format!("no quorum within {timeout:?}"))),
     }
+}
+
+/// A backup of the table as applied after a quorum confirmed this node
+/// leads: it holds every grant acknowledged before the request arrived.
+async fn snapshot(node: &Node, caller: &Caller) -> Result<Response<Body>, ApiError> {
+    linearizable(node).await?;
+    let (locks, applied_index) = {
+        let s = node.applied.lock();
+        (s.locks.clone(), s.applied_index())
+    };
+    audit::snapshot(&caller.identity, locks.revision());
+    let origin = backup::Origin {
+        taken_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        node: node.id,
+        term: node.raft.metrics().borrow().current_term,
+        applied_index,
+    };
+    Ok(text(backup::encode(&locks, origin), "application/x-fencegate-snapshot"))
 }
 
 async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -201,6 +202,9 @@ const FAILOVER_BUDGET: Duration = Duration::from_secs(5);
 /// catch-up (`server::members::CATCH_UP`) and both steps of the change.
 const MEMBER_CHANGE: Duration = Duration::from_secs(150);
 
+/// Time added to one request for a backup: a large table takes a while to send.
+const SNAPSHOT: Duration = Duration::from_secs(60);
+
 impl Client {
     /// A client for the cluster behind `endpoints` (`http://host:port`; any
     /// nodes of the cluster will do), with the default [`ClientOptions`].
@@ -255,6 +259,18 @@ impl Client {
         body: Option<&impl Serialize>,
         extra: Duration,
     ) -> Result<Reply, ClientError> {
+        self.call_on(&self.inner.http, method, path, body, extra).await
+    }
+
+    /// [`Client::call`] through `http` (one with a larger body limit).
+    async fn call_on(
+        &self,
+        http: &HttpClient,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        extra: Duration,
+    ) -> Result<Reply, ClientError> {
         let deadline = Instant::now() + extra + FAILOVER_BUDGET;
         let n = self.inner.endpoints.len();
         let bytes = body.map(|b| serde_json::to_vec(b).expect("wire types serialise"));
@@ -268,7 +284,7 @@ impl Client {
             let i = (self.inner.preferred.load(Ordering::Relaxed) + attempt) % n;
             let url = format!("{}{path}", self.inner.endpoints[i]);
             let timeout = self.inner.options.request_timeout + extra;
-            match self.inner.http.call(method.clone(), &url, bytes.clone(), timeout).await {
+            match http.call(method.clone(), &url, bytes.clone(), timeout).await {
                 Ok(a) if a.status != StatusCode::SERVICE_UNAVAILABLE => {
                     self.inner.preferred.store(i, Ordering::Relaxed);
                     return Ok(a);
@@ -383,6 +399,17 @@ impl Client {
     pub async fn remove_member(&self, id: u64, force: bool) -> Result<wire::MemberList, ClientError> {
         let path = format!("{}/{id}{}", wire::MEMBERS_PATH, if force { "?force=true" } else { "" });
         decode(self.call(Method::DELETE, &path, None::<&()>, MEMBER_CHANGE).await?)
+    }
+
+    /// The leader's backup of the lock table, as `fencegate snapshot save`
+    /// writes it (up to `max_bytes`); the caller checks its checksum.
+    pub async fn snapshot(&self, max_bytes: usize) -> Result<Bytes, ClientError> {
+        let http = self.inner.options.http_client(max_bytes)?;
+        let a = self.call_on(&http, Method::GET, wire::SNAPSHOT_PATH, None::<&()>, SNAPSHOT).await?;
+        match a.status {
+            StatusCode::OK => Ok(a.body),
+            _ => decode::<()>(a).map(|()| Bytes::new()),
+        }
     }
 
     /// One keepalive. `Ok(ttl)` only when the leader acknowledged it.

@@ -28,6 +28,10 @@ pub const CLUSTER_PATH: &str = "/v1/cluster";
 /// `DELETE {MEMBERS_PATH}/{id}` (`?force=true`) removes one; each needs the
 /// `admin` right on every key (a rule with prefix `""`).
 pub const MEMBERS_PATH: &str = "/v1/members";
+/// `GET`: the leader's backup of the lock table (a `fencegate snapshot`
+/// file: a header line, then the table, checksummed); needs the `admin`
+/// right on every key.
+pub const SNAPSHOT_PATH: &str = "/v1/snapshot";
 /// `GET /v1/watch?prefix=P[&after=REV]`.
 pub const WATCH_PATH: &str = "/v1/watch";
 

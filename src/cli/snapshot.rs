@@ -1,0 +1,89 @@
+//! `fencegate snapshot save | inspect | restore`: back up the lock table
+//! from the leader, check a backup, build a new cluster's first node from
+//! one (docs/DESIGN.md "Backup and restore").
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use fencegate_client::Client;
+
+use crate::backup::{self, Header, MAX_BACKUP};
+use crate::config::node::NodeConfig;
+use crate::config::ConfigFile;
+use crate::lock::state::LockState;
+
+pub async fn save(file: &Path, client: Client) -> anyhow::Result<i32> {
+    let bytes = client.snapshot(MAX_BACKUP).await?;
+    // Checked before anything is written: a backup nobody can restore is
+    // worse than none, because it is trusted.
+    let (header, _) = backup::decode(&bytes).map_err(|e| anyhow::anyhow!("the leader's answer is no backup: {e}"))?;
+    write_durably(file, &bytes)?;
+    println!("saved {}", file.display());
+    describe(&header);
+    Ok(0)
+}
+
+pub fn inspect(file: &Path) -> anyhow::Result<i32> {
+    let (header, _) = read(file)?;
+    println!("{}: a valid backup (checksum matches)", file.display());
+    describe(&header);
+    Ok(0)
+}
+
+pub fn restore(file: &Path, config: &Path, min_token: u64) -> anyhow::Result<i32> {
+    let (header, locks) = read(file)?;
+    if min_token < header.revision {
+        anyhow::bail!(
+            "--min-token {min_token} is below the backup's revision {}: the old cluster granted tokens up to at \
+             least {}; give the highest revision it is known to have reached, plus a margin",
+            header.revision,
+            header.revision
+        );
+    }
+    let config = NodeConfig::load(config)?;
+    let restored = locks.restored(min_token);
+    let path = crate::server::restore(&config, &restored)?;
+    println!("restored {} into {} (node {})", file.display(), path.display(), config.id);
+    describe(&header);
+    println!(
+        "the restored cluster starts at revision {}: every token it grants is above {min_token}; \
+         the backup's {} leases are not live",
+        restored.revision(),
+        header.leases
+    );
+    let others: Vec<String> = config.peers.keys().filter(|id| **id != config.id).map(|id| id.to_string()).collect();
+    println!(
+        "next: start this node, then nodes {} with empty data directories",
+        if others.is_empty() { "(none)".into() } else { others.join(", ") }
+    );
+    Ok(0)
+}
+
+fn describe(h: &Header) {
+    println!("  revision {}, {} keys, {} leases", h.revision, h.keys, h.leases);
+    println!("  taken {} from node {} (term {}, applied index {})", h.taken_at, h.node, h.term, h.applied_index);
+    println!("  {} bytes of table, {}", h.bytes, h.sha256);
+}
+
+fn read(file: &Path) -> anyhow::Result<(Header, LockState)> {
+    let size = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?.len();
+    if size > MAX_BACKUP as u64 {
+        anyhow::bail!("{} is {size} bytes, larger than any backup ({MAX_BACKUP})", file.display());
+    }
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    backup::decode(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
+}
+
+/// Write `bytes` to `file` so that a crash leaves the old file or the new
+/// one, never half of it: a temporary file beside it, synced, renamed over.
+fn write_durably(file: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let name = file.file_name().with_context(|| format!("{} is not a file name", file.display()))?;
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let partial = dir.join(format!(".{}.partial", name.to_string_lossy()));
+    let mut f = std::fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, file).with_context(|| format!("renaming {} to {}", partial.display(), file.display()))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))?;
+    Ok(())
+}
