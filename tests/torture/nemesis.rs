@@ -1,7 +1,10 @@
 //! Faults on a seeded schedule: node crashes and restarts, process pauses,
 //! partitions through the relays (leader isolated, one-way loss, a flapping
-//! link), whole-cluster restarts and sidecar restarts with the lock service up
-//! and down. Each fault is held for a while, then healed.
+//! link), whole-cluster restarts, a rolling restart (SIGTERM, one node at a
+//! time, as the README's runbook does it), membership changes (a node added,
+//! removed, replaced by a fresh one at a new address) and sidecar restarts
+//! with the lock service up and down. Each fault is held for a while, then
+//! healed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,6 +14,8 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
+use fencegate_client::wire::AddMember;
+use fencegate_client::ClientError;
 use fencegate_testkit::{Cluster, Sidecar};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -26,9 +31,11 @@ pub enum Fault {
     RestartAll,
     RestartSidecar,
     RestartSidecarServiceDown,
+    RollingRestart,
+    Membership,
 }
 
-const ALL: [Fault; 10] = [
+const ALL: [Fault; 12] = [
     Fault::KillLeader,
     Fault::KillFollower,
     Fault::StopLeader,
@@ -39,12 +46,15 @@ const ALL: [Fault; 10] = [
     Fault::RestartAll,
     Fault::RestartSidecar,
     Fault::RestartSidecarServiceDown,
+    Fault::RollingRestart,
+    Fault::Membership,
 ];
 
 /// Inject faults until `until`; returns how many of each.
 pub async fn run(c: &mut Cluster, sidecar: &mut Sidecar, seed: u64, until: Instant) -> BTreeMap<Fault, usize> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut counts = BTreeMap::new();
+    let founding = c.ids();
     while Instant::now() + Duration::from_secs(3) < until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(800..1600))).await;
         let fault = *ALL.choose(&mut rng).unwrap();
@@ -104,6 +114,14 @@ pub async fn run(c: &mut Cluster, sidecar: &mut Sidecar, seed: u64, until: Insta
                 tokio::time::sleep(hold / 2).await;
                 c.start_all();
             }
+            Fault::RollingRestart => {
+                for id in c.ids() {
+                    c.terminate(id, Duration::from_secs(10)).await;
+                    c.start_node(id);
+                    caught_up(c, id, Duration::from_secs(10)).await;
+                }
+            }
+            Fault::Membership => membership(c, &founding).await,
             Fault::RestartSidecar => sidecar.restart().await,
             Fault::RestartSidecarServiceDown => {
                 c.kill_all();
@@ -115,6 +133,51 @@ pub async fn run(c: &mut Cluster, sidecar: &mut Sidecar, seed: u64, until: Insta
         *counts.entry(fault).or_default() += 1;
     }
     counts
+}
+
+/// Until node `id` has applied what the leader had applied when asked, or
+/// `within` passed (the next fault comes anyway).
+async fn caught_up(c: &Cluster, id: u64, within: Duration) {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        let target = match c.leader().await {
+            Some(l) => c.cluster_info(l).await.map(|i| i.commit_index),
+            None => None,
+        };
+        let at = c.cluster_info(id).await.map(|i| i.commit_index);
+        if matches!((target, at), (Some(t), Some(a)) if a >= t) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Replace the node this nemesis added last, if any, by a fresh one at a
+/// new address: `member remove` (the leader hands over first if it is the
+/// one), then a new node started and `member add`ed (a learner, a voter once
+/// caught up). The founding members stay: the workload's client and the
+/// sidecar know only them. A change the cluster refuses, or that does not
+/// finish in time, is left for the next one to retry.
+async fn membership(c: &mut Cluster, founding: &[u64]) {
+    let admin = c.client();
+    if let Some(extra) = c.ids().into_iter().find(|id| !founding.contains(id)) {
+        match tokio::time::timeout(Duration::from_secs(30), admin.remove_member(extra, false)).await {
+            Ok(Ok(_)) => c.drop_node(extra),
+            // An add that never finished: it was no member.
+            Ok(Err(ClientError::Refused { message, .. })) if message.contains("not a member") => c.drop_node(extra),
+            other => {
+                eprintln!("nemesis: removing node {extra}: {other:?}");
+                return;
+            }
+        }
+    }
+    let id = c.add_node().await;
+    let add = AddMember { id, peer_url: c.peer_url(id), client_url: Some(c.url(id)), force: false };
+    match tokio::time::timeout(Duration::from_secs(30), admin.add_member(&add)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => eprintln!("nemesis: adding node {id}: {e}"),
+        Err(_) => eprintln!("nemesis: adding node {id}: not done within 30 s"),
+    }
 }
 
 /// Undo everything: every node running and thawed, every link up.
