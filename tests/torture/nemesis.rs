@@ -57,11 +57,21 @@ pub async fn run(c: &mut Cluster, sidecar: &mut Sidecar, seed: u64, until: Insta
     let founding = c.ids();
     while Instant::now() + Duration::from_secs(3) < until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(800..1600))).await;
-        let fault = *ALL.choose(&mut rng).unwrap();
+        let mut fault = *ALL.choose(&mut rng).unwrap();
         let hold = Duration::from_millis(rng.random_range(800..2500));
         let leader = c.leader().await.unwrap_or(1);
-        let others: Vec<u64> = c.ids().into_iter().filter(|i| *i != leader).collect();
+        // Links run through relays between the founding members only (a
+        // node added later is reached at its own address): partitions cut
+        // those, and a node the nemesis added is paused instead.
+        let others: Vec<u64> = founding.iter().copied().filter(|i| *i != leader).collect();
         let other = *others.choose(&mut rng).unwrap();
+        let cuts_links = matches!(
+            fault,
+            Fault::IsolateLeader | Fault::SplitMinorityWithLeader | Fault::OneWayFromLeader | Fault::FlapLink
+        );
+        if cuts_links && !founding.contains(&leader) {
+            fault = Fault::StopLeader;
+        }
         match fault {
             Fault::KillLeader | Fault::KillFollower => {
                 let victim = if fault == Fault::KillLeader { leader } else { other };
@@ -75,12 +85,16 @@ pub async fn run(c: &mut Cluster, sidecar: &mut Sidecar, seed: u64, until: Insta
                 c.freeze(leader, false);
             }
             Fault::IsolateLeader => {
-                c.isolate(leader, true);
+                for b in &others {
+                    c.set_link(leader, *b, true);
+                }
                 tokio::time::sleep(hold).await;
-                c.isolate(leader, false);
+                for b in &others {
+                    c.set_link(leader, *b, false);
+                }
             }
             Fault::SplitMinorityWithLeader => {
-                let ids = c.ids();
+                let ids = &founding;
                 let minority: Vec<u64> =
                     std::iter::once(leader).chain(others.iter().copied()).take((ids.len() - 1) / 2).collect();
                 let cut = |c: &Cluster, on: bool| {
