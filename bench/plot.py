@@ -71,9 +71,9 @@ def lock_vs_etcd(r, fig):
     bars(axes[1][0], list(systems), [r["keepalives_per_s"][s] for s in systems], "keepalives/s, 64 holders", "/s")
     failover = [r["failover_ms"][s] for s in systems]
     labels = list(systems)
-    if "failover_tuned_ms" in r:
-        failover.append(r["failover_tuned_ms"]["fencegate"])
-        labels.append("fencegate, elections 150-300 ms")
+    if "failover_old_defaults_ms" in r:
+        failover.append(r["failover_old_defaults_ms"]["fencegate"])
+        labels.append("fencegate, old defaults (300-600 ms)")
     bars(axes[1][1], labels, failover, "leader SIGKILL → next grant", "ms")
 
 

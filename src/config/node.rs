@@ -173,9 +173,13 @@ pub struct RaftConfig {
 impl Default for RaftConfig {
     fn default() -> Self {
         Self {
-            heartbeat: Duration::from_millis(100),
-            election_timeout_min: Duration::from_millis(300),
-            election_timeout_max: Duration::from_millis(600),
+            // openraft 0.9 makes a follower wait a leader lease
+            // (election_timeout_max) on top of its election timeout before
+            // it campaigns: 450–600 ms of silence with these, no later than
+            // etcd's 300–600 ms (bench/README.md "Failover defaults").
+            heartbeat: Duration::from_millis(50),
+            election_timeout_min: Duration::from_millis(150),
+            election_timeout_max: Duration::from_millis(300),
             snapshot_every: 10_000,
             propose_timeout: Duration::from_secs(5),
         }
@@ -351,7 +355,7 @@ lease: { default_ttl: 10s, lock_delay: 2s }
         assert_eq!(c.lease.default_ttl, Duration::from_secs(10));
         assert_eq!(c.lease.lock_delay, Duration::from_secs(2));
         assert_eq!(c.lease.min_ttl, Duration::from_millis(500));
-        assert_eq!(c.raft.heartbeat, Duration::from_millis(100));
+        assert_eq!(c.raft.heartbeat, Duration::from_millis(50));
         assert_eq!(c.peers[&2], "http://127.0.0.1:7502");
         assert_eq!(c.clients[&2], "http://127.0.0.1:7402");
         assert!(!c.insecure_peers, "the safe default");
