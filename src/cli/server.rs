@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use crate::config::node::NodeConfig;
-use crate::config::ConfigFile;
+use crate::config::{ConfigError, ConfigFile};
+use crate::metrics::{RELOAD_APPLIED, RELOAD_REFUSED};
 use crate::server::{serve, Listeners, Node};
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {
@@ -51,6 +52,45 @@ fn exit_on_panic() {
         tracing::error!("panic: {info}; exiting");
         std::process::exit(EXIT_CORE_STOPPED);
     }));
+}
+
+/// SIGHUP asks a running process to reload its config file. Installed
+/// before anything is bound, so that no SIGHUP ends the process (its default).
+pub struct Hangups(tokio::signal::unix::Signal);
+
+impl Hangups {
+    pub fn install() -> Hangups {
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        Hangups(hup.expect("installing SIGHUP handler"))
+    }
+
+    /// Until Ctrl-C or SIGTERM; on every SIGHUP meanwhile, `reload(path)`,
+    /// counted in `reloads` and logged: one line, an error naming the file
+    /// and the problem if the reload was refused (the running config stays).
+    pub async fn until_shutdown(
+        mut self,
+        path: &Path,
+        reloads: &prometheus::IntCounterVec,
+        reload: impl Fn(&Path) -> Result<(), ConfigError>,
+    ) {
+        let stop = shutdown_signal();
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => return,
+                _ = self.0.recv() => match reload(path) {
+                    Ok(()) => {
+                        reloads.with_label_values(&[RELOAD_APPLIED]).inc();
+                        tracing::info!(path = %path.display(), "config reloaded");
+                    }
+                    Err(e) => {
+                        reloads.with_label_values(&[RELOAD_REFUSED]).inc();
+                        tracing::error!(path = %path.display(), "config not reloaded, the running one stays: {e}");
+                    }
+                },
+            }
+        }
+    }
 }
 
 /// Ctrl-C or SIGTERM. From then on, a second one exits at once.
