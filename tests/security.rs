@@ -276,3 +276,83 @@ async fn a_sidecar_with_read_and_watch_only_fences_correctly() {
     assert_eq!(sc.send("PUT", "/racks/7", Some(b.token()), &[]).await.0, 200);
     assert_eq!(up.tokens("/racks/7"), vec![Some(token), Some(b.token())], "only the holders' writes arrived");
 }
+
+/// `name{result="..."}` of node `id`'s `/metrics`.
+async fn node_metric(c: &Cluster, id: u64, series: &str) -> Option<f64> {
+    let text = c.get(id, "/metrics").await?;
+    fencegate_testkit::http::metric(&String::from_utf8_lossy(&text), series)
+}
+
+/// SIGHUP every node and wait until each counts the reload as `series` = `n`.
+async fn reload_all(c: &Cluster, series: &str, n: f64) {
+    for id in c.ids() {
+        c.signal(id, nix::sys::signal::Signal::SIGHUP);
+    }
+    for id in c.ids() {
+        let what = format!("node {id}: {series} = {n}");
+        wait::until(&what, Duration::from_secs(10), || async { node_metric(c, id, series).await == Some(n) }).await;
+    }
+}
+
+const APPLIED: &str = r#"fencegate_config_reloads_total{result="applied"}"#;
+const REFUSED: &str = r#"fencegate_config_reloads_total{result="refused"}"#;
+
+/// SIGHUP on the nodes: a new ACL takes a right away from the next call; a
+/// file that does not validate, or changes what takes a restart, is
+/// refused whole and the rules in force stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_acl_applies_to_the_next_call_and_a_bad_file_is_refused() {
+    let mut c = secure_cluster().await;
+    for id in c.ids() {
+        assert_eq!(node_metric(&c, id, APPLIED).await, Some(0.0), "node {id}: the series exists from the start");
+        assert_eq!(node_metric(&c, id, REFUSED).await, Some(0.0), "node {id}");
+    }
+    let deploy = c.client_with_token("deploy-token");
+    deploy.read("rack/1").await.expect("deploy may read");
+
+    let without_read = ACL.replace("rights: [acquire, read] }", "rights: [acquire] }");
+    c.rewrite_configs(&without_read, "");
+    reload_all(&c, APPLIED, 1.0).await;
+    let e = deploy.read("rack/1").await.expect_err("deploy may not read any more");
+    assert!(e.to_string().contains("forbidden"), "{e}");
+
+    // Giving the right back with a typo: refused, still no read.
+    c.rewrite_configs(&ACL.replace("rights: [acquire, read] }", "rights: [acquire, raed] }"), "");
+    reload_all(&c, REFUSED, 1.0).await;
+    // Giving it back along with a change that takes a restart: refused too.
+    c.rewrite_configs(ACL, "lease: { default_ttl: 10s }\n");
+    reload_all(&c, REFUSED, 2.0).await;
+    let e = deploy.read("rack/1").await.expect_err("a refused reload changed the rules");
+    assert!(e.to_string().contains("forbidden"), "{e}");
+    let log = c.log_of(1);
+    let path = c.config_path(1).display().to_string();
+    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("config not reloaded")).collect();
+    assert_eq!(refusals.len(), 2, "{log}");
+    assert!(refusals.iter().all(|l| l.contains("ERROR") && l.contains(&path)), "{refusals:?}");
+    assert!(refusals[0].contains("raed") && refusals[1].contains("`lease`"), "{refusals:?}");
+
+    c.rewrite_configs(ACL, "");
+    reload_all(&c, APPLIED, 2.0).await;
+    deploy.read("rack/1").await.expect("deploy may read again");
+}
+
+/// SIGHUP after a node's certificate was replaced: new handshakes on both
+/// planes get the new one, and the cluster keeps working over its peer
+/// links (they present the new one too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_rotates_a_nodes_certificate_for_new_handshakes() {
+    let c = secure_cluster().await;
+    let pki = c.pki().unwrap();
+    let port = |url: String| url.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    let served = |url: String| async move { pki.served_certificate(port(url), "localhost").await.unwrap() };
+    let (client_before, peer_before) = (served(c.url(2)).await, served(c.peer_url(2)).await);
+    pki.member(2);
+    reload_all(&c, APPLIED, 1.0).await;
+    let (client_after, peer_after) = (served(c.url(2)).await, served(c.peer_url(2)).await);
+    assert_ne!(client_after, client_before, "the client plane serves the old certificate");
+    assert_ne!(peer_after, peer_before, "the peer plane serves the old certificate");
+    assert_eq!(client_after, peer_after);
+    // Leader calls through node 2 go over its peer links.
+    let through_2 = Cluster::client_of(&c, 2);
+    through_2.acquire("rack/rotated", AcquireOptions::new(Duration::from_secs(5))).await.expect("acquire via node 2");
+}

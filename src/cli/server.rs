@@ -11,6 +11,7 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
     exit_on_panic();
     // Validate everything before binding anything.
     let config = NodeConfig::load(path)?;
+    let hangups = Hangups::install();
     let listeners = Listeners::bind(&config).await?;
     let node = Node::start(config).await?;
     let (client, peer) = (listeners.client.local_addr()?, listeners.peer.local_addr()?);
@@ -18,7 +19,7 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
     let stopping = {
         let node = node.clone();
         async move {
-            shutdown_signal().await;
+            hangups.until_shutdown(path, &node.reloads, |p| node.reload(p)).await;
             tracing::info!("shutting down: draining requests in flight (a second signal exits at once)");
             crate::server::members::step_down(&node).await;
             node.stop_serving();
