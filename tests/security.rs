@@ -277,20 +277,22 @@ async fn a_sidecar_with_read_and_watch_only_fences_correctly() {
     assert_eq!(up.tokens("/racks/7"), vec![Some(token), Some(b.token())], "only the holders' writes arrived");
 }
 
-/// `name{result="..."}` of node `id`'s `/metrics`.
-async fn node_metric(c: &Cluster, id: u64, series: &str) -> Option<f64> {
-    let text = c.get(id, "/metrics").await?;
+/// `series` (`name{labels}`) of node `id`'s `/metrics`, read with `http`.
+async fn node_metric(c: &Cluster, http: &HttpClient, id: u64, series: &str) -> Option<f64> {
+    let text = call(http, Method::GET, &format!("{}/metrics", c.url(id)), None).await.ok()?.body;
     fencegate_testkit::http::metric(&String::from_utf8_lossy(&text), series)
 }
 
-/// SIGHUP every node and wait until each counts the reload as `series` = `n`.
-async fn reload_all(c: &Cluster, series: &str, n: f64) {
+/// SIGHUP every node and wait until each counts the reload as `series` = `n`
+/// (its `/metrics` read with `http`).
+async fn reload_all(c: &Cluster, http: &HttpClient, series: &str, n: f64) {
     for id in c.ids() {
         c.signal(id, nix::sys::signal::Signal::SIGHUP);
     }
     for id in c.ids() {
         let what = format!("node {id}: {series} = {n}");
-        wait::until(&what, Duration::from_secs(10), || async { node_metric(c, id, series).await == Some(n) }).await;
+        let check = || async { node_metric(c, http, id, series).await == Some(n) };
+        wait::until(&what, Duration::from_secs(10), check).await;
     }
 }
 
@@ -303,25 +305,26 @@ const REFUSED: &str = r#"fencegate_config_reloads_total{result="refused"}"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reloaded_acl_applies_to_the_next_call_and_a_bad_file_is_refused() {
     let mut c = secure_cluster().await;
+    let http = https(&c, None, None);
     for id in c.ids() {
-        assert_eq!(node_metric(&c, id, APPLIED).await, Some(0.0), "node {id}: the series exists from the start");
-        assert_eq!(node_metric(&c, id, REFUSED).await, Some(0.0), "node {id}");
+        assert_eq!(node_metric(&c, &http, id, APPLIED).await, Some(0.0), "node {id}: the series exists from the start");
+        assert_eq!(node_metric(&c, &http, id, REFUSED).await, Some(0.0), "node {id}");
     }
     let deploy = c.client_with_token("deploy-token");
     deploy.read("rack/1").await.expect("deploy may read");
 
     let without_read = ACL.replace("rights: [acquire, read] }", "rights: [acquire] }");
     c.rewrite_configs(&without_read, "");
-    reload_all(&c, APPLIED, 1.0).await;
+    reload_all(&c, &http, APPLIED, 1.0).await;
     let e = deploy.read("rack/1").await.expect_err("deploy may not read any more");
     assert!(e.to_string().contains("forbidden"), "{e}");
 
     // Giving the right back with a typo: refused, still no read.
     c.rewrite_configs(&ACL.replace("rights: [acquire, read] }", "rights: [acquire, raed] }"), "");
-    reload_all(&c, REFUSED, 1.0).await;
+    reload_all(&c, &http, REFUSED, 1.0).await;
     // Giving it back along with a change that takes a restart: refused too.
     c.rewrite_configs(ACL, "lease: { default_ttl: 10s }\n");
-    reload_all(&c, REFUSED, 2.0).await;
+    reload_all(&c, &http, REFUSED, 2.0).await;
     let e = deploy.read("rack/1").await.expect_err("a refused reload changed the rules");
     assert!(e.to_string().contains("forbidden"), "{e}");
     let log = c.log_of(1);
@@ -332,7 +335,7 @@ async fn a_reloaded_acl_applies_to_the_next_call_and_a_bad_file_is_refused() {
     assert!(refusals[0].contains("raed") && refusals[1].contains("`lease`"), "{refusals:?}");
 
     c.rewrite_configs(ACL, "");
-    reload_all(&c, APPLIED, 2.0).await;
+    reload_all(&c, &http, APPLIED, 2.0).await;
     deploy.read("rack/1").await.expect("deploy may read again");
 }
 
@@ -365,23 +368,6 @@ async fn a_cluster_moves_to_a_new_ca_by_reloads() {
             serde_json::from_slice::<fencegate_client::ClusterInfo>(&body).unwrap()
         }
     };
-    let reloads = |n: f64| {
-        let http = &http;
-        let c = &c;
-        async move {
-            for id in c.ids() {
-                c.signal(id, nix::sys::signal::Signal::SIGHUP);
-            }
-            for id in c.ids() {
-                let url = format!("{}/metrics", c.url(id));
-                wait::until(&format!("node {id}: {APPLIED} = {n}"), Duration::from_secs(10), || async {
-                    let text = call(http, Method::GET, &url, None).await.map(|r| r.body).unwrap_or_default();
-                    fencegate_testkit::http::metric(&String::from_utf8_lossy(&text), APPLIED) == Some(n)
-                })
-                .await;
-            }
-        }
-    };
     // Each node's `tls` section, rewritten in place.
     let edit = |id: u64, from: &str, to: &str| {
         let text = std::fs::read_to_string(c.config_path(id)).unwrap();
@@ -392,17 +378,17 @@ async fn a_cluster_moves_to_a_new_ca_by_reloads() {
     for id in c.ids() {
         edit(id, &ca(&old.ca), &ca(&both));
     }
-    reloads(1.0).await;
+    reload_all(&c, &http, APPLIED, 1.0).await;
     for id in c.ids() {
         let ((cert, key), (next_cert, next_key)) = (old.member_files(id), new.member(id));
         edit(id, &ca(&cert), &ca(&next_cert));
         edit(id, &ca(&key), &ca(&next_key));
     }
-    reloads(2.0).await;
+    reload_all(&c, &http, APPLIED, 2.0).await;
     for id in c.ids() {
         edit(id, &ca(&both), &ca(&new.ca));
     }
-    reloads(3.0).await;
+    reload_all(&c, &http, APPLIED, 3.0).await;
     let port = |url: String| url.rsplit(':').next().unwrap().parse::<u16>().unwrap();
     for id in c.ids() {
         for url in [c.url(id), c.peer_url(id)] {
