@@ -21,7 +21,8 @@ pub use deadline::{BodyTimedOut, Deadline};
 pub use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
 pub use refusals::RefusalBody;
 pub use serve::{
-    serve, Conn, Listener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_SEND_TIMEOUT, MAX_CONNECTIONS,
+    serve, serve_live, Conn, Listener, LiveListener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_SEND_TIMEOUT, MAX_CONNECTIONS,
 };
 
 /// The body of every response fencegate's servers produce.

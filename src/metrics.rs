@@ -25,6 +25,19 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T
     Ok(c)
 }
 
+/// `name{result}`, the config reloads (SIGHUP) by result: `applied` or
+/// `refused`, both present from the start (at 0) so that alerts see them.
+pub fn config_reloads(r: &Registry, name: &str) -> prometheus::Result<IntCounterVec> {
+    let reloads = register(r, IntCounterVec::new(Opts::new(name, "Config reloads (SIGHUP) by result"), &["result"])?)?;
+    for result in [RELOAD_APPLIED, RELOAD_REFUSED] {
+        reloads.with_label_values(&[result]);
+    }
+    Ok(reloads)
+}
+
+pub const RELOAD_APPLIED: &str = "applied";
+pub const RELOAD_REFUSED: &str = "refused";
+
 /// Lock service families (docs/DESIGN.md), counted as commands are applied.
 #[derive(Clone)]
 pub struct LockMetrics {
@@ -129,6 +142,8 @@ pub struct SidecarMetrics {
     pub idempotency: IntCounterVec,
     /// Idempotency records held.
     pub idempotency_records: IntGauge,
+    /// result: applied | refused
+    pub config_reloads: IntCounterVec,
 }
 
 impl SidecarMetrics {
@@ -194,6 +209,7 @@ impl SidecarMetrics {
                     "1 while the watch stream to the lock service is live",
                 )?,
             )?,
+            config_reloads: config_reloads(r, "fencegate_sidecar_config_reloads_total")?,
         })
     }
 }

@@ -12,6 +12,7 @@ mod keeper;
 pub mod members;
 mod proposer;
 mod raft_rpc;
+mod reload;
 mod waitlist;
 mod watch;
 
@@ -20,12 +21,14 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context;
-use prometheus::Registry;
+use arc_swap::ArcSwap;
+use prometheus::{IntCounterVec, Registry};
 use redb::Database;
 use tokio::net::TcpListener;
 
 use crate::auth::Acl;
 use crate::config::node::NodeConfig;
+use crate::http::LiveListener;
 use crate::lock::state::LockState;
 use crate::metrics::{LockMetrics, RaftMetrics};
 use crate::raft::log_store::{read_meta, write_meta, LogStore};
@@ -44,16 +47,25 @@ const MAX_PEER_BODY: usize = 64 << 20;
 /// A running lock service node. Cheap to share (`Arc`).
 pub struct Node {
     pub id: NodeId,
+    /// The config the node started with. A reload replaces only the TLS
+    /// material and the ACL (`reload.rs`); the rest takes a restart.
     pub config: NodeConfig,
     pub raft: Raft,
     pub applied: Arc<Applied>,
     /// Where the other members are reached.
     pub directory: Arc<Directory>,
     credentials: Arc<credentials::Credentials>,
-    acl: Acl,
-    /// `None` without `tls`: both planes serve plain HTTP.
-    pub(crate) tls: Option<Arc<NodeTls>>,
+    /// Read once per check; a reload replaces it.
+    acl: ArcSwap<Acl>,
+    /// Whether both planes serve TLS (`tls`), for the process's life.
+    pub(crate) tls: bool,
+    /// The listeners' options, with their TLS acceptors: a reload replaces
+    /// them for new connections.
+    client_plane: LiveListener,
+    peer_plane: LiveListener,
     pub registry: Registry,
+    /// `fencegate_config_reloads_total{result}`.
+    pub reloads: IntCounterVec,
     pub lock_metrics: LockMetrics,
     pub raft_metrics: RaftMetrics,
     pub(crate) proposer: proposer::Proposer,
@@ -72,7 +84,7 @@ impl Node {
     /// `peers` on first start, and start the lease keeper.
     pub async fn start(config: NodeConfig) -> anyhow::Result<Arc<Node>> {
         // Files named by the config first: a bad one is a configuration error (exit 64).
-        let tls = NodeTls::load(&config)?.map(Arc::new);
+        let tls = NodeTls::load(&config)?;
         let credentials = credentials::Credentials::load(&config)?;
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
@@ -88,6 +100,7 @@ impl Node {
         let registry = Registry::new();
         let lock_metrics = LockMetrics::new(&registry)?;
         let raft_metrics = RaftMetrics::new(&registry)?;
+        let reloads = crate::metrics::config_reloads(&registry, "fencegate_config_reloads_total")?;
         let log_store = LogStore::new(db.clone(), raft_metrics.clone());
         let sm = StateMachineStore::open(db, lock_metrics.clone())?;
         let applied = sm.applied();
@@ -121,17 +134,21 @@ impl Node {
 
         let waitlist = waitlist::WaitList::new(lock_metrics.waiters.clone());
         credentials.keep_fresh();
+        let (client_plane, peer_plane) = plane_options(&config, tls.as_ref());
         let node = Arc::new(Node {
             id: config.id,
-            acl: config.acl(),
+            acl: ArcSwap::from_pointee(config.acl()),
             credentials,
-            tls,
+            tls: tls.is_some(),
+            client_plane: Arc::new(ArcSwap::from_pointee(client_plane)),
+            peer_plane: Arc::new(ArcSwap::from_pointee(peer_plane)),
             config,
             proposer: proposer::Proposer::start(raft.clone()),
             raft,
             applied,
             directory,
             registry,
+            reloads,
             lock_metrics,
             raft_metrics,
             waitlist,
@@ -345,25 +362,18 @@ impl Listeners {
 /// Serve the Lock API and the peer plane until `shutdown` resolves, then
 /// drain the requests in flight on both.
 pub async fn serve(listeners: Listeners, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
-    let limits = &node.config.limits;
-    let opts = |name, tls: Option<&rustls::ServerConfig>| crate::http::Listener {
-        header_timeout: limits.header_timeout,
-        max_connections: limits.max_connections,
-        tls: tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c.clone()))),
-        ..crate::http::Listener::http1(name)
-    };
-    let tls = node.tls.as_deref();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let (client_node, peer_node) = (node.clone(), node.clone());
-    let client_opts = opts("lock API", tls.map(|t| &t.client_plane));
-    let client = crate::http::serve(listeners.client, client_opts, until_stopped(stopped.clone()), move |req, conn| {
-        api::handle(client_node.clone(), api::Plane::Client, req, conn)
-    });
-    let peer_opts = opts("peer plane", tls.map(|t| &t.peer_plane));
-    let peer = crate::http::serve(listeners.peer, peer_opts, until_stopped(stopped), move |req, conn| {
+    let client_opts = node.client_plane.clone();
+    let client =
+        crate::http::serve_live(listeners.client, client_opts, until_stopped(stopped.clone()), move |req, conn| {
+            api::handle(client_node.clone(), api::Plane::Client, req, conn)
+        });
+    let peer_opts = node.peer_plane.clone();
+    let peer = crate::http::serve_live(listeners.peer, peer_opts, until_stopped(stopped), move |req, conn| {
         api::handle(peer_node.clone(), api::Plane::Peer, req, conn)
     });
     let trigger = async move {
@@ -371,6 +381,18 @@ pub async fn serve(listeners: Listeners, node: Arc<Node>, shutdown: impl Future<
         stop.send_replace(true);
     };
     tokio::join!(client, peer, trigger);
+}
+
+/// The options of the client plane and of the peer plane under `config`,
+/// serving `tls` if the node has it.
+fn plane_options(config: &NodeConfig, tls: Option<&NodeTls>) -> (crate::http::Listener, crate::http::Listener) {
+    let opts = |name, tls: Option<&rustls::ServerConfig>| crate::http::Listener {
+        header_timeout: config.limits.header_timeout,
+        max_connections: config.limits.max_connections,
+        tls: tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c.clone()))),
+        ..crate::http::Listener::http1(name)
+    };
+    (opts("lock API", tls.map(|t| &t.client_plane)), opts("peer plane", tls.map(|t| &t.peer_plane)))
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ pub mod idempotency;
 pub mod journal;
 pub mod keyed;
 pub mod knowledge;
+pub mod live;
 pub mod order;
 pub mod records;
 pub mod routes;
@@ -30,7 +31,10 @@ pub mod writer;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use fencegate_client::wire::Problem;
 use fencegate_client::Client;
@@ -44,28 +48,35 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::sidecar::SidecarSettings;
-use crate::http::{Body, BoxError, Listener};
+use crate::http::{Body, BoxError, Listener, LiveListener};
 use crate::metrics::SidecarMetrics;
 use crate::tls::SidecarTls;
 use answer::Answer;
 use check::Fencer;
 use forward::Upstream;
 use knowledge::LockView;
+use live::Live;
 use routes::MatchError;
 
 pub struct Sidecar {
-    pub settings: SidecarSettings,
+    /// Routes, upstreams, limits: what a reload replaces (`live.rs`). Each
+    /// request reads it once.
+    live: ArcSwap<Live>,
+    /// The proxy listener's options (its TLS acceptor, header bounds, the
+    /// drain), replaced with `live`; new connections take the current ones.
+    listener: LiveListener,
+    /// The longest route timeout of every config served so far: a request
+    /// of an older config may still hold its permit that long.
+    longest_timeout: Mutex<Duration>,
+    /// Floors, the lock service's view and the S1 permits, kept across reloads.
     pub fencer: Fencer,
     /// Floors and idempotency records on disk.
     store: Arc<store::Store>,
     records: Arc<records::Records>,
     /// SHA-256 of the bearer token admin calls must carry (`state_dir/admin-token`).
     admin_token: [u8; 32],
-    upstream: Upstream,
-    /// Present when the listener serves HTTPS (`tls`).
-    acceptor: Option<TlsAcceptor>,
     pub registry: Registry,
-    metrics: SidecarMetrics,
+    pub metrics: SidecarMetrics,
 }
 
 impl Sidecar {
@@ -98,21 +109,42 @@ impl Sidecar {
         let dir = settings.state_dir.display();
         tracing::info!(keys = floors.len(), idempotency_records = records.len(), %dir, "state loaded");
         metrics.idempotency_records.set(records.len() as i64);
-        if settings.routes.iter().any(|r| r.idempotency.is_some()) || !records.is_empty() {
-            tokio::spawn(sweep(Arc::downgrade(&records), metrics.clone()));
-        }
+        // Always: a reload may add a route with idempotency.
+        tokio::spawn(sweep(Arc::downgrade(&records), metrics.clone()));
         let admin_token = crate::auth::token_hash(&admin::token(&settings.state_dir)?);
         let fencer = Fencer { view, floors, order: Arc::default() };
-        let upstream = Upstream::new(tls.upstream);
-        Ok(Arc::new(Sidecar { settings, fencer, store, records, admin_token, upstream, acceptor, registry, metrics }))
+        let listener = Arc::new(ArcSwap::from_pointee(listener_options(&settings, acceptor, &metrics)));
+        let sidecar = Sidecar {
+            live: ArcSwap::from_pointee(Live { settings, upstream: Upstream::new(tls.upstream) }),
+            listener,
+            longest_timeout: Mutex::default(),
+            fencer,
+            store,
+            records,
+            admin_token,
+            registry,
+            metrics,
+        };
+        sidecar.note_route_timeouts(&sidecar.live().settings);
+        Ok(Arc::new(sidecar))
+    }
+
+    /// Remember the longest route timeout of `settings` for the shutdown wait.
+    fn note_route_timeouts(&self, settings: &SidecarSettings) {
+        let longest = settings.routes.iter().map(|r| r.timeout).max().unwrap_or_default();
+        let mut kept = self.longest_timeout.lock().expect("never poisoned");
+        *kept = (*kept).max(longest);
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let arrived = Instant::now();
-        if let Err(a) = self.check_framing(&req) {
+        // Read once: this request finishes on the config it started with.
+        let live = self.live();
+        let limits = &live.settings.limits;
+        if let Err(a) = check_framing(&req, limits.max_body) {
             return self.answer("-", None, a);
         }
-        let routes = &self.settings.routes;
+        let routes = &live.settings.routes;
         let overridden = match method_override(req.headers(), req.uri().query()) {
             Ok(o) => o,
             Err(message) => {
@@ -158,7 +190,6 @@ impl Sidecar {
             }
             None => None,
         };
-        let limits = &self.settings.limits;
         let (mut parts, body) = req.into_parts();
         let idempotency_key = match (&route.idempotency, &matched.key) {
             (Some(policy), Some(key)) => match keyed::key_of(policy, &parts.headers) {
@@ -176,7 +207,7 @@ impl Sidecar {
                 // limit is refused before the upstream sees any of it, never
                 // cut off half-way through a write the upstream may apply. So is
                 // a request with an idempotency key: its fingerprint covers it.
-                let bytes = match self.read_whole(body, route).await {
+                let bytes = match read_whole(body, route, limits.max_body).await {
                     Ok(b) => b,
                     Err(a) => return self.answer(name, matched.key.as_deref(), a),
                 };
@@ -208,9 +239,9 @@ impl Sidecar {
                 Limited::new(body, limits.max_body as usize).map_err(|e| -> BoxError { e }).boxed()
             };
         let started = Instant::now();
-        let tls = self.acceptor.is_some();
+        let tls = live.settings.tls.is_some();
         let req = Request::from_parts(parts, body);
-        let result = self.upstream.forward(&route.upstream, req, peer, tls, route.timeout, limits.send_timeout).await;
+        let result = live.upstream.forward(&route.upstream, req, peer, tls, route.timeout, limits.send_timeout).await;
         self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
         match (&result, permit) {
             // The exchange broke after the request may have reached the
@@ -239,68 +270,6 @@ impl Sidecar {
         }
     }
 
-    /// The whole body, within `max_body`, `limits.body_timeout` (its
-    /// `Deadline`) and the route's timeout.
-    async fn read_whole(
-        &self,
-        body: crate::http::Deadline<Incoming>,
-        route: &routes::Route,
-    ) -> Result<bytes::Bytes, Answer> {
-        let limit = self.settings.limits.max_body;
-        match tokio::time::timeout(route.timeout, crate::http::read_body(body, limit as usize)).await {
-            Ok(Ok(bytes)) => Ok(bytes),
-            Ok(Err(crate::http::BodyError::TooLarge(_))) => Err(Answer::TooLarge { limit }),
-            Ok(Err(crate::http::BodyError::Read(e))) if e.is::<crate::http::BodyTimedOut>() => {
-                Err(Answer::BadRequest { error: Problem::BodyTimeout, message: e.to_string() })
-            }
-            Ok(Err(e)) => Err(Answer::BadRequest { error: Problem::AmbiguousFraming, message: e.to_string() }),
-            Err(_) => {
-                let message = format!("the body did not arrive within the route's timeout ({:?})", route.timeout);
-                Err(Answer::BadRequest { error: Problem::BodyTimeout, message })
-            }
-        }
-    }
-
-    /// S6: framing that two HTTP implementations could read differently never
-    /// reaches the upstream.
-    fn check_framing(&self, req: &Request<Incoming>) -> Result<(), Answer> {
-        // Methods are case-sensitive in HTTP, but some upstreams upper-case
-        // them: `put` must not slip past a route fenced for `PUT`.
-        if req.method().as_str().bytes().any(|b| b.is_ascii_lowercase()) {
-            return Err(Answer::BadRequest {
-                error: Problem::MalformedMethod,
-                message: "methods must be upper case".into(),
-            });
-        }
-        let h = req.headers();
-        if let Some(why) = disguise(h) {
-            return Err(Answer::BadRequest { error: Problem::DisguisedRequest, message: why });
-        }
-        let lengths = h.get_all(CONTENT_LENGTH).iter().count();
-        let ambiguous = |m: &str| Answer::BadRequest { error: Problem::AmbiguousFraming, message: m.to_string() };
-        if lengths > 1 {
-            return Err(ambiguous("more than one Content-Length"));
-        }
-        if lengths == 1 && h.contains_key(TRANSFER_ENCODING) {
-            return Err(ambiguous("both Content-Length and Transfer-Encoding"));
-        }
-        // hyper decodes `chunked` and drops Content-Length next to it; any
-        // other coding would reach the upstream undeclared, since
-        // Transfer-Encoding is hop-by-hop.
-        let codings: Vec<_> = h.get_all(TRANSFER_ENCODING).iter().collect();
-        if !codings.is_empty() && (codings.len() > 1 || !codings[0].as_bytes().eq_ignore_ascii_case(b"chunked")) {
-            return Err(ambiguous("Transfer-Encoding other than a single `chunked`"));
-        }
-        if let Some(len) = h.get(CONTENT_LENGTH) {
-            let len: u64 =
-                len.to_str().ok().and_then(|s| s.parse().ok()).ok_or_else(|| ambiguous("bad Content-Length"))?;
-            if len > self.settings.limits.max_body {
-                return Err(Answer::TooLarge { limit: self.settings.limits.max_body });
-            }
-        }
-        Ok(())
-    }
-
     fn answer(&self, route: &str, key: Option<&str>, a: Answer) -> Response<Body> {
         self.metrics.requests.with_label_values(&[route, a.outcome()]).inc();
         match &a {
@@ -317,26 +286,72 @@ impl Sidecar {
     }
 }
 
+/// The whole body, within `limit` (`max_body`), `limits.body_timeout` (its
+/// `Deadline`) and the route's timeout.
+async fn read_whole(
+    body: crate::http::Deadline<Incoming>,
+    route: &routes::Route,
+    limit: u64,
+) -> Result<bytes::Bytes, Answer> {
+    match tokio::time::timeout(route.timeout, crate::http::read_body(body, limit as usize)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(crate::http::BodyError::TooLarge(_))) => Err(Answer::TooLarge { limit }),
+        Ok(Err(crate::http::BodyError::Read(e))) if e.is::<crate::http::BodyTimedOut>() => {
+            Err(Answer::BadRequest { error: Problem::BodyTimeout, message: e.to_string() })
+        }
+        Ok(Err(e)) => Err(Answer::BadRequest { error: Problem::AmbiguousFraming, message: e.to_string() }),
+        Err(_) => {
+            let message = format!("the body did not arrive within the route's timeout ({:?})", route.timeout);
+            Err(Answer::BadRequest { error: Problem::BodyTimeout, message })
+        }
+    }
+}
+
+/// S6: framing that two HTTP implementations could read differently never
+/// reaches the upstream.
+fn check_framing(req: &Request<Incoming>, max_body: u64) -> Result<(), Answer> {
+    // Methods are case-sensitive in HTTP, but some upstreams upper-case
+    // them: `put` must not slip past a route fenced for `PUT`.
+    if req.method().as_str().bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(Answer::BadRequest {
+            error: Problem::MalformedMethod,
+            message: "methods must be upper case".into(),
+        });
+    }
+    let h = req.headers();
+    if let Some(why) = disguise(h) {
+        return Err(Answer::BadRequest { error: Problem::DisguisedRequest, message: why });
+    }
+    let lengths = h.get_all(CONTENT_LENGTH).iter().count();
+    let ambiguous = |m: &str| Answer::BadRequest { error: Problem::AmbiguousFraming, message: m.to_string() };
+    if lengths > 1 {
+        return Err(ambiguous("more than one Content-Length"));
+    }
+    if lengths == 1 && h.contains_key(TRANSFER_ENCODING) {
+        return Err(ambiguous("both Content-Length and Transfer-Encoding"));
+    }
+    // hyper decodes `chunked` and drops Content-Length next to it; any
+    // other coding would reach the upstream undeclared, since
+    // Transfer-Encoding is hop-by-hop.
+    let codings: Vec<_> = h.get_all(TRANSFER_ENCODING).iter().collect();
+    if !codings.is_empty() && (codings.len() > 1 || !codings[0].as_bytes().eq_ignore_ascii_case(b"chunked")) {
+        return Err(ambiguous("Transfer-Encoding other than a single `chunked`"));
+    }
+    if let Some(len) = h.get(CONTENT_LENGTH) {
+        let len: u64 = len.to_str().ok().and_then(|s| s.parse().ok()).ok_or_else(|| ambiguous("bad Content-Length"))?;
+        if len > max_body {
+            return Err(Answer::TooLarge { limit: max_body });
+        }
+    }
+    Ok(())
+}
+
 /// Serve the proxy on `listener` (HTTP/1.1 and HTTP/2, over TLS when `tls` is
 /// set) until `shutdown`, then drain.
 pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl Future<Output = ()>) {
-    let limits = &sidecar.settings.limits;
-    let opts = Listener {
-        name: "sidecar",
-        header_timeout: limits.header_timeout,
-        max_header_bytes: limits.max_header_bytes as usize,
-        http2: true,
-        tls: sidecar.acceptor.clone(),
-        // Long enough for answers to reach their clients; what S1 needs is
-        // waited for below.
-        drain: CONNECTION_DRAIN,
-        max_connections: limits.max_connections,
-        refusal_body: Some(refusal_body(sidecar.metrics.clone(), limits.max_header_bytes)),
-        send_timeout: limits.send_timeout,
-    };
-    let longest = sidecar.settings.routes.iter().map(|r| r.timeout).max().unwrap_or_default();
     let order = sidecar.fencer.order.clone();
-    crate::http::serve(listener, opts, shutdown, move |req, conn: crate::http::Conn| {
+    let (opts, kept) = (sidecar.listener.clone(), sidecar.clone());
+    crate::http::serve_live(listener, opts, shutdown, move |req, conn: crate::http::Conn| {
         let peer = conn.addr;
         // Its own task: if the client goes away, hyper drops this future,
         // but the request (and its ordering permit, S1) must live until the
@@ -348,6 +363,7 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
         }
     })
     .await;
+    let longest = *kept.longest_timeout.lock().expect("never poisoned");
     // Requests dispatched upstream hold ordering permits until the upstream
     // answers or their route times out, even past a broken exchange: wait
     // for them, so that no higher token can be dispatched (by a restarted
@@ -451,8 +467,24 @@ fn refusal_body(metrics: SidecarMetrics, max_header_bytes: u64) -> crate::http::
     })
 }
 
-/// How long shutdown waits for connections to finish their answers.
-const CONNECTION_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+/// The proxy listener's options under `settings`, serving HTTPS with
+/// `acceptor` if there is one.
+fn listener_options(settings: &SidecarSettings, acceptor: Option<TlsAcceptor>, metrics: &SidecarMetrics) -> Listener {
+    let limits = &settings.limits;
+    Listener {
+        name: "sidecar",
+        header_timeout: limits.header_timeout,
+        max_header_bytes: limits.max_header_bytes as usize,
+        http2: true,
+        tls: acceptor,
+        // For answers to reach their clients; what S1 needs is waited for
+        // after it (`serve`).
+        drain: limits.drain_timeout,
+        max_connections: limits.max_connections,
+        refusal_body: Some(refusal_body(metrics.clone(), limits.max_header_bytes)),
+        send_timeout: limits.send_timeout,
+    }
+}
 
 /// Serve the metrics listener: `/metrics`; `/healthz` (liveness: 503 while
 /// the floor store cannot be written, which a restart may cure); `/readyz`

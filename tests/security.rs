@@ -9,11 +9,11 @@ use std::time::Duration;
 use fencegate::raft::types::TypeConfig;
 use fencegate_client::http::{error_chain, HttpClient, Reply};
 use fencegate_client::tls::TlsFiles;
-use fencegate_client::AcquireOptions;
+use fencegate_client::{AcquireOptions, ClientOptions};
 use fencegate_testkit::cluster::{ClusterOptions, Security};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::sidecar::SidecarOptions;
-use fencegate_testkit::tls::token_hash;
+use fencegate_testkit::tls::{token_hash, Pki};
 use fencegate_testkit::{bin, wait, Cluster, Upstream};
 use hyper::Method;
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
@@ -282,4 +282,148 @@ async fn a_sidecar_with_read_and_watch_only_fences_correctly() {
     assert_eq!((status, v["error"].as_str()), (409, Some("stale_token")), "{v}");
     assert_eq!(sc.send("PUT", "/racks/7", Some(b.token()), &[]).await.0, 200);
     assert_eq!(up.tokens("/racks/7"), vec![Some(token), Some(b.token())], "only the holders' writes arrived");
+}
+
+/// `series` (`name{labels}`) of node `id`'s `/metrics`, read with `http`.
+async fn node_metric(c: &Cluster, http: &HttpClient, id: u64, series: &str) -> Option<f64> {
+    let text = call(http, Method::GET, &format!("{}/metrics", c.url(id)), None).await.ok()?.body;
+    fencegate_testkit::http::metric(&String::from_utf8_lossy(&text), series)
+}
+
+/// SIGHUP every node and wait until each counts the reload as `series` = `n`
+/// (its `/metrics` read with `http`).
+async fn reload_all(c: &Cluster, http: &HttpClient, series: &str, n: f64) {
+    for id in c.ids() {
+        c.signal(id, nix::sys::signal::Signal::SIGHUP);
+    }
+    for id in c.ids() {
+        let what = format!("node {id}: {series} = {n}");
+        let check = || async { node_metric(c, http, id, series).await == Some(n) };
+        wait::until(&what, Duration::from_secs(10), check).await;
+    }
+}
+
+const APPLIED: &str = r#"fencegate_config_reloads_total{result="applied"}"#;
+const REFUSED: &str = r#"fencegate_config_reloads_total{result="refused"}"#;
+
+/// SIGHUP on the nodes: a new ACL takes a right away from the next call; a
+/// file that does not validate, or changes what takes a restart, is
+/// refused whole and the rules in force stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_acl_applies_to_the_next_call_and_a_bad_file_is_refused() {
+    let mut c = secure_cluster().await;
+    let http = https(&c, None, None);
+    for id in c.ids() {
+        assert_eq!(node_metric(&c, &http, id, APPLIED).await, Some(0.0), "node {id}: the series exists from the start");
+        assert_eq!(node_metric(&c, &http, id, REFUSED).await, Some(0.0), "node {id}");
+    }
+    let deploy = c.client_with_token("deploy-token");
+    deploy.read("rack/1").await.expect("deploy may read");
+
+    let without_read = ACL.replace("rights: [acquire, read] }", "rights: [acquire] }");
+    c.rewrite_configs(&without_read, "");
+    reload_all(&c, &http, APPLIED, 1.0).await;
+    let e = deploy.read("rack/1").await.expect_err("deploy may not read any more");
+    assert!(e.to_string().contains("forbidden"), "{e}");
+
+    // Giving the right back with a typo: refused, still no read.
+    c.rewrite_configs(&ACL.replace("rights: [acquire, read] }", "rights: [acquire, raed] }"), "");
+    reload_all(&c, &http, REFUSED, 1.0).await;
+    // Giving it back along with a change that takes a restart: refused too.
+    c.rewrite_configs(ACL, "lease: { default_ttl: 10s }\n");
+    reload_all(&c, &http, REFUSED, 2.0).await;
+    let e = deploy.read("rack/1").await.expect_err("a refused reload changed the rules");
+    assert!(e.to_string().contains("forbidden"), "{e}");
+    let log = c.log_of(1);
+    let path = c.config_path(1).display().to_string();
+    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("config not reloaded")).collect();
+    assert_eq!(refusals.len(), 2, "{log}");
+    assert!(refusals.iter().all(|l| l.contains("ERROR") && l.contains(&path)), "{refusals:?}");
+    assert!(refusals[0].contains("raed") && refusals[1].contains("`lease`"), "{refusals:?}");
+
+    c.rewrite_configs(ACL, "");
+    reload_all(&c, &http, APPLIED, 2.0).await;
+    deploy.read("rack/1").await.expect("deploy may read again");
+}
+
+/// A whole cluster moves to a new CA with three SIGHUPs and no restart:
+/// trust both CAs, take certificates of the new one, trust only the new
+/// one. New handshakes on both planes then present the new certificates.
+/// The leader's links are cut for a moment (their TLS sessions dropped) and
+/// it stays leader in the same term: its peer links reconnected with the
+/// new certificate and CA. Then each node takes a grant, forwarding to the
+/// leader over its own links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_moves_to_a_new_ca_by_reloads() {
+    // Elections slow enough that a leader cut off for 300 ms keeps its term.
+    let raft = "raft: { heartbeat: 100ms, election_timeout_min: 2s, election_timeout_max: 3s, propose_timeout: 3s }\n";
+    let o = ClusterOptions { security: Some(security()), yaml: raft.into(), ..Default::default() };
+    let c = Cluster::start_with(&bin!(), o).await;
+    let old = c.pki().unwrap();
+    let new = Pki::new(&c.dir().join("pki2"), "next");
+    let both = c.dir().join("both-cas.pem");
+    let pem = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+    std::fs::write(&both, format!("{}{}", pem(&old.ca), pem(&new.ca))).unwrap();
+    // What the test itself reaches the nodes with, whichever CA they serve.
+    let tls = TlsFiles { ca: both.clone(), cert: None, key: None }.client_config(["ca", "cert", "key"]).unwrap();
+    let kit_token = c.client_options().token.unwrap();
+    let http = HttpClient::https(1 << 20, tls.clone(), None).with_bearer(&kit_token).unwrap();
+    let cluster_info = |id: u64| {
+        let (http, url) = (&http, format!("{}/v1/cluster", c.url(id)));
+        async move {
+            let body = call(http, Method::GET, &url, None).await.unwrap().body;
+            serde_json::from_slice::<fencegate_client::ClusterInfo>(&body).unwrap()
+        }
+    };
+    // Each node's `tls` section, rewritten in place.
+    let edit = |id: u64, from: &str, to: &str| {
+        let text = std::fs::read_to_string(c.config_path(id)).unwrap();
+        assert!(text.contains(from), "node {id}: {from}");
+        std::fs::write(c.config_path(id), text.replace(from, to)).unwrap();
+    };
+    let ca = |p: &std::path::Path| p.display().to_string();
+    for id in c.ids() {
+        edit(id, &ca(&old.ca), &ca(&both));
+    }
+    reload_all(&c, &http, APPLIED, 1.0).await;
+    for id in c.ids() {
+        let ((cert, key), (next_cert, next_key)) = (old.member_files(id), new.member(id));
+        edit(id, &ca(&cert), &ca(&next_cert));
+        edit(id, &ca(&key), &ca(&next_key));
+    }
+    reload_all(&c, &http, APPLIED, 2.0).await;
+    for id in c.ids() {
+        edit(id, &ca(&both), &ca(&new.ca));
+    }
+    reload_all(&c, &http, APPLIED, 3.0).await;
+    let port = |url: String| url.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    for id in c.ids() {
+        for url in [c.url(id), c.peer_url(id)] {
+            new.served_certificate(port(url.clone()), "localhost").await.unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert!(old.served_certificate(port(url.clone()), "localhost").await.is_err(), "{url}: the old CA's");
+        }
+    }
+    let before = cluster_info(1).await;
+    let leader = before.leader.expect("a leader");
+    for follower in c.ids().into_iter().filter(|f| *f != leader) {
+        c.set_one_way(leader, follower, true);
+    }
+    // Long enough for every relay's connection task to see the cut (a cut
+    // healed at once can go unseen) and drop its connections; far below
+    // the election timeout.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.heal_all();
+    let options = ClientOptions { tls: Some(tls), ..c.client_options() };
+    for id in c.ids() {
+        let client = fencegate_client::Client::with_options(vec![c.url(id)], options.clone()).unwrap();
+        let lease = tokio::time::timeout(
+            Duration::from_secs(10),
+            client.acquire(&format!("rack/new-ca-{id}"), AcquireOptions::new(Duration::from_secs(5))),
+        )
+        .await
+        .map(|r| r.map(|l| l.token()));
+        assert!(matches!(lease, Ok(Ok(_))), "no grant through node {id}: {lease:?}");
+    }
+    let after = cluster_info(1).await;
+    assert_eq!((after.leader, after.term), (Some(leader), before.term), "the leader's peer links did not come back");
 }

@@ -8,6 +8,9 @@
 mod bypass;
 #[path = "sidecar/framing.rs"]
 mod framing;
+/// SIGHUP reloads, and the configured drain.
+#[path = "sidecar/reload.rs"]
+mod reload;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -96,6 +96,39 @@ async fn with_client_ca_only_clients_holding_a_certificate_it_signed_get_through
     assert_eq!(up.tokens("/racks/3"), vec![Some(1), Some(1)]);
 }
 
+/// SIGHUP with new certificate files: new handshakes get the new
+/// certificate; files that do not load are refused and the old one stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_rotates_the_certificate_for_new_handshakes() {
+    use nix::sys::signal::Signal;
+    let (dir, pki, up, sc) = https_sidecar(|pki| pki.tls_yaml(None)).await;
+    let next = Pki::new(dir.path(), "next");
+    let put = |client: rustls::ClientConfig| {
+        let port = sc.port;
+        async move { https(&client, port, "localhost", false, "PUT", "/racks/6", Some(3)).await }
+    };
+    assert_eq!(put(pki.client(None)).await.unwrap().status, 200);
+    assert!(put(next.client(None)).await.unwrap_err().contains("certificate"), "the next certificate too early");
+
+    sc.rewrite_config(&format!("{}{}", next.tls_yaml(None), routes()));
+    sc.signal(Signal::SIGHUP);
+    let applied = r#"fencegate_sidecar_config_reloads_total{result="applied"}"#;
+    sc.wait_for_metric(applied, 1.0, Duration::from_secs(10)).await;
+    assert_eq!(put(next.client(None)).await.unwrap().status, 200, "the new certificate is served");
+    let e = put(pki.client(None)).await.unwrap_err();
+    assert!(e.contains("certificate"), "the old certificate is still served: {e}");
+
+    // A key that is not the certificate's: refused, the new one stays.
+    let mismatched = format!("tls:\n  cert: {}\n  key: {}\n", pki.cert.display(), next.key.display());
+    sc.rewrite_config(&format!("{mismatched}{}", routes()));
+    sc.signal(Signal::SIGHUP);
+    let refused = r#"fencegate_sidecar_config_reloads_total{result="refused"}"#;
+    sc.wait_for_metric(refused, 1.0, Duration::from_secs(10)).await;
+    assert_eq!(put(next.client(None)).await.unwrap().status, 200);
+    assert!(sc.log().contains("`tls.key`"), "the refusal names the field");
+    assert_eq!(up.tokens("/racks/6"), vec![Some(3); 3]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_handshake_is_dropped_after_header_timeout_and_holds_up_nobody() {
     use tokio::io::AsyncReadExt;

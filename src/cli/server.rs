@@ -3,13 +3,15 @@
 use std::path::Path;
 
 use crate::config::node::NodeConfig;
-use crate::config::ConfigFile;
+use crate::config::{ConfigError, ConfigFile};
+use crate::metrics::{RELOAD_APPLIED, RELOAD_REFUSED};
 use crate::server::{serve, Listeners, Node};
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {
     exit_on_panic();
     // Validate everything before binding anything.
     let config = NodeConfig::load(path)?;
+    let hangups = Hangups::install();
     let listeners = Listeners::bind(&config).await?;
     let node = Node::start(config).await?;
     let (client, peer) = (listeners.client.local_addr()?, listeners.peer.local_addr()?);
@@ -17,7 +19,7 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
     let stopping = {
         let node = node.clone();
         async move {
-            shutdown_signal().await;
+            hangups.until_shutdown(path, &node.reloads, |p| node.reload(p)).await;
             tracing::info!("shutting down: draining requests in flight (a second signal exits at once)");
             crate::server::members::step_down(&node).await;
             node.stop_serving();
@@ -51,6 +53,45 @@ fn exit_on_panic() {
         tracing::error!("panic: {info}; exiting");
         std::process::exit(EXIT_CORE_STOPPED);
     }));
+}
+
+/// SIGHUP asks a running process to reload its config file. Installed
+/// before anything is bound, so that no SIGHUP ends the process (its default).
+pub struct Hangups(tokio::signal::unix::Signal);
+
+impl Hangups {
+    pub fn install() -> Hangups {
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        Hangups(hup.expect("installing SIGHUP handler"))
+    }
+
+    /// Until Ctrl-C or SIGTERM; on every SIGHUP meanwhile, `reload(path)`,
+    /// counted in `reloads` and logged: one line, an error naming the file
+    /// and the problem if the reload was refused (the running config stays).
+    pub async fn until_shutdown(
+        mut self,
+        path: &Path,
+        reloads: &prometheus::IntCounterVec,
+        reload: impl Fn(&Path) -> Result<(), ConfigError>,
+    ) {
+        let stop = shutdown_signal();
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => return,
+                _ = self.0.recv() => match reload(path) {
+                    Ok(()) => {
+                        reloads.with_label_values(&[RELOAD_APPLIED]).inc();
+                        tracing::info!(path = %path.display(), "config reloaded");
+                    }
+                    Err(e) => {
+                        reloads.with_label_values(&[RELOAD_REFUSED]).inc();
+                        tracing::error!(path = %path.display(), "config not reloaded, the running one stays: {e}");
+                    }
+                },
+            }
+        }
+    }
 }
 
 /// Ctrl-C or SIGTERM. From then on, a second one exits at once.

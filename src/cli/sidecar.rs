@@ -6,6 +6,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::server::Hangups;
 use crate::config::sidecar::SidecarConfig;
 use crate::config::ConfigFile;
 use crate::sidecar::{serve, serve_metrics, Sidecar};
@@ -13,6 +14,7 @@ use crate::sidecar::{serve, serve_metrics, Sidecar};
 pub async fn run(path: &Path) -> anyhow::Result<i32> {
     // Validate everything, TLS files included, before binding anything.
     let config = SidecarConfig::load(path)?;
+    let hangups = Hangups::install();
     let (listen, metrics_listen) = (config.listen, config.metrics_listen);
     let sidecar = Sidecar::new(config)?;
     let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
@@ -28,10 +30,11 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
         tracing::info!(listen = %l.local_addr()?, "sidecar metrics");
         tokio::spawn(serve_metrics(l, sidecar.clone(), wait(stopped.clone())));
     }
-    let (upstream, tls) = (&sidecar.settings.upstream, sidecar.settings.tls.is_some());
+    let live = sidecar.live();
+    let (upstream, tls) = (&live.settings.upstream, live.settings.tls.is_some());
     tracing::info!(listen = %listener.local_addr()?, %upstream, tls, "fencegate sidecar serving");
-    let proxy = tokio::spawn(serve(listener, sidecar, wait(stopped)));
-    super::server::shutdown_signal().await;
+    let proxy = tokio::spawn(serve(listener, sidecar.clone(), wait(stopped)));
+    hangups.until_shutdown(path, &sidecar.metrics.config_reloads, |p| sidecar.reload(p)).await;
     tracing::info!("shutting down");
     stop.send_replace(true);
     let _ = proxy.await;

@@ -60,7 +60,7 @@ pub struct NodeConfig {
     pub limits: NodeLimits,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeTls {
     /// This node's certificate chain: served on both planes, and presented
@@ -78,7 +78,7 @@ pub struct NodeTls {
     pub client_ca: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     /// `identity: sha256:<hex>` lines (`fencegate token new` makes them);
@@ -88,7 +88,7 @@ pub struct AuthConfig {
 }
 
 /// Bounds on what a client (or peer) may make the node hold open.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NodeLimits {
     /// How long a client may take to send a request head (an idle keep-alive
@@ -124,7 +124,7 @@ impl Default for NodeLimits {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LeaseConfig {
     #[serde(with = "humantime_serde")]
@@ -153,7 +153,7 @@ impl Default for LeaseConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RaftConfig {
     #[serde(with = "humantime_serde")]

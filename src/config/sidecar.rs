@@ -31,6 +31,10 @@ const MAX_HEADER_TIMEOUT: Duration = Duration::from_secs(300);
 /// Ten MiB (the default `max_body`) at ~2 Mbit/s.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_BODY_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Long enough for answers to reach their clients; what S1 needs is waited
+/// for after it, whatever it is.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -55,7 +59,7 @@ pub struct SidecarConfig {
     pub routes: Vec<RouteConfig>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LockServiceConfig {
     pub endpoints: Vec<String>,
@@ -99,6 +103,9 @@ pub struct Limits {
     /// beyond it new keys are refused (503).
     #[serde(deserialize_with = "byte_size")]
     pub idempotency_store: u64,
+    /// How long a stop (SIGTERM) gives connections to finish their answers.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -111,11 +118,12 @@ impl Default for Limits {
             send_timeout: crate::http::DEFAULT_SEND_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             idempotency_store: 64 * MIB,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     pub cert: PathBuf,
@@ -434,6 +442,9 @@ impl SidecarConfig {
         if !((64 * KIB)..=16 * GIB).contains(&l.idempotency_store) {
             return Err(ConfigError::invalid("limits.idempotency_store", "must be between 64KiB and 16GiB"));
         }
+        if l.drain_timeout.is_zero() || l.drain_timeout > MAX_DRAIN_TIMEOUT {
+            return Err(ConfigError::invalid("limits.drain_timeout", "must be above 0 and at most 1h"));
+        }
         Ok(())
     }
 
@@ -595,6 +606,7 @@ routes:
         assert_eq!(c.limits.max_body, 10 * MIB);
         assert_eq!(c.limits.max_header_bytes, 64 * KIB);
         assert_eq!(c.limits.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.limits.drain_timeout, Duration::from_secs(10));
         let r = &c.routes[0];
         assert_eq!(r.methods, None);
         assert_eq!(r.upstream, None);
@@ -700,6 +712,8 @@ routes:
             ("body_timeout: 60s", "body_timeout: 0s", "limits.body_timeout"),
             ("body_timeout: 60s", "body_timeout: 2h", "limits.body_timeout"),
             ("send_timeout: 60s", "send_timeout: 0s", "limits.send_timeout"),
+            ("header_timeout: 10s", "header_timeout: 10s\n  drain_timeout: 0s", "limits.drain_timeout"),
+            ("header_timeout: 10s", "header_timeout: 10s\n  drain_timeout: 2h", "limits.drain_timeout"),
             ("header_timeout: 10s", "header_timeout: 10s\n  max_connections: 0", "limits.max_connections"),
             // addresses
             ("metrics_listen: 127.0.0.1:9464", "metrics_listen: 127.0.0.1:8080", "metrics_listen"),

@@ -6,7 +6,9 @@
 //! `accept` (out of descriptors) backs off instead of spinning. On shutdown
 //! the loop stops accepting, asks every connection to finish the requests it
 //! has in flight (idle keep-alive connections close at once) and waits for
-//! them up to `drain`.
+//! them up to `drain`. A listener's options may be swapped while it serves
+//! (`serve_live`, a reload): each connection takes those current when it is
+//! accepted, and the drain those current at shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -101,6 +104,10 @@ impl Conn {
     }
 }
 
+/// A listener's options that a reload may replace: new connections take
+/// the current ones (`max_connections` excepted: it is the first one's).
+pub type LiveListener = Arc<ArcSwap<Listener>>;
+
 /// Serve `listener` until `shutdown` resolves, then drain. Every request is
 /// answered by `handle(request, conn)`.
 pub async fn serve<F, Fut>(listener: TcpListener, opts: Listener, shutdown: impl Future<Output = ()>, handle: F)
@@ -108,9 +115,23 @@ where
     F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
+    serve_live(listener, Arc::new(ArcSwap::from_pointee(opts)), shutdown, handle).await
+}
+
+/// `serve` with options that may be swapped while it runs.
+pub async fn serve_live<F, Fut>(
+    listener: TcpListener,
+    live: LiveListener,
+    shutdown: impl Future<Output = ()>,
+    handle: F,
+) where
+    F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
     // Every connection holds a slot until it has closed: the drain below is
     // over when all slots are back.
-    let slots = Arc::new(tokio::sync::Semaphore::new(opts.max_connections));
+    let max_connections = live.load().max_connections;
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut accept_errors = RateLimitedLog::default();
     tokio::pin!(shutdown);
@@ -130,7 +151,7 @@ where
                         e.raw_os_error(),
                         Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOBUFS | nix::libc::ENOMEM)
                     );
-                    accept_errors.warn(opts.name, &e);
+                    accept_errors.warn(live.load().name, &e);
                     if exhausted {
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
@@ -140,7 +161,7 @@ where
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let (opts, handle, stopping) = (opts.clone(), handle.clone(), stopping.clone());
+        let (opts, handle, stopping) = (live.load_full(), handle.clone(), stopping.clone());
         tokio::spawn(async move {
             let _slot = slot;
             let Some(acceptor) = opts.tls.clone() else {
@@ -161,7 +182,8 @@ where
     }
     drop(listener);
     stop.send_replace(true);
-    let all = u32::try_from(opts.max_connections).expect("max_connections is bounded by MAX_CONNECTIONS");
+    let opts = live.load_full();
+    let all = u32::try_from(max_connections).expect("max_connections is bounded by MAX_CONNECTIONS");
     if tokio::time::timeout(opts.drain, slots.acquire_many(all)).await.is_err() {
         tracing::warn!(listener = opts.name, "requests still in flight after {:?}; leaving them", opts.drain);
     }

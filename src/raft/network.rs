@@ -5,7 +5,9 @@
 //!
 //! With TLS, each peer has a client of its own that presents this node's
 //! certificate and accepts only a server certified as that member
-//! (`fencegate-node-<id>`), whatever host its URL names.
+//! (`fencegate-node-<id>`), whatever host its URL names. A reload replaces
+//! that TLS config (`Directory::set_tls`); every RPC looks its client up,
+//! so the next one uses it.
 //!
 //! A transport failure or timeout is reported to openraft as `Unreachable`, so
 //! it backs off instead of hammering a dead peer; an error the peer's Raft
@@ -53,16 +55,29 @@ pub struct Directory {
     /// The `peers` config: the founding members, and where a member whose
     /// entry carries no URL is reached.
     pub config: BTreeMap<NodeId, String>,
-    tls: Option<rustls::ClientConfig>,
     max_body: usize,
-    clients: Mutex<HashMap<(NodeId, String), HttpClient>>,
+    links: Mutex<Links>,
+}
+
+/// The peer-link TLS config and the clients made with it.
+struct Links {
+    tls: Option<rustls::ClientConfig>,
+    clients: HashMap<(NodeId, String), HttpClient>,
 }
 
 impl Directory {
     /// Members reached with `tls` (this node's peer-link config) or in
     /// plain HTTP; answers above `max_body` are refused.
     pub fn new(config: BTreeMap<NodeId, String>, tls: Option<&rustls::ClientConfig>, max_body: usize) -> Arc<Self> {
-        Arc::new(Directory { config, tls: tls.cloned(), max_body, clients: Mutex::default() })
+        let links = Links { tls: tls.cloned(), clients: HashMap::new() };
+        Arc::new(Directory { config, max_body, links: Mutex::new(links) })
+    }
+
+    /// Reach members with `tls` from now on: the clients made with the old
+    /// config are dropped (connections in use finish their exchange).
+    pub fn set_tls(&self, tls: rustls::ClientConfig) {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        *links = Links { tls: Some(tls), clients: HashMap::new() };
     }
 
     /// Member `id`, at the URL this node's config gives it, else the one
@@ -72,8 +87,9 @@ impl Directory {
     pub fn peer(&self, id: NodeId, member: Option<&Member>) -> Option<Peer> {
         let listed = member.map(|m| m.peer_url.as_str()).filter(|u| !u.is_empty());
         let url = self.config.get(&id).map(String::as_str).or(listed)?;
-        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        let http = clients.entry((id, url.to_string())).or_insert_with(|| match &self.tls {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let Links { tls, clients } = &mut *links;
+        let http = clients.entry((id, url.to_string())).or_insert_with(|| match tls {
             Some(tls) => HttpClient::https(self.max_body, tls.clone(), Some(crate::tls::identity::member_name(id))),
             None => HttpClient::new(self.max_body),
         });
@@ -97,13 +113,16 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, member: &Member) -> PeerClient {
-        PeerClient { target, peer: self.directory.peer(target, Some(member)) }
+        PeerClient { target, member: member.clone(), directory: self.directory.clone() }
     }
 }
 
+/// openraft keeps one per target for as long as it replicates to it: the
+/// peer is looked up per RPC, so that reloaded TLS applies to the next one.
 pub struct PeerClient {
     target: NodeId,
-    peer: Option<Peer>,
+    member: Member,
+    directory: Arc<Directory>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +142,9 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let unreachable = |msg: String| RPCError::Unreachable(Unreachable::new(&PeerError(msg)));
-        let Some(peer) = &self.peer else { return Err(unreachable(format!("no URL for node {}", self.target))) };
+        let Some(peer) = self.directory.peer(self.target, Some(&self.member)) else {
+            return Err(unreachable(format!("no URL for node {}", self.target)));
+        };
         let body = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let url = format!("{}{path}", peer.url);
         let req = hyper::Request::post(&url)

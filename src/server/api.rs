@@ -76,8 +76,8 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
     // certificate of the same CA that names no member (a client's) is
     // refused before any body is read.
     let member = match node.tls {
-        None => None,
-        Some(_) => Some(certified_member(&node, conn)?),
+        false => None,
+        true => Some(certified_member(&node, conn)?),
     };
     let path = req.uri().path();
     if let Some(rpc) = path.strip_prefix("/raft/") {
@@ -158,7 +158,7 @@ struct Caller {
 impl Caller {
     /// `Ok` if the caller has `right` on `key`; audited otherwise.
     fn may(&self, node: &Node, right: Right, key: &str) -> Result<(), ApiError> {
-        if node.acl.allows(&self.identity, right, key) {
+        if node.acl.load().allows(&self.identity, right, key) {
             return Ok(());
         }
         audit::denied(&self.identity, right, key, "no such right");
@@ -174,12 +174,14 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
         wire::CLUSTER_PATH => return only(&method, Method::GET).map(|_| cluster(&node)),
         wire::WATCH_PATH => {
             only(&method, Method::GET)?;
-            let (acl, identity) = (node.acl.clone(), caller.identity.clone());
-            let may_open = |prefix: &str| match node.acl.may_watch(&caller.identity, prefix) {
+            let (rules, identity) = (node.clone(), caller.identity.clone());
+            let may_open = |prefix: &str| match node.acl.load().may_watch(&caller.identity, prefix) {
                 true => Ok(()),
                 false => caller.may(&node, Right::Watch, prefix),
             };
-            let visible = Box::new(move |key: &str| acl.allows(&identity, Right::Watch, key));
+            // The rules in force at each event: a reload that takes a right
+            // away hides the keys from open streams too.
+            let visible = Box::new(move |key: &str| rules.acl.load().allows(&identity, Right::Watch, key));
             return watch::stream(node.clone(), req.uri().query(), may_open, visible);
         }
         _ => {}
@@ -551,8 +553,9 @@ async fn release(node: &Node, caller: &Caller, lease_id: &str) -> Result<Respons
 /// A lease may be kept alive or released by its owner (if it still has the
 /// `acquire` right on the key), or by an admin of the key.
 fn may_use(node: &Node, caller: &Caller, lease: &crate::lock::state::Lease) -> Result<(), ApiError> {
-    let own = lease.owner == caller.identity && node.acl.allows(&caller.identity, Right::Acquire, &lease.key);
-    if own || node.acl.allows(&caller.identity, Right::Admin, &lease.key) {
+    let acl = node.acl.load();
+    let own = lease.owner == caller.identity && acl.allows(&caller.identity, Right::Acquire, &lease.key);
+    if own || acl.allows(&caller.identity, Right::Admin, &lease.key) {
         return Ok(());
     }
     audit::denied(&caller.identity, Right::Acquire, &lease.key, "the lease is another identity's");

@@ -121,7 +121,7 @@ fn refused(e: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> ApiError {
 }
 
 pub async fn add(node: &Node, add: AddMember) -> Result<MemberList, ApiError> {
-    let tls = node.tls.is_some();
+    let tls = node.tls;
     if add.id == 0 {
         return Err(ApiError::BadRequest("node ids start at 1".into()));
     }

@@ -48,7 +48,7 @@ impl Sidecar {
         let refuse = |status, message: String| {
             crate::http::refusal(status, crate::http::Cause::Client, &serde_json::json!({ "error": message }))
         };
-        if !self.settings.metrics_listen.is_some_and(|a| a.ip().is_loopback()) {
+        if !self.live().settings.metrics_listen.is_some_and(|a| a.ip().is_loopback()) {
             return refuse(StatusCode::FORBIDDEN, "admin calls are served only on a loopback metrics_listen".into());
         }
         if req.headers().contains_key(hyper::header::ORIGIN) {

@@ -36,6 +36,9 @@ pub struct Cluster {
     /// (from, to) -> the relay carrying from's requests to `to`; empty without relays.
     relays: BTreeMap<(u64, u64), Relay>,
     nodes: BTreeMap<u64, Proc>,
+    /// The nodes' `auth` and `acl` sections on a secure cluster.
+    security_yaml: String,
+    /// Appended to every node's config ([`ClusterOptions::yaml`]).
     extra_yaml: String,
     log_filter: String,
     /// The cluster CA and member certificates, on a secure cluster.
@@ -151,7 +154,8 @@ impl Cluster {
             _reserved: reserved,
             relays,
             nodes: BTreeMap::new(),
-            extra_yaml: format!("{security_yaml}{}", o.yaml),
+            security_yaml,
+            extra_yaml: o.yaml.clone(),
             log_filter: o.log_filter.clone(),
             pki,
             options,
@@ -244,6 +248,24 @@ impl Cluster {
     }
 
     fn spawn(&mut self, id: u64) {
+        if let Some(pki) = &self.pki {
+            pki.member(id);
+        }
+        let config = self.write_config(id);
+        let mut cmd = self.bin.command(&["server", "--config"]);
+        cmd.arg(&config).env("FENCEGATE_LOG", &self.log_filter);
+        let proc = Proc::spawn(&format!("node{id}"), cmd, &self.log_path(id));
+        self.nodes.insert(id, proc);
+    }
+
+    /// Node `id`'s config file.
+    pub fn config_path(&self, id: u64) -> PathBuf {
+        self.dir().join(format!("node{id}.yaml"))
+    }
+
+    /// Write node `id`'s config file (with its member certificate's files,
+    /// as they are); its path.
+    fn write_config(&self, id: u64) -> PathBuf {
         let peers: String = self
             .ids()
             .into_iter()
@@ -260,25 +282,43 @@ impl Cluster {
         let tls = match &self.pki {
             None => String::new(),
             Some(pki) => {
-                let (cert, key) = pki.member(id);
+                let (cert, key) = pki.member_files(id);
                 let ca = pki.ca.display();
                 format!("tls:\n  cert: {}\n  key: {}\n  ca: {ca}\n  client_ca: {ca}\n", cert.display(), key.display())
             }
         };
         let addr = |url: &str| url.rsplit("://").next().unwrap().to_string();
         let yaml = format!(
-            "id: {id}\nlisten: {}\npeer_listen: {}\ndata_dir: {}\npeers:\n{peers}clients:\n{clients}{tls}{}",
+            "id: {id}\nlisten: {}\npeer_listen: {}\ndata_dir: {}\npeers:\n{peers}clients:\n{clients}{tls}{}{}",
             addr(&self.urls[&id]),
             addr(&self.peer_urls[&id]),
             self.data_dir(id).display(),
+            self.security_yaml,
             self.extra_yaml
         );
-        let config = self.dir().join(format!("node{id}.yaml"));
+        let config = self.config_path(id);
         std::fs::write(&config, yaml).unwrap();
-        let mut cmd = self.bin.command(&["server", "--config"]);
-        cmd.arg(&config).env("FENCEGATE_LOG", &self.log_filter);
-        let proc = Proc::spawn(&format!("node{id}"), cmd, &self.log_path(id));
-        self.nodes.insert(id, proc);
+        config
+    }
+
+    /// Rewrite every node's config file with `acl` in place of the ACL
+    /// rules of [`Security::acl`] (the kit's own rule stays), and with
+    /// `yaml` appended instead of [`ClusterOptions::yaml`]; running nodes
+    /// read it on SIGHUP ([`Cluster::signal`]).
+    pub fn rewrite_configs(&mut self, acl: &str, yaml: &str) {
+        let tokens_file = self.dir().join("tokens.yaml");
+        self.security_yaml = security_sections(&tokens_file, acl);
+        self.extra_yaml = yaml.to_string();
+        for id in self.ids() {
+            self.write_config(id);
+        }
+    }
+
+    /// Send `signal` to node `id`, if it runs (SIGHUP: reload its config).
+    pub fn signal(&self, id: u64, signal: nix::sys::signal::Signal) {
+        if let Some(p) = self.nodes.get(&id) {
+            p.signal(signal);
+        }
     }
 
     /// SIGKILL node `id` (no-op if it is not running).
@@ -551,14 +591,19 @@ fn secure(dir: &Path, sec: &Security) -> (Option<Pki>, ClientOptions, String) {
         .map(|(identity, token)| format!("{identity:?}: {}\n", crate::tls::token_hash(token)))
         .collect();
     std::fs::write(&tokens_file, lines).unwrap();
-    let yaml = format!(
-        "auth:\n  tokens_file: {}\nacl:\n  - {{ identity: {KIT_IDENTITY}, prefixes: [\"\"], rights: [admin] }}\n{}",
-        tokens_file.display(),
-        sec.acl
-    );
+    let yaml = security_sections(&tokens_file, &sec.acl);
     let tls = TlsFiles { ca: pki.ca.clone(), cert: None, key: None }.client_config(["ca", "cert", "key"]).unwrap();
     let options = ClientOptions { tls: Some(tls), token: Some(KIT_TOKEN.into()), ..ClientOptions::default() };
     (Some(pki), options, yaml)
+}
+
+/// The `auth` and `acl` sections of a secure cluster's nodes: the kit's
+/// own rule, then `acl`.
+fn security_sections(tokens_file: &Path, acl: &str) -> String {
+    format!(
+        "auth:\n  tokens_file: {}\nacl:\n  - {{ identity: {KIT_IDENTITY}, prefixes: [\"\"], rights: [admin] }}\n{acl}",
+        tokens_file.display(),
+    )
 }
 
 impl Drop for Cluster {

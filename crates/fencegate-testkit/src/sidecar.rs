@@ -16,6 +16,9 @@ pub struct Sidecar {
     pub metrics_port: u16,
     /// Its config, log and `state/` (the floors).
     pub dir: PathBuf,
+    /// The config's lines before the test's own (`listen`, `upstream`,
+    /// `lock_service`, `state_dir`, `metrics_listen`).
+    head: String,
     bin: Bin,
     log_filter: String,
     /// Its two ports, held for its life.
@@ -79,16 +82,16 @@ impl Sidecar {
         };
         let reserved = [reserve(), reserve()];
         let (port, metrics_port) = (reserved[0].port, reserved[1].port);
-        let yaml = format!(
-            "listen: 127.0.0.1:{port}\nupstream: {upstream}\n{lock_service}state_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n{}",
+        let head = format!(
+            "listen: 127.0.0.1:{port}\nupstream: {upstream}\n{lock_service}state_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n",
             dir.join("state").display(),
-            o.yaml
         );
-        std::fs::write(dir.join("sidecar.yaml"), yaml).unwrap();
+        std::fs::write(dir.join("sidecar.yaml"), format!("{head}{}", o.yaml)).unwrap();
         let mut s = Sidecar {
             port,
             metrics_port,
             dir,
+            head,
             bin: bin.clone(),
             log_filter: o.log_filter,
             _reserved: reserved,
@@ -104,7 +107,7 @@ impl Sidecar {
     async fn spawn(&mut self) -> Result<(), String> {
         let logged = self.log().len();
         let mut cmd = self.bin.command(&["sidecar", "--config"]);
-        cmd.arg(self.dir.join("sidecar.yaml")).env("FENCEGATE_LOG", &self.log_filter);
+        cmd.arg(self.config_path()).env("FENCEGATE_LOG", &self.log_filter);
         let proc = self.proc.insert(Proc::spawn("sidecar", cmd, &self.dir.join("sidecar.log")));
         // The proxy's port is bound before the metrics port.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -143,6 +146,17 @@ impl Sidecar {
     /// Wait for it to exit, SIGKILL after `within`; its exit code.
     pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
         self.proc.take()?.exit_within(within).await
+    }
+
+    /// Write its config file anew with `yaml` in place of the test's own part
+    /// (what it was started with); the process reads it on SIGHUP.
+    pub fn rewrite_config(&self, yaml: &str) {
+        std::fs::write(self.config_path(), format!("{}{yaml}", self.head)).unwrap();
+    }
+
+    /// Its config file.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("sidecar.yaml")
     }
 
     /// SIGKILL, then start again on the same config (and ports) and state.

@@ -74,18 +74,39 @@ impl Pki {
         }
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let path = |file: &str| self.dir.join(format!("{}-{stem}-{file}", self.name));
-        let (cert_path, key_path) = (path("cert.pem"), path("key.pem"));
+        let (cert_path, key_path) = self.leaf_files(stem);
         std::fs::write(&cert_path, cert.pem()).unwrap();
         std::fs::write(&key_path, key.serialize_pem()).unwrap();
         (cert_path, key_path)
     }
 
-    /// Member `id`'s certificate: `fencegate-node-<id>`, and the loopback
-    /// names clients reach it by.
+    /// Where [`Pki::leaf`] writes the (cert, key) of `stem`.
+    fn leaf_files(&self, stem: &str) -> (PathBuf, PathBuf) {
+        let path = |file: &str| self.dir.join(format!("{}-{stem}-{file}", self.name));
+        (path("cert.pem"), path("key.pem"))
+    }
+
+    /// A new certificate for member `id`: `fencegate-node-<id>`, and the
+    /// loopback names clients reach it by; written over the last one.
     pub fn member(&self, id: u64) -> (PathBuf, PathBuf) {
         let sans = [format!("fencegate-node-{id}"), "localhost".into(), "127.0.0.1".into()];
         self.leaf(&format!("node{id}"), &sans, None)
+    }
+
+    /// Where member `id`'s certificate and key are ([`Pki::member`]).
+    pub fn member_files(&self, id: u64) -> (PathBuf, PathBuf) {
+        self.leaf_files(&format!("node{id}"))
+    }
+
+    /// The certificate a TLS server on 127.0.0.1:`port` presents in a new
+    /// handshake, trusting this CA (DER).
+    pub async fn served_certificate(&self, port: u16, server_name: &str) -> Result<Vec<u8>, String> {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(chain)?;
+        let name = ServerName::try_from(server_name.to_string()).map_err(chain)?;
+        let connect = TlsConnector::from(Arc::new(self.client(None))).connect(name, tcp);
+        let tls = tokio::time::timeout(Duration::from_secs(10), connect).await.map_err(chain)?.map_err(chain)?;
+        let chain_served = tls.get_ref().1.peer_certificates().ok_or("no certificate")?;
+        Ok(chain_served[0].to_vec())
     }
 
     /// A client certificate naming the identity `name` (its common name).
