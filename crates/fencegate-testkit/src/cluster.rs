@@ -36,6 +36,9 @@ pub struct Cluster {
     /// (from, to) -> the relay carrying from's requests to `to`; empty without relays.
     relays: BTreeMap<(u64, u64), Relay>,
     nodes: BTreeMap<u64, Proc>,
+    /// The highest id any node of this cluster had: an added node gets a
+    /// fresh one (and a fresh data directory), also after `drop_node`.
+    last_id: u64,
     /// The nodes' `auth` and `acl` sections on a secure cluster.
     security_yaml: String,
     /// Appended to every node's config ([`ClusterOptions::yaml`]).
@@ -154,6 +157,7 @@ impl Cluster {
             _reserved: reserved,
             relays,
             nodes: BTreeMap::new(),
+            last_id: n,
             security_yaml,
             extra_yaml: o.yaml.clone(),
             log_filter: o.log_filter.clone(),
@@ -352,12 +356,14 @@ impl Cluster {
         }
     }
 
-    /// Start a node that is not a member yet, with the next id, on ports of
+    /// Start a node that is not a member yet, with an id no node of this
+    /// cluster had (so an empty data directory), on ports of
     /// its own, its `peers` listing every node (through relays if the
     /// cluster has them); the others reach it at [`Cluster::peer_url`] once
     /// it is added (`member add`). Its id.
     pub async fn add_node(&mut self) -> u64 {
-        let id = self.ids().last().copied().unwrap_or(0) + 1;
+        self.last_id += 1;
+        let id = self.last_id;
         let (client, peer) = (reserve(), reserve());
         let scheme = if self.pki.is_some() { "https" } else { "http" };
         self.urls.insert(id, format!("{scheme}://127.0.0.1:{}", client.port));
