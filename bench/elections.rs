@@ -9,7 +9,8 @@
 //! BENCH_CONTROL_SECONDS (30) and SIGSTOPs the leader for 2 s in the middle:
 //! the same counters must see that election, or they could not see any.
 //!
-//! Run: `cargo bench --bench elections`. Writes bench/results/elections.{md,json}.
+//! Run: `cargo bench --bench elections` (BENCH_NODE_YAML, appended to every
+//! node's config, tries other settings). Writes bench/results/elections.{md,json}.
 
 mod common;
 
@@ -104,14 +105,15 @@ async fn run(c: &Cluster, length: Duration, fault: impl std::future::Future<Outp
 async fn main() {
     let seconds: u64 = common::env_or("BENCH_SECONDS", 600);
     let control_seconds: u64 = common::env_or("BENCH_CONTROL_SECONDS", 30);
+    let yaml = std::env::var("BENCH_NODE_YAML").unwrap_or_default();
 
     eprintln!("no fault, default timings, {seconds} s");
-    let c = common::fencegate_cluster("").await;
+    let c = common::fencegate_cluster(&yaml).await;
     let quiet = run(&c, Duration::from_secs(seconds), async {}).await;
     drop(c);
 
     eprintln!("control: the leader SIGSTOPped for 2 s, {control_seconds} s");
-    let c = common::fencegate_cluster("").await;
+    let c = common::fencegate_cluster(&yaml).await;
     let pause = async {
         tokio::time::sleep(Duration::from_secs(control_seconds / 2)).await;
         let leader = c.wait_for_leader(Duration::from_secs(5)).await;

@@ -9,9 +9,14 @@
 //! that TLS config (`Directory::set_tls`); every RPC looks its client up,
 //! so the next one uses it.
 //!
-//! A transport failure or timeout is reported to openraft as `Unreachable`, so
-//! it backs off instead of hammering a dead peer; an error the peer's Raft
-//! returned comes back as a `RemoteError`.
+//! A transport failure is reported to openraft as `Unreachable`, so it backs
+//! off (500 ms) instead of hammering a dead peer. A timeout is not: openraft
+//! bounds an append by the heartbeat interval, and a leader that stalls for
+//! one (an fsync, a busy core) would otherwise stop sending to every
+//! follower for 500 ms, past the 450 ms after which they campaign
+//! (`bench/elections.rs` counted such elections). It is a `Network` error:
+//! the next heartbeat tries again. An error the peer's Raft returned comes
+//! back as a `RemoteError`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,7 +32,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::types::{Member, NodeId, TypeConfig};
-use fencegate_client::http::HttpClient;
+use fencegate_client::http::{HttpClient, HttpError};
 
 /// The peer protocol this build speaks, sent on every peer RPC: a node
 /// refuses a newer one it cannot read (`server::api`), instead of
@@ -152,7 +157,10 @@ impl PeerClient {
             .header(PROTOCOL_HEADER, PROTOCOL)
             .body(http_body_util::Full::new(bytes::Bytes::from(body)))
             .map_err(|e| unreachable(format!("{url}: {e}")))?;
-        let answer = peer.http.send(req, option.hard_ttl()).await.map_err(|e| unreachable(e.to_string()))?;
+        let answer = peer.http.send(req, option.hard_ttl()).await.map_err(|e| match e {
+            HttpError::Timeout { .. } => RPCError::Network(NetworkError::new(&PeerError(e.to_string()))),
+            _ => unreachable(e.to_string()),
+        })?;
         if answer.status != StatusCode::OK {
             return Err(unreachable(format!("{path} answered {}", answer.status)));
         }

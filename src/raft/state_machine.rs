@@ -171,17 +171,26 @@ fn restore(state: &mut AppliedState, snap: &StoredSnapshot) -> Result<(), Storag
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let (data, last_log_id, last_membership) = {
+        // Only the copy is made under the lock and on this thread; encoding
+        // megabytes of table (request ids fill it) on a runtime thread
+        // stalled the node's Raft core and HTTP tasks long enough for
+        // followers to campaign (bench/elections.rs).
+        let (locks, last_log_id, last_membership) = {
             let s = self.applied.lock();
-            let data = serde_json::to_vec(&s.locks)
-                .map_err(|e| StorageError::IO { source: StorageIOError::write_snapshot(None, &e) })?;
-            (data, s.last_applied, s.membership.clone())
+            (s.locks.clone(), s.last_applied, s.membership.clone())
         };
         let snapshot_id = last_log_id.map(|l| format!("{}-{}", l.leader_id.term, l.index)).unwrap_or_default();
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
-        let stored = StoredSnapshot { meta: meta.clone(), data: data.clone() };
         let db = self.db.clone();
-        blocking(move || write_meta(&db, SNAPSHOT, &stored)).await?;
+        let stored_meta = meta.clone();
+        let data = blocking(move || {
+            let data = serde_json::to_vec(&locks)
+                .map_err(|e| StorageError::IO { source: StorageIOError::write_snapshot(None, &e) })?;
+            let stored = StoredSnapshot { meta: stored_meta, data };
+            write_meta(&db, SNAPSHOT, &stored)?;
+            Ok(stored.data)
+        })
+        .await?;
         Ok(RaftSnapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
 }
