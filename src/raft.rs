@@ -8,5 +8,6 @@
 pub mod guard;
 pub mod log_store;
 pub mod network;
+pub mod snapshot_file;
 pub mod state_machine;
 pub mod types;

@@ -33,6 +33,7 @@ use crate::lock::state::LockState;
 use crate::metrics::{LockMetrics, RaftMetrics};
 use crate::raft::log_store::{read_meta, write_meta, LogStore};
 use crate::raft::network::{Directory, Network, Peer};
+use crate::raft::snapshot_file::SnapshotFile;
 use crate::raft::state_machine::{Applied, StateMachineStore};
 use crate::raft::types::{Member, NodeId, Raft};
 use crate::tls::NodeTls;
@@ -102,7 +103,8 @@ impl Node {
         let raft_metrics = RaftMetrics::new(&registry)?;
         let reloads = crate::metrics::config_reloads(&registry, "fencegate_config_reloads_total")?;
         let log_store = LogStore::new(db.clone(), raft_metrics.clone());
-        let sm = StateMachineStore::open(db, lock_metrics.clone())?;
+        let snapshots = SnapshotFile::new(config.data_dir.clone(), db.clone());
+        let sm = StateMachineStore::open(snapshots, lock_metrics.clone())?;
         let applied = sm.applied();
 
         let r = &config.raft;
@@ -264,10 +266,11 @@ pub fn restore(config: &NodeConfig, locks: &LockState) -> anyhow::Result<std::pa
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
     let db = Database::builder().set_cache_size(REDB_CACHE).create(&path);
-    let db = db.with_context(|| format!("creating {}", path.display()))?;
+    let db = Arc::new(db.with_context(|| format!("creating {}", path.display()))?);
     check_node_id(&db, config.id)?;
     check_format(&db, &path)?;
-    crate::raft::state_machine::seed(&db, locks, founding_members(config))?;
+    let snapshots = SnapshotFile::new(config.data_dir.clone(), db);
+    crate::raft::state_machine::seed(&snapshots, locks, founding_members(config))?;
     Ok(path)
 }
 
@@ -309,13 +312,17 @@ async fn should_bootstrap(id: NodeId, directory: &Directory) -> bool {
     true
 }
 
-/// The data directory's format (the log, snapshot and metadata encodings
-/// in `raft.redb`): what this build writes, and the newest it reads. Bumped
-/// when a change would make an older build misread the files; a directory
-/// from before formats were numbered is format 1.
-pub const DATA_FORMAT: u32 = 1;
+/// The data directory's format (the log and metadata encodings in
+/// `raft.redb`, the `snapshot` file): what this build writes, and the newest
+/// it reads. Bumped when a change would make an older build misread the
+/// files; a directory from before formats were numbered is format 1.
+/// Format 2 keeps snapshots in their own file (`raft::snapshot_file`): a
+/// build of format 1 would miss them and read a stale one.
+pub const DATA_FORMAT: u32 = 2;
 
-/// Refuse a data directory a newer build wrote, instead of misreading it.
+/// Refuse a data directory a newer build wrote, instead of misreading it;
+/// mark an older one as this format before anything is written in it (its
+/// files are read as they are: format 1's snapshot from the database).
 fn check_format(db: &Database, path: &std::path::Path) -> anyhow::Result<()> {
     match read_meta::<u32>(db, "format")? {
         Some(v) if v > DATA_FORMAT => anyhow::bail!(
@@ -323,8 +330,13 @@ fn check_format(db: &Database, path: &std::path::Path) -> anyhow::Result<()> {
              run a build that reads it (an upgrade is rolled forward, not back)",
             path.display()
         ),
-        Some(_) => Ok(()),
-        None => Ok(write_meta(db, "format", &DATA_FORMAT)?),
+        Some(DATA_FORMAT) => Ok(()),
+        old => {
+            if let Some(v) = old {
+                tracing::info!(path = %path.display(), "data format {v} upgraded to {DATA_FORMAT}");
+            }
+            Ok(write_meta(db, "format", &DATA_FORMAT)?)
+        }
     }
 }
 

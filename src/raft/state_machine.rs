@@ -11,12 +11,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot as RaftSnapshot};
 use openraft::{CommittedLeaderId, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
-use redb::Database;
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::log_store::{blocking, read_meta, write_meta};
+use super::log_store::blocking;
+use super::snapshot_file::{SnapshotFile, StoredSnapshot};
 use super::types::{
     Entry, LogId, Member, Membership, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -24,8 +23,6 @@ use crate::audit;
 use crate::lock::clock::LeaseClock;
 use crate::lock::state::{Command, Event, EventKind, LockState, Outcome};
 use crate::metrics::LockMetrics;
-
-const SNAPSHOT: &str = "snapshot";
 
 /// How many recent events are kept for watchers that reconnect (fewer once
 /// compaction passed them: see `EventLog::forget_through`).
@@ -105,21 +102,15 @@ impl Applied {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta,
-    data: Vec<u8>,
-}
-
 #[derive(Clone)]
 pub struct StateMachineStore {
     applied: Arc<Applied>,
-    db: Arc<Database>,
+    snapshots: SnapshotFile,
 }
 
 impl StateMachineStore {
     /// Open the state machine, restoring the last stored snapshot if any.
-    pub fn open(db: Arc<Database>, metrics: LockMetrics) -> Result<Self, StorageError> {
+    pub fn open(snapshots: SnapshotFile, metrics: LockMetrics) -> Result<Self, StorageError> {
         let mut state = AppliedState {
             last_applied: None,
             membership: StoredMembership::default(),
@@ -127,12 +118,12 @@ impl StateMachineStore {
             clock: LeaseClock::default(),
             events: EventLog::default(),
         };
-        if let Some(snap) = read_meta::<StoredSnapshot>(&db, SNAPSHOT)? {
+        if let Some(snap) = snapshots.read()? {
             restore(&mut state, &snap)?;
         }
         metrics.set_table(&state.locks);
         let index = watch::Sender::new(state.applied_index());
-        Ok(Self { applied: Arc::new(Applied { state: Mutex::new(state), index, metrics }), db })
+        Ok(Self { applied: Arc::new(Applied { state: Mutex::new(state), index, metrics }), snapshots })
     }
 
     pub fn applied(&self) -> Arc<Applied> {
@@ -145,7 +136,11 @@ impl StateMachineStore {
 /// `members` as the voters. openraft opens such a data directory as an
 /// initialized member whose log is purged up to the snapshot, so the
 /// others (started empty) are sent the snapshot once this node leads.
-pub fn seed(db: &Database, locks: &LockState, members: BTreeMap<NodeId, Member>) -> Result<(), StorageError> {
+pub fn seed(
+    snapshots: &SnapshotFile,
+    locks: &LockState,
+    members: BTreeMap<NodeId, Member>,
+) -> Result<(), StorageError> {
     let data =
         serde_json::to_vec(locks).map_err(|e| StorageError::IO { source: StorageIOError::write_snapshot(None, &e) })?;
     let log_id = LogId::new(CommittedLeaderId::new(0, 0), 1);
@@ -155,7 +150,7 @@ pub fn seed(db: &Database, locks: &LockState, members: BTreeMap<NodeId, Member>)
         last_membership: StoredMembership::new(Some(log_id), membership),
         snapshot_id: format!("restored-{}", locks.revision()),
     };
-    write_meta(db, SNAPSHOT, &StoredSnapshot { meta, data })
+    snapshots.write(&StoredSnapshot { meta, data })
 }
 
 fn restore(state: &mut AppliedState, snap: &StoredSnapshot) -> Result<(), StorageError> {
@@ -181,13 +176,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         };
         let snapshot_id = last_log_id.map(|l| format!("{}-{}", l.leader_id.term, l.index)).unwrap_or_default();
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
-        let db = self.db.clone();
+        let snapshots = self.snapshots.clone();
         let stored_meta = meta.clone();
         let data = blocking(move || {
             let data = serde_json::to_vec(&locks)
                 .map_err(|e| StorageError::IO { source: StorageIOError::write_snapshot(None, &e) })?;
             let stored = StoredSnapshot { meta: stored_meta, data };
-            write_meta(&db, SNAPSHOT, &stored)?;
+            snapshots.write(&stored)?;
             Ok(stored.data)
         })
         .await?;
@@ -306,15 +301,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             self.applied.metrics.set_table(&s.locks);
             s.applied_index()
         };
-        let db = self.db.clone();
-        blocking(move || write_meta(&db, SNAPSHOT, &stored)).await?;
+        let snapshots = self.snapshots.clone();
+        blocking(move || snapshots.write(&stored)).await?;
         self.applied.index.send_replace(last);
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let db = self.db.clone();
-        let stored: Option<StoredSnapshot> = blocking(move || read_meta(&db, SNAPSHOT)).await?;
+        let snapshots = self.snapshots.clone();
+        let stored = blocking(move || snapshots.read()).await?;
         Ok(stored.map(|s| RaftSnapshot { meta: s.meta, snapshot: Box::new(Cursor::new(s.data)) }))
     }
 }

@@ -301,46 +301,57 @@ async fn a_data_dir_of_a_newer_format_is_refused() {
     assert!(e.to_string().contains("written by a newer fencegate"), "{e}");
 }
 
-/// Where the data directory fixture of this format lives.
-fn fixture() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/data-format-{DATA_FORMAT}"))
+/// Where the data directory fixture of `format` lives.
+fn fixture(format: u32) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/data-format-{format}"))
 }
 
-/// The committed fixture (a node's data directory written by the release
-/// that introduced this format) is still read: later releases keep this
-/// test and prove they read it. Tokens go on above it.
+/// The committed fixtures (a node's data directory written by the release
+/// that introduced each format) are still read: later releases keep this
+/// test and prove they read every one. Tokens go on above them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_data_dir_fixture_is_read() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture().join("raft.redb"), dir.path().join("raft.redb")).unwrap();
-    let n = one_node(dir.path()).await;
-    let client = Client::new(vec![n.url.clone()]).unwrap();
-    assert_eq!(client.read("fixture/held").await.unwrap().token, 1);
-    let released = client.read("fixture/released").await.unwrap();
-    assert_eq!((released.token, released.held), (2, false));
-    // Left held when the fixture was written: a new leader gives it its TTL
-    // (1 s) again, then it expires.
-    let opts = AcquireOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(10));
-    let lease = client.acquire("fixture/held", opts).await.unwrap();
-    assert!(lease.token() > 3, "above every token the fixture granted: {}", lease.token());
-    let _ = n.stop.send(());
-    n.node.shutdown().await;
+async fn the_data_dir_fixtures_are_read() {
+    for format in 1..=DATA_FORMAT {
+        let dir = tempfile::tempdir().unwrap();
+        for file in std::fs::read_dir(fixture(format)).unwrap() {
+            let file = file.unwrap().path();
+            std::fs::copy(&file, dir.path().join(file.file_name().unwrap())).unwrap();
+        }
+        let n = one_node(dir.path()).await;
+        let client = Client::new(vec![n.url.clone()]).unwrap();
+        assert_eq!(client.read("fixture/held").await.unwrap().token, 1, "format {format}");
+        let released = client.read("fixture/released").await.unwrap();
+        assert_eq!((released.token, released.held), (2, false), "format {format}");
+        // Left held when the fixture was written: a new leader gives it its
+        // TTL (1 s) again, then it expires.
+        let opts = AcquireOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(10));
+        let lease = client.acquire("fixture/held", opts).await.unwrap();
+        assert!(lease.token() > 3, "format {format}: above every token the fixture granted: {}", lease.token());
+        let _ = n.stop.send(());
+        n.node.shutdown().await;
+    }
 }
 
-/// Writes the fixture: `cargo test --lib write_the_data_dir_fixture -- --ignored`,
-/// once per new format (commit `tests/fixtures/data-format-N/raft.redb`).
+/// Writes the fixture of this build's format: `cargo test --lib
+/// write_the_data_dir_fixture -- --ignored`, once per new format (commit
+/// `tests/fixtures/data-format-N/`). From format 2 on it holds a snapshot
+/// (taken every 100 entries) and the log after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn write_the_data_dir_fixture() {
-    let dir = fixture();
+    let dir = fixture(DATA_FORMAT);
     assert!(!dir.join("raft.redb").exists(), "{} exists: a fixture is written once", dir.display());
     std::fs::create_dir_all(&dir).unwrap();
-    let n = one_node(&dir).await;
+    let n = one_node_with(&dir, "raft: { snapshot_every: 100 }\n").await;
     let client = Client::new(vec![n.url.clone()]).unwrap();
     let held = client.acquire("fixture/held", AcquireOptions::new(Duration::from_secs(1))).await.unwrap();
     let released = client.acquire("fixture/released", AcquireOptions::new(Duration::from_secs(1))).await.unwrap();
     assert_eq!((held.token(), released.token()), (1, 2));
     released.release().await.unwrap();
+    for i in 0..80 {
+        let l = client.acquire(&format!("fixture/churn-{i}"), AcquireOptions::new(Duration::from_secs(1))).await;
+        l.unwrap().release().await.unwrap();
+    }
     std::mem::forget(held); // left held: it expires on its own
     let _ = n.stop.send(());
     n.node.shutdown().await;
