@@ -143,7 +143,7 @@ async fn main() {
         (n, _) => format!("{n} term moves without a fault: spurious elections"),
     };
     let markdown = format!(
-        "3 nodes, default Raft timings (heartbeat 50 ms, election timeout 150–300 ms), {WORKERS} client-library \
+        "3 nodes, default Raft timings (heartbeat 50 ms, election timeout 100–250 ms), {WORKERS} client-library \
          workers acquiring and releasing back to back; every node's term and leader sampled every {} ms.\n\n\
          {}\n{verdict}.\n",
         SAMPLE.as_millis(),

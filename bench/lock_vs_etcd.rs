@@ -48,7 +48,7 @@ const FAILOVER_TIMEOUT: Duration = Duration::from_millis(300);
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 /// openraft 0.9 makes a follower wait a leader lease (election_timeout_max)
 /// on top of its election timeout before it campaigns: with the defaults
-/// (150–300 ms) after 450–600 ms, where etcd campaigns after 300–600 ms.
+/// (100–250 ms) after 350–500 ms, where etcd campaigns after 300–600 ms.
 /// A second fencegate cluster with the defaults before this release
 /// (100 ms, 300–600 ms: 900–1200 ms) shows what they cost (failover only).
 const OLD_RAFT: &str = "raft:\n  heartbeat: 100ms\n  election_timeout_min: 300ms\n  election_timeout_max: 600ms\n";
@@ -418,8 +418,8 @@ async fn main() {
     });
     let markdown = format!(
         "3 fencegate nodes and 3 etcd {} members on loopback, fsync on; fencegate's default Raft timings \
-         (heartbeat 50 ms, election timeout 150–300 ms, plus openraft's leader lease of election_timeout_max \
-         before a follower campaigns: 450–600 ms), etcd's election timeout 300 ms (campaigns after 300–600 ms); \
+         (heartbeat 50 ms, election timeout 100–250 ms, plus openraft's leader lease of election_timeout_max \
+         before a follower campaigns: 350–500 ms), etcd's election timeout 300 ms (campaigns after 300–600 ms); \
          the last row is a second fencegate cluster with the old defaults (100 ms, 300–600 ms); \
          one JSON-over-HTTP client sends to the leader (etcd through its JSON gateway: lease grant + \
          put-if-absent txn, release = lease revoke). BENCH_REPS={reps}, BENCH_SECONDS={seconds} (per phase); \

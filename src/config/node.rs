@@ -175,11 +175,11 @@ impl Default for RaftConfig {
         Self {
             // openraft 0.9 makes a follower wait a leader lease
             // (election_timeout_max) on top of its election timeout before
-            // it campaigns: 450–600 ms of silence with these, no later than
+            // it campaigns: 350–500 ms of silence with these, against
             // etcd's 300–600 ms (bench/README.md "Failover defaults").
             heartbeat: Duration::from_millis(50),
-            election_timeout_min: Duration::from_millis(150),
-            election_timeout_max: Duration::from_millis(300),
+            election_timeout_min: Duration::from_millis(100),
+            election_timeout_max: Duration::from_millis(250),
             snapshot_every: 10_000,
             propose_timeout: Duration::from_secs(5),
         }

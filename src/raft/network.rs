@@ -13,7 +13,7 @@
 //! off (500 ms) instead of hammering a dead peer. A timeout is not: openraft
 //! bounds an append by the heartbeat interval, and a leader that stalls for
 //! one (an fsync, a busy core) would otherwise stop sending to every
-//! follower for 500 ms, past the 450 ms after which they campaign
+//! follower for 500 ms, past the 350 ms after which they campaign
 //! (`bench/elections.rs` counted such elections). It is a `Network` error:
 //! the next heartbeat tries again. An error the peer's Raft returned comes
 //! back as a `RemoteError`.
