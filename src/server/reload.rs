@@ -118,7 +118,7 @@ acl:
             (", client_ca: clients.pem }", " }", "`tls.client_ca`"),
             ("tokens_file: tokens.yaml", "tokens_file: other.yaml", "`auth`"),
             ("acl:", "lease: { default_ttl: 10s }\nacl:", "`lease`"),
-            ("acl:", "raft: { heartbeat: 50ms }\nacl:", "`raft`"),
+            ("acl:", "raft: { snapshot_every: 5000 }\nacl:", "`raft`"),
             ("acl:", "limits: { header_timeout: 5s }\nacl:", "`limits`"),
         ] {
             let e = refusal(from, to).unwrap_or_else(|| panic!("{to}: reloaded"));
