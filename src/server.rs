@@ -87,16 +87,7 @@ impl Node {
         // Files named by the config first: a bad one is a configuration error (exit 64).
         let tls = NodeTls::load(&config)?;
         let credentials = credentials::Credentials::load(&config)?;
-        std::fs::create_dir_all(&config.data_dir)
-            .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
-        let path = config.data_dir.join("raft.redb");
-        // redb caches up to 1 GiB by default; the log is written once and
-        // read back only by lagging followers, so a small cache costs little
-        // and keeps the node's memory bounded by what it holds.
-        let db = Database::builder().set_cache_size(REDB_CACHE).create(&path);
-        let db = Arc::new(db.with_context(|| format!("opening {}", path.display()))?);
-        check_node_id(&db, config.id)?;
-        check_format(&db, &path)?;
+        let db = open_data_dir(&config)?;
 
         let registry = Registry::new();
         let lock_metrics = LockMetrics::new(&registry)?;
@@ -259,19 +250,43 @@ pub fn restore(config: &NodeConfig, locks: &LockState) -> anyhow::Result<std::pa
             config.id
         );
     }
-    let path = config.data_dir.join("raft.redb");
+    let path = config.data_dir.join(LOG_FILE);
     if path.exists() {
         anyhow::bail!("{} exists: a restore builds a new node's data; give it an empty data_dir", path.display());
     }
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
-    let db = Database::builder().set_cache_size(REDB_CACHE).create(&path);
-    let db = Arc::new(db.with_context(|| format!("creating {}", path.display()))?);
-    check_node_id(&db, config.id)?;
-    check_format(&db, &path)?;
+    let db = open_data_dir(config)?;
     let snapshots = SnapshotFile::new(config.data_dir.clone(), db);
     crate::raft::state_machine::seed(&snapshots, locks, founding_members(config))?;
     Ok(path)
+}
+
+/// The log's database in `data_dir`.
+const LOG_FILE: &str = "raft.redb";
+
+/// Open (or create) `config`'s data directory: the log's database, checked
+/// to be this node's and of a format this build reads.
+fn open_data_dir(config: &NodeConfig) -> anyhow::Result<Arc<Database>> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
+    let path = config.data_dir.join(LOG_FILE);
+    let snapshot = SnapshotFile::path_in(&config.data_dir);
+    if !path.exists() && snapshot.exists() {
+        // Half a wiped directory: a snapshot without the vote and log that
+        // went with it would start a node that forgot whom it voted for.
+        anyhow::bail!(
+            "{} exists without {}: wipe the whole data_dir (or restore the database)",
+            snapshot.display(),
+            path.display()
+        );
+    }
+    // redb caches up to 1 GiB by default; the log is written once and read
+    // back only by lagging followers, so a small cache costs little and
+    // keeps the node's memory bounded by what it holds.
+    let db = Database::builder().set_cache_size(REDB_CACHE).create(&path);
+    let db = Arc::new(db.with_context(|| format!("opening {}", path.display()))?);
+    check_node_id(&db, config.id)?;
+    check_format(&db, &path)?;
+    Ok(db)
 }
 
 /// Only the node with the smallest id bootstraps a new cluster, and only if

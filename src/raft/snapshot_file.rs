@@ -63,10 +63,15 @@ impl SnapshotFile {
         SnapshotFile { dir, db }
     }
 
+    /// Where the snapshot of the data directory `dir` is.
+    pub fn path_in(dir: &std::path::Path) -> PathBuf {
+        dir.join(FILE)
+    }
+
     /// The latest snapshot: the file, else (format 1) the database's.
     pub fn read(&self) -> Result<Option<StoredSnapshot>, StorageError> {
-        let path = self.dir.join(FILE);
-        let bytes = match std::fs::read(&path) {
+        let path = Self::path_in(&self.dir);
+        let mut bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let legacy: Option<Legacy> = read_meta(&self.db, LEGACY_KEY)?;
@@ -78,7 +83,7 @@ impl SnapshotFile {
         let header = newline.and_then(|n| serde_json::from_slice::<Header>(&bytes[..n]).ok().map(|h| (n, h)));
         match header {
             Some((n, h)) if (bytes.len() - n - 1) as u64 == h.bytes => {
-                Ok(Some(StoredSnapshot { meta: h.meta, data: bytes[n + 1..].to_vec() }))
+                Ok(Some(StoredSnapshot { meta: h.meta, data: bytes.split_off(n + 1) }))
             }
             _ => Err(io_error(format!("{} is not a whole snapshot", path.display()))),
         }

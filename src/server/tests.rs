@@ -301,6 +301,22 @@ async fn a_data_dir_of_a_newer_format_is_refused() {
     assert!(e.to_string().contains("written by a newer fencegate"), "{e}");
 }
 
+/// A snapshot left without the log's database (a half-wiped directory)
+/// is refused, not taken as the state of a node that forgot its vote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_without_its_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("snapshot"), b"{}\n").unwrap();
+    let yaml = format!(
+        "id: 1\nlisten: 127.0.0.1:1\npeer_listen: 127.0.0.1:2\ndata_dir: {}\npeers:\n  1: http://127.0.0.1:2\n",
+        dir.path().display()
+    );
+    let config = parse_yaml::<NodeConfig>(&yaml).unwrap().validate().unwrap();
+    let e = Node::start(config).await.err().expect("refused");
+    assert!(e.to_string().contains("without"), "{e}");
+    assert!(!dir.path().join("raft.redb").exists(), "nothing created");
+}
+
 /// Where the data directory fixture of `format` lives.
 fn fixture(format: u32) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/data-format-{format}"))
