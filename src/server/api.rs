@@ -492,7 +492,12 @@ async fn snapshot(node: &Node, caller: &Caller) -> Result<Response<Body>, ApiErr
         term: node.raft.metrics().borrow().current_term,
         applied_index,
     };
-    Ok(text(backup::encode(&locks, origin), "application/x-fencegate-snapshot"))
+    // Megabytes of JSON: encoded off the runtime threads, which the Raft
+    // core needs for its heartbeats (see `raft::state_machine`'s snapshots).
+    let file = tokio::task::spawn_blocking(move || backup::encode(&locks, origin))
+        .await
+        .map_err(|e| ApiError::Internal(format!("encoding the backup: {e}")))?;
+    Ok(text(file, "application/x-fencegate-snapshot"))
 }
 
 async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {
