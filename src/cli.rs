@@ -3,7 +3,9 @@
 
 mod demo;
 mod dev;
+mod healthcheck;
 mod idempotency;
+mod inventory;
 mod lock;
 mod server;
 mod sidecar;
@@ -107,6 +109,23 @@ enum Command {
         /// Also write the run as a Mermaid sequence diagram to this file.
         #[arg(long)]
         mermaid: Option<PathBuf>,
+        /// Replay it on a running lock service (comma-separated node URLs)
+        /// instead of starting one; needs --sidecar and --inventory.
+        #[arg(long, value_delimiter = ',', requires_all = ["sidecar", "inventory"])]
+        endpoints: Option<Vec<String>>,
+        /// The running sidecar's URL, in front of --inventory.
+        #[arg(long, requires = "endpoints")]
+        sidecar: Option<String>,
+        /// The running inventory API's URL (`fencegate inventory`).
+        #[arg(long, requires = "endpoints")]
+        inventory: Option<String>,
+    },
+    /// Serve the demo's legacy inventory API on its own (it checks no
+    /// tokens; `dev` runs it built in), e.g. in a container behind a sidecar.
+    Inventory {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: std::net::SocketAddr,
     },
     /// List, add or remove lock-service members, online (needs the admin
     /// right on every key once ACLs are on).
@@ -147,6 +166,23 @@ enum Command {
     Idempotency {
         #[command(subcommand)]
         action: IdempotencyAction,
+    },
+    /// GET a health URL (a container's HEALTHCHECK): exit 0 on a 2xx
+    /// answer, 1 otherwise with what failed on stderr.
+    ///
+    /// Point it at the process's own port: a node's `listen` (/healthz,
+    /// /readyz), a sidecar's `metrics_listen` (/healthz, /readyz).
+    Healthcheck {
+        /// The URL to GET.
+        #[arg(env = "FENCEGATE_HEALTH_URL", default_value = healthcheck::DEFAULT_URL)]
+        url: String,
+        /// How long to wait for the whole answer.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// For an https:// URL: PEM file of the CA that signed the node's
+        /// certificate (nothing else is trusted).
+        #[arg(long, value_name = "PEM")]
+        ca: Option<PathBuf>,
     },
     /// Validate a configuration file without starting anything (exit 64 if bad).
     CheckConfig {
@@ -346,8 +382,18 @@ pub fn run(cli: Cli) -> i32 {
             Command::Idempotency { action: IdempotencyAction::Resolve { record: r, applied, .. } } => {
                 idempotency::run(&r.sidecar, &r.token_file, &r.lock_key, &r.key, Some(applied)).await
             }
-            Command::Demo { ttl, pause, mermaid } => demo::run(demo::DemoArgs { ttl, pause, mermaid }).await,
+            Command::Demo { ttl, pause, mermaid, endpoints, sidecar, inventory } => {
+                let remote = match (endpoints, sidecar, inventory) {
+                    (Some(endpoints), Some(sidecar_url), Some(inventory_url)) => {
+                        Some(demo::Targets { endpoints, sidecar_url, inventory_url })
+                    }
+                    _ => None,
+                };
+                demo::run(demo::DemoArgs { ttl, pause, mermaid, remote }).await
+            }
+            Command::Inventory { listen } => inventory::run(listen).await,
             Command::Dev { data, fresh, free_ports } => dev::run(&data, fresh, free_ports).await,
+            Command::Healthcheck { url, timeout, ca } => healthcheck::run(&url, timeout, ca).await,
             Command::CheckConfig { file } => check_config(&file).map(|()| 0),
         }
     });

@@ -1,6 +1,8 @@
 //! `fencegate demo`: docs/DESIGN.md's walkthrough, replayed on real components
 //! (a 3-node cluster, the inventory API, the sidecar — on ports of their own,
 //! so it runs beside `fencegate dev`), then the same without the sidecar.
+//! With `--endpoints`, `--sidecar` and `--inventory` it replays it on
+//! components that already run (the compose file's).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -17,6 +19,15 @@ pub struct DemoArgs {
     pub ttl: Duration,
     pub pause: Duration,
     pub mermaid: Option<PathBuf>,
+    /// Running components to replay it on, instead of starting its own.
+    pub remote: Option<Targets>,
+}
+
+/// Where the demo's components are.
+pub struct Targets {
+    pub endpoints: Vec<String>,
+    pub sidecar_url: String,
+    pub inventory_url: String,
 }
 
 /// The run as it happened, printed live and kept for the Mermaid diagram.
@@ -35,19 +46,30 @@ impl Timeline {
     }
 }
 
-pub async fn run(args: DemoArgs) -> anyhow::Result<i32> {
+pub async fn run(mut args: DemoArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(args.pause > args.ttl, "--pause must be longer than --ttl: the pause has to outlive the lease");
-    let data = tempfile_dir()?;
-    println!("starting a 3-node lock cluster, the inventory API and the sidecar on free local ports …");
-    let stack = Stack::start(ANY_PORTS, &data).await?;
-    let client = Client::new(stack.endpoints.clone())?;
+    let (own, targets) = match args.remote.take() {
+        Some(targets) => (None, targets),
+        None => {
+            let data = tempfile_dir()?;
+            println!("starting a 3-node lock cluster, the inventory API and the sidecar on free local ports …");
+            let stack = Stack::start(ANY_PORTS, &data).await?;
+            let targets = Targets {
+                endpoints: stack.endpoints.clone(),
+                sidecar_url: stack.sidecar_url.clone(),
+                inventory_url: stack.inventory_url.clone(),
+            };
+            (Some((stack, data)), targets)
+        }
+    };
+    let client = Client::new(targets.endpoints.clone())?;
     let http = HttpClient::new(1 << 20);
     let mut t = Timeline { start: Instant::now(), arrows: vec![] };
 
-    println!("\n== with the sidecar: A and B write rack 42 through {} ==", stack.sidecar_url);
-    let with = round(&mut t, &args, &client, &http, "42", &stack.sidecar_url, &stack).await?;
-    println!("\n== without the sidecar: the same, straight to the inventory API {} ==", stack.inventory_url);
-    let without = round(&mut t, &args, &client, &http, "43", &stack.inventory_url, &stack).await?;
+    println!("\n== with the sidecar: A and B write rack 42 through {} ==", targets.sidecar_url);
+    let with = round(&mut t, &args, &client, &http, "42", Via::Sidecar, &targets).await?;
+    println!("\n== without the sidecar: the same, straight to the inventory API {} ==", targets.inventory_url);
+    let without = round(&mut t, &args, &client, &http, "43", Via::Inventory, &targets).await?;
 
     println!("\nverdict:");
     println!(
@@ -62,8 +84,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<i32> {
         std::fs::write(path, mermaid(&t)).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
         println!("\nsequence diagram written to {}", path.display());
     }
-    stack.stop().await;
-    let _ = std::fs::remove_dir_all(&data);
+    if let Some((stack, data)) = own {
+        stack.stop().await;
+        let _ = std::fs::remove_dir_all(&data);
+    }
     let ok = with.final_state == "drained-by-B" && without.final_state == "flashed-by-A";
     Ok(if ok { 0 } else { 1 })
 }
@@ -80,11 +104,14 @@ async fn round(
     client: &Client,
     http: &HttpClient,
     rack: &str,
-    target: &str,
-    stack: &Stack,
+    via: Via,
+    targets: &Targets,
 ) -> anyhow::Result<RoundResult> {
     let key = format!("rack/{rack}");
-    let via = if target == stack.sidecar_url { "Sidecar" } else { "Inventory" };
+    let (target, via) = match via {
+        Via::Sidecar => (&targets.sidecar_url, "Sidecar"),
+        Via::Inventory => (&targets.inventory_url, "Inventory"),
+    };
     let a = client.acquire(&key, AcquireOptions::new(args.ttl).holder("A")).await?;
     let a_token = a.token();
     t.say("A", &format!("acquire({key}, ttl {}) -> token {a_token}", humantime::format_duration(args.ttl)));
@@ -123,10 +150,26 @@ async fn round(
     } else {
         t.arrow(via, "A", shown.clone());
     }
-    let final_state = stack.inventory.state_of(rack).unwrap_or_default();
+    let final_state = state_of(http, &targets.inventory_url, rack).await?;
     t.say("", &format!("inventory: rack {rack} is {final_state:?}"));
     b.release().await?;
     Ok(RoundResult { a_token, a_answer: shown, final_state })
+}
+
+/// Which way a round's writes go.
+#[derive(Clone, Copy)]
+enum Via {
+    Sidecar,
+    Inventory,
+}
+
+/// What the inventory says rack `rack` is (asked over HTTP, as a person would).
+async fn state_of(http: &HttpClient, inventory: &str, rack: &str) -> anyhow::Result<String> {
+    let url = format!("{inventory}/racks/{rack}");
+    let answer = http.call(Method::GET, &url, None, Duration::from_secs(10)).await?;
+    anyhow::ensure!(answer.status.is_success(), "GET {url} answered {}", answer.status);
+    let body: serde_json::Value = serde_json::from_slice(&answer.body)?;
+    Ok(body.get("state").and_then(|s| s.as_str()).unwrap_or_default().to_string())
 }
 
 async fn put(
