@@ -65,7 +65,8 @@ async fn series_exist_at_zero_and_every_refusal_is_counted() {
             .with("idempotency", "{}"),
         Route::unfenced("reads", "/racks/{rack}").methods(&["GET"]),
     ]);
-    let sc = c.sidecar("sc", &up.url(), &format!("limits: {{ max_body: 1KiB, max_header_bytes: 8KiB }}\n{routes}")).await;
+    let sc =
+        c.sidecar("sc", &up.url(), &format!("limits: {{ max_body: 1KiB, max_header_bytes: 8KiB }}\n{routes}")).await;
 
     // Before any request: the series alerts read, at 0.
     let node = get_text(&format!("{}/metrics", c.url(1))).await;
