@@ -2,7 +2,8 @@
 //! families on a registry passed down from `main`; there are no global statics.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// The Prometheus text exposition of everything in `r`.
@@ -37,6 +38,22 @@ pub fn config_reloads(r: &Registry, name: &str) -> prometheus::Result<IntCounter
 
 pub const RELOAD_APPLIED: &str = "applied";
 pub const RELOAD_REFUSED: &str = "refused";
+
+/// What every fencegate process exports, node or sidecar: the `process_*`
+/// families (CPU seconds, resident memory, open and maximum file
+/// descriptors, start time; read from /proc at each scrape) and
+/// `fencegate_build_info{version} 1`, which also tells a dashboard's
+/// `job` and `instance` variables which targets are fencegate's.
+pub fn process(r: &Registry) -> prometheus::Result<()> {
+    #[cfg(target_os = "linux")]
+    r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+    let info = register(
+        r,
+        IntGaugeVec::new(Opts::new("fencegate_build_info", "Always 1: the version of this process"), &["version"])?,
+    )?;
+    info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+    Ok(())
+}
 
 /// Lock service families (docs/DESIGN.md), counted as commands are applied.
 #[derive(Clone)]
@@ -127,18 +144,93 @@ impl RaftMetrics {
     }
 }
 
+/// The `outcome` label of `fencegate_sidecar_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream's answer, whatever its status.
+    Forwarded,
+    /// A kept answer replayed for an idempotency key.
+    Replayed,
+    /// The sidecar's own refusal (also counted in `rejections_total`).
+    Rejected,
+    /// 502 or 504: the upstream failed or timed out.
+    UpstreamError,
+    /// The sidecar's own failure.
+    Internal,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 5] =
+        [Outcome::Forwarded, Outcome::Replayed, Outcome::Rejected, Outcome::UpstreamError, Outcome::Internal];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Forwarded => "forwarded",
+            Outcome::Replayed => "replayed",
+            Outcome::Rejected => "rejected",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Internal => "internal",
+        }
+    }
+}
+
+/// The `result` label of `fencegate_sidecar_idempotency_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyResult {
+    /// Forwarded, and the answer kept.
+    Stored,
+    Replayed,
+    /// 422: the key was used for another request.
+    Mismatch,
+    /// 409: the first request with the key is in flight.
+    InFlight,
+    /// An outcome became unknown, or a retry of one was refused.
+    Unknown,
+    /// The answer was too large to keep.
+    NotKept,
+    /// 503: the idempotency store is full.
+    Full,
+    /// An unknown outcome resolved by an operator.
+    Resolved,
+}
+
+impl KeyResult {
+    pub const ALL: [KeyResult; 8] = [
+        KeyResult::Stored,
+        KeyResult::Replayed,
+        KeyResult::Mismatch,
+        KeyResult::InFlight,
+        KeyResult::Unknown,
+        KeyResult::NotKept,
+        KeyResult::Full,
+        KeyResult::Resolved,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyResult::Stored => "stored",
+            KeyResult::Replayed => "replayed",
+            KeyResult::Mismatch => "mismatch",
+            KeyResult::InFlight => "in_flight",
+            KeyResult::Unknown => "unknown",
+            KeyResult::NotKept => "not_kept",
+            KeyResult::Full => "full",
+            KeyResult::Resolved => "resolved",
+        }
+    }
+}
+
 /// Sidecar families (docs/DESIGN.md).
 #[derive(Clone)]
 pub struct SidecarMetrics {
-    /// outcome: forwarded | rejected | upstream_error | internal
+    /// outcome: `Outcome`
     pub requests: IntCounterVec,
-    /// reason: the `error` of the rejection answer
+    /// reason: the `error` of every refusal (outcome `rejected`)
     pub rejections: IntCounterVec,
     pub upstream_duration: HistogramVec,
     pub fence_wait: HistogramVec,
     pub lock_service_up: IntGauge,
-    /// result: stored | replayed | mismatch | in_flight | unknown |
-    /// not_kept | full | missing | malformed | resolved
+    /// result: `KeyResult`
     pub idempotency: IntCounterVec,
     /// Idempotency records held.
     pub idempotency_records: IntGauge,
@@ -211,5 +303,40 @@ impl SidecarMetrics {
             )?,
             config_reloads: config_reloads(r, "fencegate_sidecar_config_reloads_total")?,
         })
+    }
+
+    /// One request of `route` answered with `outcome`.
+    pub fn request(&self, route: &str, outcome: Outcome) {
+        self.requests.with_label_values(&[route, outcome.as_str()]).inc();
+    }
+
+    /// One request refused by the sidecar itself with `reason` (its `error`).
+    pub fn refusal(&self, route: &str, reason: &str) {
+        self.request(route, Outcome::Rejected);
+        self.rejections.with_label_values(&[route, reason]).inc();
+    }
+
+    /// One request with an idempotency key on `route`, by what its key did.
+    pub fn keyed(&self, route: &str, result: KeyResult) {
+        self.idempotency.with_label_values(&[route, result.as_str()]).inc();
+    }
+
+    /// Every series `route` can count, at 0: a counter series that first
+    /// appears at 1 is invisible to `increase()` and `rate()`, so an alert
+    /// on it would miss the first event. `reasons` are the refusals the
+    /// route can be given (`sidecar::answer::refusals`); `keyed`: the route
+    /// takes idempotency keys.
+    pub fn start_at_zero<'a>(&self, route: &str, reasons: impl IntoIterator<Item = &'a str>, keyed: bool) {
+        for outcome in Outcome::ALL {
+            self.requests.with_label_values(&[route, outcome.as_str()]);
+        }
+        for reason in reasons {
+            self.rejections.with_label_values(&[route, reason]);
+        }
+        if keyed {
+            for result in KeyResult::ALL {
+                self.idempotency.with_label_values(&[route, result.as_str()]);
+            }
+        }
     }
 }

@@ -93,6 +93,7 @@ impl Node {
         let lock_metrics = LockMetrics::new(&registry)?;
         let raft_metrics = RaftMetrics::new(&registry)?;
         let reloads = crate::metrics::config_reloads(&registry, "fencegate_config_reloads_total")?;
+        crate::metrics::process(&registry)?;
         let log_store = LogStore::new(db.clone(), raft_metrics.clone());
         let snapshots = SnapshotFile::new(config.data_dir.clone(), db.clone());
         let sm = StateMachineStore::open(snapshots, lock_metrics.clone())?;

@@ -9,8 +9,9 @@
 //! ```
 //!
 //! A refused request never reaches the upstream; every refusal is counted in
-//! `fencegate_sidecar_rejections_total` and logged with route, key, presented
-//! and current token.
+//! `fencegate_sidecar_rejections_total` (route `-` before a route is
+//! chosen), and a fence refusal is logged with route, key, presented and
+//! current token.
 
 pub mod admin;
 pub mod answer;
@@ -49,9 +50,9 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::sidecar::SidecarSettings;
 use crate::http::{Body, BoxError, Listener, LiveListener};
-use crate::metrics::SidecarMetrics;
+use crate::metrics::{Outcome, SidecarMetrics};
 use crate::tls::SidecarTls;
-use answer::Answer;
+use answer::{Answer, Phase};
 use check::Fencer;
 use forward::Upstream;
 use knowledge::LockView;
@@ -89,6 +90,8 @@ impl Sidecar {
         let acceptor = tls.server.map(|c| TlsAcceptor::from(Arc::new(c)));
         let registry = Registry::new();
         let metrics = SidecarMetrics::new(&registry)?;
+        crate::metrics::process(&registry)?;
+        start_at_zero(&metrics, &settings);
         let needs_service = settings.routes.iter().any(|r| r.fence.needs_lock_service());
         let view = match (&settings.lock_service, tls.lock_service, needs_service) {
             (Some(service), Some(options), true) => {
@@ -227,7 +230,7 @@ impl Sidecar {
                     match keyed::begin(&self.records, &self.metrics, policy, request).await {
                         Ok(keyed::Begun::Forward(k)) => keyed = Some(k),
                         Ok(keyed::Begun::Answered(resp)) => {
-                            self.metrics.requests.with_label_values(&[name, "replayed"]).inc();
+                            self.metrics.request(name, Outcome::Replayed);
                             return resp;
                         }
                         Err(a) => return self.answer(name, Some(lock_key), a),
@@ -263,7 +266,7 @@ impl Sidecar {
         };
         match result {
             Ok(resp) => {
-                self.metrics.requests.with_label_values(&[name, "forwarded"]).inc();
+                self.metrics.request(name, Outcome::Forwarded);
                 resp
             }
             Err(a) => self.answer(name, matched.key.as_deref(), a),
@@ -271,10 +274,12 @@ impl Sidecar {
     }
 
     fn answer(&self, route: &str, key: Option<&str>, a: Answer) -> Response<Body> {
-        self.metrics.requests.with_label_values(&[route, a.outcome()]).inc();
+        match a.reason() {
+            Some(reason) => self.metrics.refusal(route, reason),
+            None => self.metrics.request(route, a.outcome()),
+        }
         match &a {
             Answer::Rejected(r) => {
-                self.metrics.rejections.with_label_values(&[route, r.reason.as_str()]).inc();
                 let current = r.current.unwrap_or_else(|| self.fencer.current(&r.key));
                 tracing::warn!(route, key = %r.key, presented = ?r.token, current, reason = r.reason.as_str(), "rejected");
             }
@@ -444,8 +449,18 @@ async fn sweep(records: std::sync::Weak<records::Records>, metrics: SidecarMetri
     }
 }
 
+/// Every series the routes of `settings` (and route `-`, for refusals
+/// before a route is chosen) can count, at 0: at start-up and for the
+/// routes a reload brings.
+fn start_at_zero(metrics: &SidecarMetrics, settings: &SidecarSettings) {
+    metrics.start_at_zero("-", answer::refusals(Phase::Unrouted), false);
+    for r in settings.routes.iter() {
+        metrics.start_at_zero(&r.name, answer::refusals(Phase::Routed), r.idempotency.is_some());
+    }
+}
+
 /// The JSON body of hyper's own refusals of a request head, counted like the
-/// sidecar's own (route `-`, outcome `rejected`).
+/// sidecar's own (route `-`, outcome `rejected`, reason its `error`).
 fn refusal_body(metrics: SidecarMetrics, max_header_bytes: u64) -> crate::http::RefusalBody {
     Arc::new(move |status| {
         let (error, message) = match status {
@@ -459,7 +474,7 @@ fn refusal_body(metrics: SidecarMetrics, max_header_bytes: u64) -> crate::http::
             414 => (Problem::UriTooLong, "the request target is too long".to_string()),
             _ => return None,
         };
-        metrics.requests.with_label_values(&["-", "rejected"]).inc();
+        metrics.refusal("-", error.as_str());
         let body = fencegate_client::wire::ProblemBody { error, route: Some("-".into()), message: Some(message) };
         let mut json = serde_json::to_vec(&body).ok()?;
         json.push(b'\n');

@@ -85,7 +85,7 @@ impl Sidecar {
                 let resolved = self.records.resolve(&scope, applied).await;
                 if resolved.is_ok() {
                     let routes = resolved.as_ref().map(|r| r.route.clone()).unwrap_or_default();
-                    self.metrics.idempotency.with_label_values(&[&routes, "resolved"]).inc();
+                    self.metrics.keyed(&routes, crate::metrics::KeyResult::Resolved);
                     tracing::warn!(
                         lock_key = call.lock_key,
                         key = call.key,

@@ -10,6 +10,7 @@ use fencegate_client::wire::{self, Problem, ProblemBody, Reason, Token};
 use hyper::{Response, StatusCode};
 
 use crate::http::{refusal, Body, Cause};
+use crate::metrics::Outcome;
 
 /// A refused request: the fence said no.
 #[derive(Debug, Clone)]
@@ -91,12 +92,33 @@ impl Answer {
 
     /// The `outcome` label of `fencegate_sidecar_requests_total`: the
     /// sidecar's own failures are `internal`, not refusals.
-    pub fn outcome(&self) -> &'static str {
+    pub fn outcome(&self) -> Outcome {
         match self.cause() {
-            Cause::Upstream => "upstream_error",
-            Cause::Internal => "internal",
-            Cause::Client | Cause::LockService => "rejected",
+            Cause::Upstream => Outcome::UpstreamError,
+            Cause::Internal => Outcome::Internal,
+            Cause::Client | Cause::LockService => Outcome::Rejected,
         }
+    }
+
+    /// The `reason` label of `fencegate_sidecar_rejections_total` (the
+    /// answer's `error`) if this is a refusal: every answer with outcome
+    /// `rejected` is counted there.
+    pub fn reason(&self) -> Option<&'static str> {
+        if self.outcome() != Outcome::Rejected {
+            return None;
+        }
+        Some(match self {
+            Answer::Rejected(r) => r.reason.as_str(),
+            Answer::BadRequest { error, .. } | Answer::BodyCut { error, .. } | Answer::Idempotency { error, .. } => {
+                error.as_str()
+            }
+            Answer::NoRoute => Problem::NoRoute.as_str(),
+            Answer::TooLarge { .. } => Problem::BodyTooLarge.as_str(),
+            Answer::UpstreamTimeout
+            | Answer::UpstreamFailed(_)
+            | Answer::UpstreamUnreachable(_)
+            | Answer::Internal(_) => return None,
+        })
     }
 
     pub fn into_response(self, route: &str) -> Response<Body> {
@@ -129,6 +151,53 @@ impl Answer {
         };
         refusal(status, cause, &body)
     }
+}
+
+/// When in a request's life a refusal is given: before a route is chosen
+/// (counted under route `-`), or on a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Unrouted,
+    Routed,
+}
+
+/// Whether a refusal with this `error` can be given in `phase`; never for
+/// the answers that are not refusals (the upstream's or the sidecar's own
+/// failures). Every variant is placed here, so a new one is placed too.
+fn refused_in(p: Problem, phase: Phase) -> bool {
+    use Phase::*;
+    match p {
+        // Framing, method, disguise and path checks, the route table,
+        // and the HTTP parser's own refusals (`refusals.rs`).
+        Problem::MalformedPath
+        | Problem::InvalidKey
+        | Problem::MalformedMethod
+        | Problem::InvalidParam
+        | Problem::UnfencedWrite
+        | Problem::DisguisedRequest
+        | Problem::NoRoute
+        | Problem::MalformedRequest
+        | Problem::HeadersTooLarge
+        | Problem::UriTooLong => phase == Unrouted,
+        // The announced length is judged before routing, a body read on a
+        // route after.
+        Problem::AmbiguousFraming | Problem::BodyTooLarge => true,
+        Problem::BodyTimeout
+        | Problem::MalformedIdempotencyKey
+        | Problem::MissingIdempotencyKey
+        | Problem::IdempotencyKeyReused
+        | Problem::IdempotencyInFlight
+        | Problem::OutcomeUnknown
+        | Problem::ResponseNotKept => phase == Routed,
+        Problem::UpstreamTimeout | Problem::UpstreamError | Problem::IdempotencyStoreFull | Problem::Internal => false,
+    }
+}
+
+/// Every `reason` a refusal in `phase` can be counted with: the fence's
+/// reasons (on a route) and the other refusals, from the wire enums.
+pub fn refusals(phase: Phase) -> impl Iterator<Item = &'static str> {
+    let fence = Reason::ALL.into_iter().filter(move |_| phase == Phase::Routed).map(Reason::as_str);
+    fence.chain(Problem::ALL.into_iter().filter(move |p| refused_in(*p, phase)).map(Problem::as_str))
 }
 
 #[cfg(test)]
@@ -199,7 +268,7 @@ mod tests {
             (Answer::Internal("x".into()), 500, "internal", Cause::Internal, "internal"),
         ] {
             assert_eq!(
-                (answer.status().as_u16(), answer.outcome(), answer.cause()),
+                (answer.status().as_u16(), answer.outcome().as_str(), answer.cause()),
                 (status, outcome, cause),
                 "{answer:?}"
             );
@@ -220,6 +289,57 @@ mod tests {
                 wire::SidecarAnswer::Problem(p) => serde_json::to_value(p.error).unwrap().as_str().unwrap().to_string(),
             };
             assert_eq!(code, error);
+        }
+    }
+
+    /// Every refusal the sidecar can give is counted under a `reason` that
+    /// was at 0 from the start, and nothing else is counted as one.
+    #[test]
+    fn every_refusal_reason_starts_at_zero() {
+        use std::collections::BTreeSet;
+        let routed: BTreeSet<_> = refusals(Phase::Routed).collect();
+        let unrouted: BTreeSet<_> = refusals(Phase::Unrouted).collect();
+        let status_of = |name: &str| {
+            let fence = Reason::ALL.into_iter().find(|r| r.as_str() == name).map(Reason::status);
+            fence.or_else(|| Problem::ALL.into_iter().find(|p| p.as_str() == name).map(Problem::status)).unwrap()
+        };
+        let mut answers: Vec<Answer> = Reason::ALL.into_iter().map(rejected).collect();
+        // Every 4xx problem is a refusal, in whichever answer carries it; the
+        // 5xx ones come only in the answers of the upstream's or the
+        // sidecar's failures, below.
+        for error in Problem::ALL.into_iter().filter(|p| p.status().is_client_error()) {
+            let message = String::new();
+            answers.push(Answer::BadRequest { error, message: message.clone() });
+            answers.push(Answer::BodyCut { error, message: message.clone() });
+            answers.push(Answer::Idempotency { error, message });
+        }
+        answers.extend([
+            Answer::NoRoute,
+            Answer::TooLarge { limit: 1 },
+            Answer::UpstreamTimeout,
+            Answer::UpstreamFailed("x".into()),
+            Answer::UpstreamUnreachable("x".into()),
+            Answer::Internal("x".into()),
+        ]);
+        for a in &answers {
+            match a.reason() {
+                Some(reason) => {
+                    assert_eq!(a.outcome(), Outcome::Rejected, "{a:?}");
+                    assert!(routed.contains(reason) || unrouted.contains(reason), "{a:?} counted from nothing");
+                    assert_eq!(a.status(), status_of(reason), "{a:?}: its reason is its error");
+                }
+                None => assert_ne!(a.outcome(), Outcome::Rejected, "{a:?} is a refusal without a reason"),
+            }
+        }
+        // The fence's reasons need a route; the route table's refusals come before one.
+        for reason in Reason::ALL {
+            assert!(routed.contains(reason.as_str()) && !unrouted.contains(reason.as_str()));
+        }
+        for p in [Problem::MalformedPath, Problem::NoRoute, Problem::MalformedRequest, Problem::HeadersTooLarge] {
+            assert!(unrouted.contains(p.as_str()) && !routed.contains(p.as_str()), "{p:?}");
+        }
+        for p in [Problem::UpstreamError, Problem::Internal, Problem::IdempotencyStoreFull] {
+            assert!(!unrouted.contains(p.as_str()) && !routed.contains(p.as_str()), "{p:?} is no refusal");
         }
     }
 }

@@ -22,7 +22,7 @@ use super::answer::Answer;
 use super::idempotency::{self, Policy, Record, State, Verdict};
 use super::records::{BeginError, Records};
 use crate::http::{Body, BoxError};
-use crate::metrics::SidecarMetrics;
+use crate::metrics::{KeyResult, SidecarMetrics};
 
 /// Room held for an answer's headers while its request is pending (an
 /// answer with more is kept without its body if the store has no room).
@@ -127,11 +127,11 @@ pub async fn begin(
         body: Bytes::new(),
         reserve: policy.max_response + HEADER_RESERVE,
     };
-    let count = |result: &str| metrics.idempotency.with_label_values(&[r.route, result]).inc();
+    let count = |result| metrics.keyed(r.route, result);
     let verdict = match records.begin(&scope, record).await {
         Ok(v) => v,
         Err(BeginError::Full { limit }) => {
-            count("full");
+            count(KeyResult::Full);
             let message = format!("the idempotency store is full ({limit} bytes, limits.idempotency_store)");
             return Err(problem(Problem::IdempotencyStoreFull, message));
         }
@@ -147,12 +147,12 @@ pub async fn begin(
             Ok(Begun::Forward(keyed))
         }
         Verdict::Replay(rec) => {
-            count("replayed");
+            count(KeyResult::Replayed);
             let State::Done { status, headers, .. } = &rec.state else { unreachable!("only done records replay") };
             Ok(Begun::Answered(answer_of(*status, headers, rec.body.clone(), true)))
         }
         Verdict::Mismatch => {
-            count("mismatch");
+            count(KeyResult::Mismatch);
             tracing::warn!(
                 route = r.route,
                 key = r.lock_key,
@@ -163,11 +163,11 @@ pub async fn begin(
             Err(problem(Problem::IdempotencyKeyReused, message.into()))
         }
         Verdict::InFlight => {
-            count("in_flight");
+            count(KeyResult::InFlight);
             Err(problem(Problem::IdempotencyInFlight, "the first request with this key is still in flight".into()))
         }
         Verdict::Unknown(rec) => {
-            count("unknown");
+            count(KeyResult::Unknown);
             let why = match &rec.state {
                 State::Unknown { why } => why.as_str(),
                 _ => "",
@@ -186,7 +186,7 @@ pub async fn begin(
             Err(problem(Problem::OutcomeUnknown, message))
         }
         Verdict::NotKept(status) => {
-            count("not_kept");
+            count(KeyResult::NotKept);
             let message = format!(
                 "the first request with this key was answered {status}, with a body too large to keep for replay"
             );
@@ -222,12 +222,12 @@ pub async fn finish(
 ) -> Result<Response<Body>, Answer> {
     keyed.settled = true;
     let records = keyed.records.clone();
-    let count = |result: &str| metrics.idempotency.with_label_values(&[route, result]).inc();
+    let count = |result| metrics.keyed(route, result);
     let scope = keyed.scope.clone();
     // An unknown outcome is kept a whole retention from now: the request
     // may still be applied.
     let unknown = |why: String| {
-        count("unknown");
+        count(KeyResult::Unknown);
         tracing::warn!(route, scope = %scope.replace('\n', " "), why, "idempotent request's outcome unknown");
         durably(records.settle(&scope, State::Unknown { why }, Bytes::new(), keyed.retained()));
     };
@@ -267,13 +267,13 @@ pub async fn finish(
             // without its answer (no room), the client still gets it whole.
             let answer = answer_of(status, &headers, bytes.clone(), false);
             durably(records.settle(&scope, State::Done { status, headers, kept: true }, bytes, retained));
-            count("stored");
+            count(KeyResult::Stored);
             Ok(answer)
         }
         Ok((prefix, Some(rest))) => {
             let state = State::Done { status, headers, kept: false };
             durably(records.settle(&scope, state, Bytes::new(), retained));
-            count("stored");
+            count(KeyResult::Stored);
             let first = futures_util::stream::once(async move { Ok::<_, BoxError>(hyper::body::Frame::data(prefix)) });
             let rest = http_body_util::BodyStream::new(rest);
             let body = http_body_util::StreamBody::new(futures_util::StreamExt::chain(first, rest));

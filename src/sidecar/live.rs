@@ -44,6 +44,7 @@ impl Sidecar {
         let acceptor = tls.server.map(|c| TlsAcceptor::from(Arc::new(c)));
         self.note_route_timeouts(&settings);
         self.listener.store(Arc::new(super::listener_options(&settings, acceptor, &self.metrics)));
+        super::start_at_zero(&self.metrics, &settings);
         self.live.store(Arc::new(Live { settings, upstream: Upstream::new(tls.upstream) }));
         Ok(())
     }

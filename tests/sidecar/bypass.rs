@@ -149,6 +149,8 @@ async fn no_spelling_of_a_write_reaches_a_lenient_upstream_unfenced() {
         everything_else(),
     ]);
     let sc = Sidecar::start(&bin!(), dir.path().join("sc"), &up.url(), &[], &routes).await;
+    let rejections = |m: String| fencegate_testkit::http::series_of(&m, "fencegate_sidecar_rejections_total");
+    let at_start = rejections(sc.metrics().await);
     let floor = 5;
     let (status, v) = sc.send("PUT", "/racks/1", Some(floor), &[]).await;
     assert_eq!(status, 200, "{v}");
@@ -170,6 +172,11 @@ async fn no_spelling_of_a_write_reaches_a_lenient_upstream_unfenced() {
     let violations: Vec<_> = applied.iter().filter(|s| violates(s, floor)).collect();
     assert!(violations.is_empty(), "applied to rack 1 below its floor {floor}: {violations:#?}");
     assert!(wrong.is_empty(), "{} of {} cases:\n{}", wrong.len(), CORPUS.len(), wrong.join("\n"));
+    // Each refusal was counted in a series there (at 0) since start-up, so
+    // that an alert's increase() sees the first of its kind.
+    let now = rejections(sc.metrics().await);
+    let born: Vec<_> = now.difference(&at_start).collect();
+    assert!(born.is_empty(), "rejection series born at their first event: {born:?}");
     // Safe reads still pass, whatever the spelling.
     assert_eq!(sc.send("GET", "/RACKS/01.json", None, &[]).await.0, 200);
 

@@ -56,6 +56,14 @@ async fn sighup_applies_new_routes_under_load_and_refuses_a_bad_file() {
 
     // A catch-all added: what was 404 is forwarded.
     reload(&sc, &table(&[writes.clone(), everything_else()]), APPLIED, 1.0).await;
+    // Its series are there at 0 before its first request, as at start-up.
+    let m = sc.metrics().await;
+    for series in [
+        r#"fencegate_sidecar_requests_total{outcome="upstream_error",route="everything-else"}"#,
+        r#"fencegate_sidecar_rejections_total{reason="body_too_large",route="everything-else"}"#,
+    ] {
+        assert_eq!(http::metric(&m, series), Some(0.0), "{series}: {m}");
+    }
     let (status, v) = sc.send("GET", "/hosts/1", None, &[]).await;
     assert_eq!(status, 200, "the new route does not serve: {v}");
 

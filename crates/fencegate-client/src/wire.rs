@@ -343,6 +343,17 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in the order of the enum: what the sidecar's metrics
+    /// start at 0 and its tests iterate.
+    pub const ALL: [Reason; 6] = [
+        Reason::StaleToken,
+        Reason::LeaseExpired,
+        Reason::UnknownToken,
+        Reason::MissingToken,
+        Reason::MalformedToken,
+        Reason::LockServiceUnavailable,
+    ];
+
     /// The snake_case name, as in the answer's `error` and the metric label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -444,6 +455,64 @@ pub enum Problem {
 }
 
 impl Problem {
+    /// Every problem, in the order of the enum: what the sidecar's metrics
+    /// start at 0 and its tests iterate.
+    pub const ALL: [Problem; 23] = [
+        Problem::MalformedPath,
+        Problem::InvalidKey,
+        Problem::MalformedMethod,
+        Problem::AmbiguousFraming,
+        Problem::InvalidParam,
+        Problem::UnfencedWrite,
+        Problem::DisguisedRequest,
+        Problem::NoRoute,
+        Problem::BodyTooLarge,
+        Problem::BodyTimeout,
+        Problem::UpstreamTimeout,
+        Problem::UpstreamError,
+        Problem::MalformedRequest,
+        Problem::HeadersTooLarge,
+        Problem::UriTooLong,
+        Problem::MalformedIdempotencyKey,
+        Problem::MissingIdempotencyKey,
+        Problem::IdempotencyKeyReused,
+        Problem::IdempotencyInFlight,
+        Problem::OutcomeUnknown,
+        Problem::ResponseNotKept,
+        Problem::IdempotencyStoreFull,
+        Problem::Internal,
+    ];
+
+    /// The snake_case name, as in the answer's `error` and the `reason`
+    /// label of `fencegate_sidecar_rejections_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Problem::MalformedPath => "malformed_path",
+            Problem::InvalidKey => "invalid_key",
+            Problem::MalformedMethod => "malformed_method",
+            Problem::AmbiguousFraming => "ambiguous_framing",
+            Problem::InvalidParam => "invalid_param",
+            Problem::UnfencedWrite => "unfenced_write",
+            Problem::DisguisedRequest => "disguised_request",
+            Problem::NoRoute => "no_route",
+            Problem::BodyTooLarge => "body_too_large",
+            Problem::BodyTimeout => "body_timeout",
+            Problem::UpstreamTimeout => "upstream_timeout",
+            Problem::UpstreamError => "upstream_error",
+            Problem::MalformedRequest => "malformed_request",
+            Problem::HeadersTooLarge => "headers_too_large",
+            Problem::UriTooLong => "uri_too_long",
+            Problem::MalformedIdempotencyKey => "malformed_idempotency_key",
+            Problem::MissingIdempotencyKey => "missing_idempotency_key",
+            Problem::IdempotencyKeyReused => "idempotency_key_reused",
+            Problem::IdempotencyInFlight => "idempotency_in_flight",
+            Problem::OutcomeUnknown => "outcome_unknown",
+            Problem::ResponseNotKept => "response_not_kept",
+            Problem::IdempotencyStoreFull => "idempotency_store_full",
+            Problem::Internal => "internal",
+        }
+    }
+
     /// The HTTP status the sidecar answers this problem with.
     pub fn status(self) -> StatusCode {
         match self {
@@ -661,8 +730,15 @@ mod tests {
             }),
             json!({"error": "upstream_timeout", "route": "r"}),
         );
-        for reason in [Reason::StaleToken, Reason::LockServiceUnavailable, Reason::MalformedToken] {
+        // The names metrics and answers use are the JSON ones, each once.
+        let mut names = std::collections::BTreeSet::new();
+        for reason in Reason::ALL {
             assert_eq!(serde_json::to_value(reason).unwrap(), json!(reason.as_str()));
+            assert!(names.insert(reason.as_str()), "{reason:?} twice");
+        }
+        for problem in Problem::ALL {
+            assert_eq!(serde_json::to_value(problem).unwrap(), json!(problem.as_str()));
+            assert!(names.insert(problem.as_str()), "{problem:?} twice");
         }
     }
 }

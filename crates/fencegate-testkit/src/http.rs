@@ -107,3 +107,10 @@ pub async fn raw_tcp(port: u16, request: &str) -> String {
 pub fn metric(exposition: &str, series: &str) -> Option<f64> {
     exposition.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
+
+/// Every series of the family `name` in a Prometheus text exposition, as
+/// `name{labels}` (or `name`), without their values.
+pub fn series_of(exposition: &str, name: &str) -> std::collections::BTreeSet<String> {
+    let of_family = |l: &&str| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' ']));
+    exposition.lines().filter(of_family).filter_map(|l| Some(l.rsplit_once(' ')?.0.to_string())).collect()
+}
