@@ -431,6 +431,12 @@ async fn the_api_description_is_served_and_generated_clients_spellings_are_under
     assert_eq!(granted.key, "rack/42:a", "decoded once");
     let a = http.call(Method::GET, &format!("{locks}rack/42:a"), None, t).await.unwrap();
     assert!(decode::<wire::LockInfo>(&a.body).held, "the same key, spelled plainly");
+    // serde would read a struct from an array of its fields: not a body.
+    for body in [&b"[null, null]"[..], b"[1000]", b"null", b"7"] {
+        let a = http.call(Method::POST, &format!("{locks}k"), Some(body.to_vec()), t).await.unwrap();
+        let e: ApiError = decode(&a.body);
+        assert_eq!((a.status, e.error), (StatusCode::BAD_REQUEST, ErrorCode::BadRequest), "{body:?}");
+    }
     for bad in ["rack%2F..%2Fx", "%2E%2E", "rack%252F42", "a%FF", "a%2F"] {
         let a = http.call(Method::POST, &format!("{locks}{bad}"), None, t).await.unwrap();
         assert_eq!(

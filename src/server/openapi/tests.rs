@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 
 use fencegate_client::wire::{self, *};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -50,6 +51,29 @@ fn json_type(v: &Value) -> &'static str {
 /// Schema `name` describes the type whose fewest fields serialise to `min`
 /// (every `Option` `None`) and whose most to `max` (every `Option` `Some`).
 fn same_shape(doc: &Value, name: &str, min: Map<String, Value>, max: Map<String, Value>) {
+    shape(doc, name, min, max, &BTreeSet::new());
+}
+
+/// `same_shape` for a body the node reads: an optional field the type also
+/// takes as `null` (meaning absent) must be documented nullable, and one it
+/// refuses as `null` must not be.
+fn request_shape<T: DeserializeOwned + PartialEq + std::fmt::Debug>(
+    doc: &Value,
+    name: &str,
+    min: Map<String, Value>,
+    max: Map<String, Value>,
+) {
+    let absent: T = serde_json::from_value(Value::Object(min.clone())).unwrap();
+    let takes_null = |field: &&String| {
+        let mut with_null = min.clone();
+        with_null.insert(field.to_string(), Value::Null);
+        serde_json::from_value::<T>(Value::Object(with_null)).is_ok_and(|t| t == absent)
+    };
+    let nullable: BTreeSet<String> = max.keys().filter(|f| !min.contains_key(*f)).filter(takes_null).cloned().collect();
+    shape(doc, name, min, max, &nullable);
+}
+
+fn shape(doc: &Value, name: &str, min: Map<String, Value>, max: Map<String, Value>, nulls: &BTreeSet<String>) {
     let schema = &doc["components"]["schemas"][name];
     let props = schema["properties"].as_object().unwrap_or_else(|| panic!("{name} has no properties"));
     let documented: BTreeSet<&str> = props.keys().map(String::as_str).collect();
@@ -62,7 +86,8 @@ fn same_shape(doc: &Value, name: &str, min: Map<String, Value>, max: Map<String,
     for (field, value) in &max {
         let p = resolve(doc, &props[field]);
         let nullable = p["nullable"].as_bool().unwrap_or(false);
-        assert_eq!(nullable, min.get(field) == Some(&Value::Null), "{name}.{field}: nullable");
+        let null = min.get(field) == Some(&Value::Null) || nulls.contains(field);
+        assert_eq!(nullable, null, "{name}.{field}: nullable");
         assert_eq!(p["type"].as_str(), Some(json_type(value)), "{name}.{field}: type");
         for v in [Some(value), min.get(field).filter(|v| !v.is_null())].into_iter().flatten() {
             if let Some(allowed) = p["enum"].as_array() {
@@ -88,7 +113,7 @@ fn every_schema_has_the_fields_of_its_wire_type() {
         request_id: Some("r".into()),
         lock_delay_ms: Some(0),
     };
-    same_shape(d, "AcquireRequest", object(&AcquireRequest::default()), object(&some));
+    request_shape::<AcquireRequest>(d, "AcquireRequest", object(&AcquireRequest::default()), object(&some));
     let lease_id = "0123456789abcdef0123456789abcdef".to_string();
     fixed_shape(d, "Granted", object(&Granted { key: "k".into(), token: 1, lease_id, ttl_ms: 1 }));
     fixed_shape(d, "KeepaliveAck", object(&KeepaliveAck { ttl_ms: 1 }));
@@ -130,7 +155,7 @@ fn every_schema_has_the_fields_of_its_wire_type() {
     // `force` is always serialised but may be left out (`#[serde(default)]`).
     let mut add_min = object(&add);
     add_min.remove("force");
-    same_shape(d, "AddMember", add_min, object(&add_all));
+    request_shape::<AddMember>(d, "AddMember", add_min, object(&add_all));
     assert_eq!(
         serde_json::from_value::<AddMember>(json!({"id": 4, "peer_url": "http://127.0.0.1:7504"})).unwrap(),
         add
