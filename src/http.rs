@@ -80,9 +80,14 @@ pub fn refusal<T: Serialize>(status: StatusCode, cause: Cause, body: &T) -> Resp
     resp
 }
 
-/// Parse a JSON body; an empty body parses as `{}`.
+/// Parse a JSON object body; an empty body parses as `{}`.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
     let bytes = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}".as_slice() } else { bytes };
+    // serde also reads a struct from an array of its fields in order
+    // (`[30000]` as a ttl_ms): every body is documented as an object.
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(<serde_json::Error as serde::de::Error>::custom("the body must be a JSON object").into());
+    }
     Ok(serde_json::from_slice(bytes)?)
 }
 

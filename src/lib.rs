@@ -13,6 +13,7 @@ pub mod http;
 pub mod inventory;
 pub mod lock;
 pub mod metrics;
+pub mod percent;
 pub mod raft;
 pub mod server;
 pub mod sidecar;

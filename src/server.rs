@@ -10,6 +10,7 @@ mod error;
 mod forward;
 mod keeper;
 pub mod members;
+mod openapi;
 mod proposer;
 mod raft_rpc;
 mod reload;

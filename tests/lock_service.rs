@@ -312,7 +312,10 @@ async fn bad_input_gets_4xx_and_changes_nothing() {
     let cases: Vec<(&str, String, Option<&str>, u16)> = vec![
         ("POST", format!("/v1/locks/{long_key}"), None, 400),
         ("POST", "/v1/locks/a//b".into(), None, 400),
-        ("POST", "/v1/locks/a%2Fb".into(), None, 400),
+        // Keys are percent-decoded once, then checked: a//b and a%2Fb.
+        ("POST", "/v1/locks/a%2F%2Fb".into(), None, 400),
+        ("POST", "/v1/locks/a%252Fb".into(), None, 400),
+        ("POST", "/v1/locks/k".into(), Some("[1000]"), 400),
         ("POST", "/v1/locks/k".into(), Some("{not json"), 400),
         ("POST", "/v1/locks/k".into(), Some(r#"{"ttl_ms":10}"#), 400),
         ("POST", "/v1/locks/k".into(), Some(r#"{"ttl_ms":99999999999}"#), 400),

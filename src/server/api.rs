@@ -22,13 +22,13 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::proposer::RaftCallError;
-use super::{forward, members, raft_rpc, watch, Node};
+use super::{forward, members, openapi, raft_rpc, watch, Node};
 use crate::audit;
 use crate::auth::Right;
 use crate::backup;
 use crate::http::{full, json, parse_json, read_body, Body, Conn};
 use crate::lock::state::{AcquireCmd, Command, Grant, Outcome};
-use crate::lock::validate;
+use crate::lock::validate::{self, InvalidInput};
 
 /// Largest Lock API request body.
 const MAX_API_BODY: usize = 64 << 10;
@@ -51,12 +51,13 @@ pub async fn handle(node: Arc<Node>, plane: Plane, req: Request<Incoming>, conn:
     routed.unwrap_or_else(ApiError::into_response)
 }
 
-/// The client plane: health and metrics for anyone (supervisors and
-/// scrapers carry no credentials), the Lock API for an identity.
+/// The client plane: health, metrics and the API's description for anyone
+/// (supervisors, scrapers and code generators carry no credentials; the
+/// description is public), the Lock API for an identity.
 async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Response<Body>, ApiError> {
     match req.uri().path() {
         "/healthz" => {
-            only(req.method(), Method::GET)?;
+            only(req.method(), "GET")?;
             return match node.core_error() {
                 None => Ok(text("ok\n", "text/plain")),
                 Some(e) => Err(ApiError::Unavailable(format!("the Raft core stopped: {e}"))),
@@ -66,7 +67,7 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
         // another: followers forward), so a lock call can be served now.
         // Kubernetes takes an unready node out of the client Service.
         "/readyz" => {
-            only(req.method(), Method::GET)?;
+            only(req.method(), "GET")?;
             if let Some(e) = node.core_error() {
                 return Err(ApiError::Unavailable(format!("the Raft core stopped: {e}")));
             }
@@ -75,7 +76,8 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
                 None => Err(ApiError::NoLeader("this node knows no leader yet".into())),
             };
         }
-        "/metrics" => return only(req.method(), Method::GET).map(|_| crate::metrics::exposition(&node.registry)),
+        "/metrics" => return only(req.method(), "GET").map(|_| crate::metrics::exposition(&node.registry)),
+        wire::OPENAPI_PATH => return only(req.method(), "GET").map(|_| text(openapi::DOCUMENT, openapi::CONTENT_TYPE)),
         _ => {}
     }
     let identity = node.credentials.identify(req.headers(), conn).inspect_err(|e| {
@@ -94,14 +96,14 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
     };
     let path = req.uri().path();
     if let Some(rpc) = path.strip_prefix("/raft/") {
-        only(req.method(), Method::POST)?;
+        only(req.method(), "POST")?;
         peer_protocol(req.headers())?;
         let rpc = rpc.to_string();
         let body = body_within(&node, req.into_body(), super::MAX_PEER_BODY).await?;
         return raft_rpc::handle(&node, &rpc, &body, member, conn).await;
     }
     if path == wire::CLUSTER_PATH {
-        return only(req.method(), Method::GET).map(|_| cluster(&node));
+        return only(req.method(), "GET").map(|_| cluster(&node));
     }
     if let Some(by) = req.headers().get(forward::FORWARDED_BY) {
         // The member that forwarded it authenticated the client, and only
@@ -184,9 +186,9 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     match path.as_str() {
-        wire::CLUSTER_PATH => return only(&method, Method::GET).map(|_| cluster(&node)),
+        wire::CLUSTER_PATH => return only(&method, "GET").map(|_| cluster(&node)),
         wire::WATCH_PATH => {
-            only(&method, Method::GET)?;
+            only(&method, "GET")?;
             let (rules, identity) = (node.clone(), caller.identity.clone());
             let may_open = |prefix: &str| match node.acl.load().may_watch(&caller.identity, prefix) {
                 true => Ok(()),
@@ -201,27 +203,29 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     }
     // Leader calls.
     let call = if let Some(key) = path.strip_prefix(wire::LOCKS_PATH) {
-        validate::key(key)?;
+        let key = lock_key(key)?;
         match method {
-            Method::POST => Call::Acquire(key.to_string()),
-            Method::GET => Call::Read(key.to_string()),
-            _ => return Err(ApiError::MethodNotAllowed),
+            Method::POST => Call::Acquire(key),
+            Method::GET => Call::Read(key),
+            _ => return Err(ApiError::MethodNotAllowed("GET, POST")),
         }
     } else if let Some(rest) = path.strip_prefix(wire::LEASES_PATH) {
+        // Other methods get 405 on either path, whatever the id.
         match (method, rest.strip_suffix("/keepalive")) {
             (Method::POST, Some(id)) if lease_id_ok(id) => Call::Keepalive(id.to_string()),
             (Method::DELETE, None) if lease_id_ok(rest) => Call::Release(rest.to_string()),
-            (Method::POST | Method::DELETE, _) => return Err(ApiError::LeaseNotFound),
-            _ => return Err(ApiError::MethodNotAllowed),
+            (Method::POST, Some(_)) | (Method::DELETE, None) => return Err(ApiError::LeaseNotFound),
+            (_, Some(_)) => return Err(ApiError::MethodNotAllowed("POST")),
+            (_, None) => return Err(ApiError::MethodNotAllowed("DELETE")),
         }
     } else if path == wire::SNAPSHOT_PATH {
-        only(&method, Method::GET)?;
+        only(&method, "GET")?;
         Call::Snapshot
     } else if path == wire::MEMBERS_PATH {
         match method {
             Method::GET => Call::Members,
             Method::POST => Call::AddMember,
-            _ => return Err(ApiError::MethodNotAllowed),
+            _ => return Err(ApiError::MethodNotAllowed("GET, POST")),
         }
     } else if let Some(id) = path.strip_prefix(wire::MEMBERS_PATH).and_then(|p| p.strip_prefix('/')) {
         let id = id.parse().map_err(|_| ApiError::BadRequest(format!("{id:?} is not a node id")))?;
@@ -230,7 +234,7 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
             Some("force=true") => true,
             Some(q) => return Err(ApiError::BadRequest(format!("unknown query {q:?} (only force=true)"))),
         };
-        only(&method, Method::DELETE)?;
+        only(&method, "DELETE")?;
         Call::RemoveMember { id, force }
     } else {
         return Err(ApiError::NotFound);
@@ -301,12 +305,23 @@ enum Call {
     RemoveMember { id: u64, force: bool },
 }
 
-fn only(method: &Method, allowed: Method) -> Result<(), ApiError> {
-    if *method == allowed {
+/// `Ok` for the one method a path takes; 405 naming it otherwise.
+fn only(method: &Method, allowed: &'static str) -> Result<(), ApiError> {
+    if method.as_str() == allowed {
         Ok(())
     } else {
-        Err(ApiError::MethodNotAllowed)
+        Err(ApiError::MethodNotAllowed(allowed))
     }
+}
+
+/// The key of a `/v1/locks/{key}` path: percent-decoded once (generated
+/// clients encode path parameters, so `rack/42` arrives as `rack%2F42`),
+/// then checked. Decoding first cannot smuggle anything past the check: the
+/// key's alphabet has no `%`, and `.` and `..` segments are refused either way.
+fn lock_key(raw: &str) -> Result<String, ApiError> {
+    let key = String::from_utf8(crate::percent::decode(raw)).map_err(|_| InvalidInput::Key(raw.into()))?;
+    validate::key(&key)?;
+    Ok(key)
 }
 
 fn lease_id_ok(id: &str) -> bool {

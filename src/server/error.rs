@@ -1,6 +1,7 @@
 //! The Lock API's errors, and the one place that maps them to HTTP answers.
 
 use fencegate_client::wire::{self, ErrorCode, HeldBy};
+use hyper::header::{HeaderValue, ALLOW};
 use hyper::Response;
 use thiserror::Error;
 
@@ -27,8 +28,9 @@ pub enum ApiError {
     QuotaExceeded(String),
     #[error("no such endpoint")]
     NotFound,
-    #[error("method not allowed")]
-    MethodNotAllowed,
+    /// A known path with another method; the methods it takes, for `Allow`.
+    #[error("method not allowed (allowed: {0})")]
+    MethodNotAllowed(&'static str),
     #[error("lease not found (released, expired or never granted)")]
     LeaseNotFound,
     #[error("{key} is held")]
@@ -58,7 +60,7 @@ impl ApiError {
             ApiError::Forbidden(_) => (ErrorCode::Forbidden, Cause::Client),
             ApiError::QuotaExceeded(_) => (ErrorCode::QuotaExceeded, Cause::Client),
             ApiError::NotFound => (ErrorCode::NotFound, Cause::Client),
-            ApiError::MethodNotAllowed => (ErrorCode::MethodNotAllowed, Cause::Client),
+            ApiError::MethodNotAllowed(_) => (ErrorCode::MethodNotAllowed, Cause::Client),
             ApiError::LeaseNotFound => (ErrorCode::LeaseNotFound, Cause::Client),
             ApiError::Held { .. } => (ErrorCode::Held, Cause::Client),
             ApiError::MembershipRefused(_) => (ErrorCode::MembershipRefused, Cause::Client),
@@ -70,12 +72,21 @@ impl ApiError {
 
     pub fn into_response(self) -> Response<Body> {
         let (code, cause) = self.code();
+        // RFC 9110: a 405 says which methods the path takes.
+        let allow = match &self {
+            ApiError::MethodNotAllowed(allow) => Some(HeaderValue::from_static(allow)),
+            _ => None,
+        };
         let body = match self {
             ApiError::Held { key, holder, token, lock_delay } => {
                 wire::ApiError { error: code, message: None, held: Some(HeldBy { key, holder, token, lock_delay }) }
             }
             other => wire::ApiError { error: code, message: Some(other.to_string()), held: None },
         };
-        refusal(code.status(), cause, &body)
+        let mut resp = refusal(code.status(), cause, &body);
+        if let Some(allow) = allow {
+            resp.headers_mut().insert(ALLOW, allow);
+        }
+        resp
     }
 }

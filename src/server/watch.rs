@@ -52,18 +52,29 @@ pub fn stream(
     let mut prefix = String::new();
     let mut after = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        // Values are percent-decoded once, as every HTTP client encodes
+        // them (`prefix=rack%2F`); what they decode to is checked below.
+        let value = |v: &str| {
+            String::from_utf8(crate::percent::decode(v))
+                .map_err(|_| ApiError::BadRequest(format!("{pair:?} is not UTF-8 once decoded")))
+        };
         match pair.split_once('=') {
-            Some(("prefix", p)) => prefix = p.to_string(),
+            Some(("prefix", p)) => prefix = value(p)?,
             Some(("after", n)) => {
+                let n = value(n)?;
                 after = Some(n.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("after={n:?} is not a u64")))?)
             }
             _ => return Err(ApiError::BadRequest(format!("unknown watch parameter {pair:?}"))),
         }
     }
     if !prefix.is_empty() {
-        // A prefix is a key or the start of one; the last segment may be empty (`rack/`).
-        let probe = if prefix.ends_with('/') { format!("{prefix}x") } else { prefix.clone() };
-        crate::lock::validate::key(&probe)?;
+        // A prefix is a key or the start of one; the last segment may be
+        // empty (`rack/`). At most as long as a key, with its `/` or not.
+        let probe = prefix.strip_suffix('/').unwrap_or(&prefix);
+        if prefix.len() > crate::lock::validate::MAX_KEY_LEN {
+            return Err(crate::lock::validate::InvalidInput::Key(prefix).into());
+        }
+        crate::lock::validate::key(probe)?;
     }
     may_open(&prefix)?;
     let (tx, rx) = mpsc::channel(256);

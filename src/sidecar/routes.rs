@@ -13,6 +13,7 @@ use thiserror::Error;
 use super::fence::{Fence, MissingToken};
 use super::idempotency::Policy;
 use crate::lock::validate;
+use crate::percent::{decode, hex_byte};
 
 /// Routes in config order; the first one that matches a request wins.
 #[derive(Debug, Clone)]
@@ -718,32 +719,6 @@ fn literal_eq(segment: &str, literal: &[u8]) -> bool {
     } else {
         segment.as_bytes().eq_ignore_ascii_case(literal)
     }
-}
-
-/// Percent-decode; invalid escapes (already refused by `check_segment`) are kept as they are.
-fn decode(s: &str) -> Vec<u8> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match (bytes[i], hex_byte(bytes.get(i + 1..i + 3))) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
-fn hex_byte(pair: Option<&[u8]>) -> Option<u8> {
-    let &[hi, lo] = pair? else { return None };
-    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    Some(digit(hi)? << 4 | digit(lo)?)
 }
 
 #[cfg(test)]

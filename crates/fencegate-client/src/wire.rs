@@ -34,6 +34,9 @@ pub const MEMBERS_PATH: &str = "/v1/members";
 pub const SNAPSHOT_PATH: &str = "/v1/snapshot";
 /// `GET /v1/watch?prefix=P[&after=REV]`.
 pub const WATCH_PATH: &str = "/v1/watch";
+/// `GET`: the Lock API's OpenAPI 3 document (`docs/openapi.yaml`), served
+/// without credentials.
+pub const OPENAPI_PATH: &str = "/v1/openapi.yaml";
 
 /// `POST /v1/locks/{key}`. Every field is optional; the node's `lease`
 /// config supplies the defaults.
