@@ -276,10 +276,10 @@ impl Sidecar {
             Answer::Rejected(r) => {
                 self.metrics.rejections.with_label_values(&[route, r.reason.as_str()]).inc();
                 let current = r.current.unwrap_or_else(|| self.fencer.current(&r.key));
-                tracing::warn!(route, key = %r.key, presented = ?r.token, current, reason = r.reason.as_str(), "rejected");
+                tracing::warn!(route, key = %r.key, presented = r.token, current, reason = r.reason.as_str(), "rejected");
             }
             other => {
-                tracing::info!(route, key = ?key, status = %other.status(), cause = other.cause().as_str(), "refused: {other:?}")
+                tracing::info!(route, key, status = %other.status(), cause = other.cause().as_str(), "refused: {other}")
             }
         }
         a.into_response(route)
@@ -301,7 +301,10 @@ async fn read_whole(
         }
         Ok(Err(e)) => Err(Answer::BadRequest { error: Problem::AmbiguousFraming, message: e.to_string() }),
         Err(_) => {
-            let message = format!("the body did not arrive within the route's timeout ({:?})", route.timeout);
+            let message = format!(
+                "the body did not arrive within the route's timeout ({})",
+                humantime::format_duration(route.timeout)
+            );
             Err(Answer::BadRequest { error: Problem::BodyTimeout, message })
         }
     }
@@ -369,10 +372,14 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
     // for them, so that no higher token can be dispatched (by a restarted
     // sidecar) while an older write may still be applied.
     if order.busy_keys() > 0 {
-        tracing::info!(keys = order.busy_keys(), "waiting for fenced requests in flight (at most {longest:?})");
+        tracing::info!(
+            keys = order.busy_keys(),
+            "waiting for fenced requests in flight (at most {})",
+            humantime::format_duration(longest)
+        );
     }
     if tokio::time::timeout(longest, order.idle()).await.is_err() {
-        tracing::warn!("fenced requests still in flight after {longest:?}; exiting anyway");
+        tracing::warn!("fenced requests still in flight after {}; exiting anyway", humantime::format_duration(longest));
     }
 }
 
