@@ -38,12 +38,20 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run one lock service node (a 3- or 5-node Raft cluster shares one `peers` list).
+    ///
+    /// Exit status: 0 after Ctrl-C or SIGTERM (drained); 64 for a bad config
+    /// file; 69 if `listen` or `peer_listen` is taken (nothing is created
+    /// under data_dir first); 70 if the Raft core stopped or a task panicked.
     Server {
         /// Node configuration (YAML): id, listen, data_dir, peers, lease, raft.
         #[arg(long, short)]
         config: PathBuf,
     },
     /// Run the fencing reverse proxy in front of an HTTP API.
+    ///
+    /// Exit status: 0 after Ctrl-C or SIGTERM (drained); 64 for a bad config
+    /// file or TLS file; 69 if `listen` or `metrics_listen` is taken (nothing
+    /// is created under state_dir first).
     Sidecar {
         /// Sidecar configuration (YAML): listen, upstream, lock_service, state_dir, routes.
         #[arg(long, short)]
@@ -54,12 +62,15 @@ enum Command {
     /// CMD gets FENCE_KEY, FENCE_TOKEN, FENCE_LEASE_ID and FENCE_OPERATION_ID
     /// in its environment (send "Idempotency-Key: $FENCE_OPERATION_ID-STEP"
     /// with each write, and a retried write is applied once).
-    /// Exit status: CMD's own; 75 if someone else holds the lock and it was
-    /// not obtained within --wait; 69 if the lock service is unavailable (no
-    /// node answered, or no quorum); 76 if the lease was lost (CMD got
-    /// SIGTERM at once, SIGKILL after --grace); 130 after Ctrl-C and 143
-    /// after SIGTERM to fencegate (CMD's group gets SIGTERM, the lease is
-    /// released); 1 for other errors (an invalid key, refused credentials).
+    ///
+    /// Exit status:
+    ///   CMD's own  CMD exited (128 + N if signal N ended it)
+    ///   75         someone else holds KEY, not obtained within --wait
+    ///   69         the lock service is unavailable (no node answered, no quorum)
+    ///   76         the lease was lost (CMD got SIGTERM at once, SIGKILL after --grace)
+    ///   130, 143   Ctrl-C (SIGINT), SIGTERM to fencegate: CMD stopped, lease released
+    ///   1          other errors (an invalid key, refused credentials)
+    #[command(verbatim_doc_comment)]
     Lock {
         /// The lock key, e.g. rack/42.
         key: String,
@@ -134,7 +145,7 @@ enum Command {
     /// catches up, and only then votes. No other node's config changes. A
     /// change that would leave the voters without a live majority is
     /// refused unless --force. Removing the leader hands leadership over
-    /// first. Exit status 1 if the cluster refused.
+    /// first. Exit status 1 if the cluster refused, 69 if it is unavailable.
     Member {
         #[command(subcommand)]
         action: MemberAction,

@@ -70,6 +70,20 @@ async fn held_and_unavailable_are_told_apart_in_words_and_in_exit_status() {
     assert_eq!(code, 75);
     assert!(stderr.ends_with("; not obtained (--wait 1s 500ms)\n"), "{stderr}");
 
+    // Log lines: no colour into a pipe; one JSON object per line with --log-format json.
+    let (code, stderr) = fencegate(&["lock", "rack/9", "--", "true"], &env).await;
+    assert!(code == 0 && stderr.contains("INFO") && stderr.contains("lock acquired"), "{stderr}");
+    assert_readable(&stderr);
+    let (code, stderr) = fencegate(&["--log-format", "json", "lock", "rack/9", "--", "true"], &env).await;
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<serde_json::Value> =
+        stderr.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    let acquired = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "lock acquired; running true")
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!((&acquired["level"], &acquired["fields"]["key"]), (&"INFO".into(), &"rack/9".into()), "{stderr}");
+
     // Nothing listening: 69, and the message says the service, not the key, is the problem.
     let nobody = format!("http://127.0.0.1:{}", free_port());
     let env = [("FENCEGATE_ENDPOINTS", nobody.as_str())];
@@ -169,4 +183,54 @@ async fn a_taken_port_exits_69_and_leaves_no_state() {
     assert!(stderr.ends_with(&expected), "{stderr}");
     assert!(!data.exists(), "data_dir created before the listeners were bound");
     drop(taken);
+}
+
+/// A failure that repeats every few hundred milliseconds is logged once,
+/// then once per 10 s: a sidecar whose lock service is down, a node whose
+/// peers are not up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_failure_is_logged_once_per_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = dir.path().join("sidecar.yaml");
+    std::fs::write(
+        &sidecar,
+        format!(
+            "listen: 127.0.0.1:0\nupstream: http://127.0.0.1:{}\nlock_service: {{ endpoints: [http://127.0.0.1:{}] }}\nstate_dir: {}\nroutes:\n  - {{ name: racks, path: '/racks/{{rack}}', lock_key: 'rack/{{rack}}' }}\n",
+            free_port(),
+            free_port(),
+            dir.path().join("state").display()
+        ),
+    )
+    .unwrap();
+    let [listen, peer, two, three] = fencegate_testkit::free_ports::<4>();
+    let node = dir.path().join("node.yaml");
+    std::fs::write(
+        &node,
+        format!(
+            "id: 1\nlisten: 127.0.0.1:{listen}\npeer_listen: 127.0.0.1:{peer}\ndata_dir: {}\npeers: {{ 1: http://127.0.0.1:{peer}, 2: http://127.0.0.1:{two}, 3: http://127.0.0.1:{three} }}\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    for (config, repeated) in [("sidecar", "watch stream: "), ("server", "/raft/vote to node 2 failed")] {
+        let path = if config == "sidecar" { &sidecar } else { &node };
+        let child = bin!()
+            .tokio_command(&[config, "--config"])
+            .arg(path)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Long enough for a dozen attempts (reconnects from 100 ms, elections every 150-300 ms).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output()).await.unwrap().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.matches(repeated).count(), 1, "{config}: {stderr}");
+        assert!(!stderr.contains("openraft"), "{config}: {stderr}");
+    }
 }
