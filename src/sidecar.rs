@@ -86,6 +86,13 @@ impl Sidecar {
         // TLS files first, before anything is opened or started: a missing or
         // bad file is a configuration error (exit 64) like a bad field.
         let tls = SidecarTls::load(&settings)?;
+        Self::with_tls(settings, tls)
+    }
+
+    /// [`Sidecar::new`] with the TLS material of `settings` already loaded
+    /// (`fencegate sidecar` loads it before binding its listeners, and
+    /// binds them before this creates anything under `state_dir`).
+    pub fn with_tls(settings: SidecarSettings, tls: SidecarTls) -> anyhow::Result<Arc<Sidecar>> {
         let acceptor = tls.server.map(|c| TlsAcceptor::from(Arc::new(c)));
         let registry = Registry::new();
         let metrics = SidecarMetrics::new(&registry)?;

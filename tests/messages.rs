@@ -164,6 +164,16 @@ async fn a_taken_port_exits_69_and_leaves_no_state() {
         (69, "fencegate: cannot listen on 127.0.0.1:PORT (listen): Address already in use (os error 98)\n")
     );
     assert!(!state.exists(), "state_dir created before the listener was bound");
+    // The files it names are checked before it binds: a bad one is 64, port taken or not.
+    let text = std::fs::read_to_string(&sidecar).unwrap();
+    std::fs::write(
+        &sidecar,
+        format!("{text}tls: {{ cert: {0}/missing.pem, key: {0}/missing.pem }}\n", dir.path().display()),
+    )
+    .unwrap();
+    let (code, stderr) = fencegate(&["sidecar", "--config", &sidecar.to_string_lossy()], &[]).await;
+    assert!(code == 64 && stderr.contains("`tls.cert`"), "{code}: {stderr}");
+    assert!(!state.exists());
 
     let data = dir.path().join("data");
     let node = dir.path().join("node.yaml");

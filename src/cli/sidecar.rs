@@ -9,19 +9,21 @@ use crate::config::sidecar::SidecarConfig;
 use crate::config::ConfigFile;
 use crate::http::bind;
 use crate::sidecar::{serve, serve_metrics, Sidecar};
+use crate::tls::SidecarTls;
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {
-    // Validate the file before binding anything, and bind every listener
-    // before anything is created under state_dir: a taken port leaves no
-    // state behind (exit 69). `Sidecar::new` reads the TLS files first.
+    // Validate everything, TLS files included, before binding anything (a
+    // bad file: exit 64); bind every listener before anything is created
+    // under state_dir (a taken port: exit 69, no state left behind).
     let config = SidecarConfig::load(path)?;
+    let tls = SidecarTls::load(&config)?;
     let hangups = Hangups::install();
     let listener = bind(config.listen, "listen").await?;
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(bind(addr, "metrics_listen").await?),
         None => None,
     };
-    let sidecar = Sidecar::new(config)?;
+    let sidecar = Sidecar::with_tls(config, tls)?;
     let (stop, stopped) = watch::channel(false);
     let wait = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
