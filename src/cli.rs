@@ -3,10 +3,12 @@
 
 mod demo;
 mod dev;
+pub mod exit;
 mod healthcheck;
 mod idempotency;
 mod inventory;
 mod lock;
+mod logging;
 mod server;
 mod sidecar;
 mod snapshot;
@@ -18,8 +20,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::config::ConfigError;
 use crate::config::ConfigFile;
-use crate::config::{ConfigError, EXIT_BAD_CONFIG};
 
 /// Distributed locks with fencing tokens, and a sidecar that enforces them.
 #[derive(Debug, Parser)]
@@ -27,17 +29,31 @@ use crate::config::{ConfigError, EXIT_BAD_CONFIG};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines (on stderr) as text for a person, or one JSON object per
+    /// line for a log shipper. Filter with FENCEGATE_LOG (else RUST_LOG),
+    /// e.g. `debug` or `info,fencegate::sidecar=debug`; colour only on a
+    /// terminal, and not with NO_COLOR set.
+    #[arg(long, global = true, value_enum, default_value = "text", env = "FENCEGATE_LOG_FORMAT")]
+    log_format: logging::LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run one lock service node (a 3- or 5-node Raft cluster shares one `peers` list).
+    ///
+    /// Exit status: 0 after Ctrl-C or SIGTERM (drained); 64 for a bad config
+    /// file; 69 if `listen` or `peer_listen` is taken (nothing is created
+    /// under data_dir first); 70 if the Raft core stopped or a task panicked.
     Server {
         /// Node configuration (YAML): id, listen, data_dir, peers, lease, raft.
         #[arg(long, short)]
         config: PathBuf,
     },
     /// Run the fencing reverse proxy in front of an HTTP API.
+    ///
+    /// Exit status: 0 after Ctrl-C or SIGTERM (drained); 64 for a bad config
+    /// file or TLS file; 69 if `listen` or `metrics_listen` is taken (nothing
+    /// is created under state_dir first).
     Sidecar {
         /// Sidecar configuration (YAML): listen, upstream, lock_service, state_dir, routes.
         #[arg(long, short)]
@@ -48,8 +64,15 @@ enum Command {
     /// CMD gets FENCE_KEY, FENCE_TOKEN, FENCE_LEASE_ID and FENCE_OPERATION_ID
     /// in its environment (send "Idempotency-Key: $FENCE_OPERATION_ID-STEP"
     /// with each write, and a retried write is applied once).
-    /// Exit status: CMD's own; 75 if the lock was not obtained within --wait;
-    /// 76 if the lease was lost (CMD got SIGTERM at once, SIGKILL after --grace).
+    ///
+    /// Exit status:
+    ///   CMD's own  CMD exited (128 + N if signal N ended it)
+    ///   75         someone else holds KEY, not obtained within --wait
+    ///   69         the lock service is unavailable (no node answered, no quorum)
+    ///   76         the lease was lost (CMD got SIGTERM at once, SIGKILL after --grace)
+    ///   130, 143   Ctrl-C (SIGINT), SIGTERM to fencegate: CMD stopped, lease released
+    ///   1          other errors (an invalid key, refused credentials)
+    #[command(verbatim_doc_comment)]
     Lock {
         /// The lock key, e.g. rack/42.
         key: String,
@@ -77,9 +100,15 @@ enum Command {
         command: Vec<String>,
     },
     /// Show the cluster (leader, term, members, commit index), or one key.
+    ///
+    /// Exit status: 0; 69 if the lock service is unavailable; 1 for other errors.
     Status {
         /// A lock key, e.g. rack/42. Without it, the cluster is shown.
         key: Option<String>,
+        /// Print the Lock API's answer as one JSON object instead: that of
+        /// GET /v1/cluster, or of GET /v1/locks/KEY (docs/DESIGN.md "CLI").
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         endpoints: Endpoints,
     },
@@ -135,7 +164,7 @@ enum Command {
     /// catches up, and only then votes. No other node's config changes. A
     /// change that would leave the voters without a live majority is
     /// refused unless --force. Removing the leader hands leadership over
-    /// first. Exit status 1 if the cluster refused.
+    /// first. Exit status 1 if the cluster refused, 69 if it is unavailable.
     Member {
         #[command(subcommand)]
         action: MemberAction,
@@ -296,8 +325,10 @@ enum TokenAction {
 /// Where the lock service is, and how to prove who we are to it.
 #[derive(Debug, clap::Args)]
 struct Endpoints {
-    /// Comma-separated node URLs; any node will do, followers forward to the leader.
-    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', default_value = fencegate_client::DEFAULT_ENDPOINT)]
+    /// Comma-separated node URLs; any node will do, followers forward to the
+    /// leader, and a node that does not answer is skipped. Default: the
+    /// three nodes of `fencegate dev` and config/node{1,2,3}.yaml.
+    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', default_values = fencegate_client::DEFAULT_ENDPOINTS)]
     endpoints: Vec<String>,
     /// PEM file of the CA that signed the nodes' certificates: speak HTTPS
     /// (the endpoints must then be https://) and trust only it.
@@ -337,18 +368,14 @@ fn operation_id(s: &str) -> Result<String, String> {
 
 /// Run a subcommand, returning the process exit status.
 pub fn run(cli: Cli) -> i32 {
-    // The demo prints its own timeline; elsewhere openraft's routine election
-    // chatter (warn) is noise for a person, its errors are not.
-    init_tracing(match cli.command {
-        Command::Demo { .. } => "error",
-        _ => "info,openraft=error",
-    });
+    // The demo prints its own timeline: only errors besides it.
+    logging::init(logging::default_filter(matches!(cli.command, Command::Demo { .. })), cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("starting the tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {
             Command::Server { config } => server::run(&config).await,
             Command::Sidecar { config } => sidecar::run(&config).await,
-            Command::Status { key, endpoints } => status::run(key, endpoints.client()?).await,
+            Command::Status { key, json, endpoints } => status::run(key, json, endpoints.client()?).await,
             Command::Lock { key, ttl, wait, holder, grace, operation_id, endpoints, command } => {
                 let operation_id = operation_id.unwrap_or_else(fencegate_client::idempotency::operation_id);
                 let client = endpoints.client()?;
@@ -394,23 +421,23 @@ pub fn run(cli: Cli) -> i32 {
             Command::Inventory { listen } => inventory::run(listen).await,
             Command::Dev { data, fresh, free_ports } => dev::run(&data, fresh, free_ports).await,
             Command::Healthcheck { url, timeout, ca } => healthcheck::run(&url, timeout, ca).await,
-            Command::CheckConfig { file } => check_config(&file).map(|()| 0),
+            Command::CheckConfig { file } => Ok(check_config(&file).map(|()| 0)?),
         }
     });
     match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("fencegate: {e:#}");
-            if e.downcast_ref::<ConfigError>().is_some() {
-                EXIT_BAD_CONFIG
-            } else {
-                1
-            }
+            exit::for_error(&e)
         }
     }
 }
 
-fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
+fn check_config(file: &std::path::Path) -> Result<(), ConfigError> {
+    check_config_file(file).map_err(|e| e.in_file(file))
+}
+
+fn check_config_file(file: &std::path::Path) -> Result<(), ConfigError> {
     let text = crate::config::read(file)?;
     let doc: serde_yaml_ng::Value = crate::config::parse_yaml(&text)?;
     // By what the file says it is, else by fields only one kind has; never
@@ -418,7 +445,7 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
     let sidecar = match doc.get("kind") {
         Some(kind) => match serde_yaml_ng::from_value::<crate::config::Kind>(kind.clone()) {
             Ok(kind) => kind == crate::config::Kind::Sidecar,
-            Err(_) => return Err(ConfigError::invalid("kind", "must be `sidecar` or `node`").into()),
+            Err(_) => return Err(ConfigError::invalid("kind", "must be `sidecar` or `node`")),
         },
         None => match (doc.get("routes").is_some(), doc.get("peers").is_some()) {
             (sidecar, node) if sidecar != node => sidecar,
@@ -427,8 +454,7 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
                     "kind",
                     "say `kind: sidecar` or `kind: node` (a sidecar config has `routes`, a node config has \
                      `peers`: this file has both or neither)",
-                )
-                .into())
+                ))
             }
         },
     };
@@ -453,12 +479,28 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `FENCEGATE_LOG` (an `EnvFilter` directive) overrides `default`.
-fn init_tracing(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FENCEGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // Not `eprintln!` on a failed write (a full disk, a closed pipe): it
-    // panics, and kills whatever task was logging — a Raft core, a batcher.
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = fmt.log_internal_errors(false).try_init();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command that talks to the lock service defaults to the three
+    /// local nodes, so that one of them being down changes nothing.
+    #[test]
+    fn commands_default_to_the_three_local_nodes() {
+        if std::env::var_os("FENCEGATE_ENDPOINTS").is_some() {
+            return; // The environment decides then, as it should.
+        }
+        let three = ["http://127.0.0.1:7401", "http://127.0.0.1:7402", "http://127.0.0.1:7403"];
+        for args in [&["status"][..], &["lock", "k", "--", "true"], &["member", "list"], &["snapshot", "save", "f"]] {
+            let cli = Cli::try_parse_from(std::iter::once("fencegate").chain(args.iter().copied())).unwrap();
+            let endpoints = match cli.command {
+                Command::Status { endpoints, .. }
+                | Command::Lock { endpoints, .. }
+                | Command::Member { endpoints, .. }
+                | Command::Snapshot { action: SnapshotAction::Save { endpoints, .. } } => endpoints.endpoints,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(endpoints, three, "{args:?}");
+        }
+    }
 }

@@ -14,20 +14,39 @@ use thiserror::Error;
 /// Exit status for a bad configuration file.
 pub const EXIT_BAD_CONFIG: i32 = 64;
 
+/// A configuration problem. No variant has an error `source`: each message
+/// is whole, and printing the chain (`{:#}`) must not repeat it.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    #[error("cannot read {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
     /// serde_yaml_ng's message names the field and the line and column.
     #[error("{0}")]
-    Yaml(#[from] serde_yaml_ng::Error),
+    Yaml(serde_yaml_ng::Error),
     #[error("invalid `{field}`: {message}")]
     Invalid { field: String, message: String },
+    /// One of the above, in the file `path`.
+    #[error("{path}: {error}")]
+    InFile { path: String, error: Box<ConfigError> },
+}
+
+impl From<serde_yaml_ng::Error> for ConfigError {
+    fn from(e: serde_yaml_ng::Error) -> Self {
+        Self::Yaml(e)
+    }
 }
 
 impl ConfigError {
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::Invalid { field: field.into(), message: message.into() }
+    }
+
+    /// Name the file the error is in (a read error names it already).
+    pub fn in_file(self, path: &Path) -> Self {
+        match self {
+            e @ (Self::Read { .. } | Self::InFile { .. }) => e,
+            e => Self::InFile { path: path.display().to_string(), error: Box::new(e) },
+        }
     }
 }
 
@@ -65,7 +84,7 @@ pub trait ConfigFile: DeserializeOwned {
     }
 
     fn load(path: &Path) -> Result<Self::Valid, ConfigError> {
-        Self::from_yaml(&read(path)?)
+        Self::from_yaml(&read(path)?).map_err(|e| e.in_file(path))
     }
 }
 
@@ -75,7 +94,7 @@ pub fn parse_yaml<T: DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
 }
 
 pub fn read(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })
+    std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.display().to_string(), cause })
 }
 
 /// A lock service node's URL (`http://host:port`, `https://` with `tls`), as `field` names it.

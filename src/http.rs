@@ -4,6 +4,7 @@
 //! The client side lives in `fencegate_client::http`.
 
 mod deadline;
+mod listen;
 mod refusals;
 mod serve;
 mod stall;
@@ -19,6 +20,7 @@ use serde::Serialize;
 
 pub use deadline::{BodyTimedOut, Deadline};
 pub use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
+pub use listen::{bind, CannotListen};
 pub use refusals::RefusalBody;
 pub use serve::{
     serve, serve_live, Conn, Listener, LiveListener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS,

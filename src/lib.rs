@@ -12,6 +12,7 @@ pub mod config;
 pub mod http;
 pub mod inventory;
 pub mod lock;
+pub mod log_limit;
 pub mod metrics;
 pub mod percent;
 pub mod raft;

@@ -378,12 +378,9 @@ pub struct Listeners {
 
 impl Listeners {
     /// Bind both addresses of `config`.
-    pub async fn bind(config: &NodeConfig) -> anyhow::Result<Listeners> {
-        let client =
-            TcpListener::bind(config.listen).await.with_context(|| format!("binding listen {}", config.listen))?;
-        let peer = TcpListener::bind(config.peer_listen)
-            .await
-            .with_context(|| format!("binding peer_listen {}", config.peer_listen))?;
+    pub async fn bind(config: &NodeConfig) -> Result<Listeners, crate::http::CannotListen> {
+        let client = crate::http::bind(config.listen, "listen").await?;
+        let peer = crate::http::bind(config.peer_listen, "peer_listen").await?;
         Ok(Listeners { client, peer })
     }
 }

@@ -87,6 +87,13 @@ impl Sidecar {
         // TLS files first, before anything is opened or started: a missing or
         // bad file is a configuration error (exit 64) like a bad field.
         let tls = SidecarTls::load(&settings)?;
+        Self::with_tls(settings, tls)
+    }
+
+    /// [`Sidecar::new`] with the TLS material of `settings` already loaded
+    /// (`fencegate sidecar` loads it before binding its listeners, and
+    /// binds them before this creates anything under `state_dir`).
+    pub fn with_tls(settings: SidecarSettings, tls: SidecarTls) -> anyhow::Result<Arc<Sidecar>> {
         let acceptor = tls.server.map(|c| TlsAcceptor::from(Arc::new(c)));
         let registry = Registry::new();
         let metrics = SidecarMetrics::new(&registry)?;
@@ -281,10 +288,10 @@ impl Sidecar {
         match &a {
             Answer::Rejected(r) => {
                 let current = r.current.unwrap_or_else(|| self.fencer.current(&r.key));
-                tracing::warn!(route, key = %r.key, presented = ?r.token, current, reason = r.reason.as_str(), "rejected");
+                tracing::warn!(route, key = %r.key, presented = r.token, current, reason = r.reason.as_str(), "rejected");
             }
             other => {
-                tracing::info!(route, key = ?key, status = %other.status(), cause = other.cause().as_str(), "refused: {other:?}")
+                tracing::info!(route, key, status = %other.status(), cause = other.cause().as_str(), "refused: {other}")
             }
         }
         a.into_response(route)
@@ -306,7 +313,10 @@ async fn read_whole(
         }
         Ok(Err(e)) => Err(Answer::BadRequest { error: Problem::AmbiguousFraming, message: e.to_string() }),
         Err(_) => {
-            let message = format!("the body did not arrive within the route's timeout ({:?})", route.timeout);
+            let message = format!(
+                "the body did not arrive within the route's timeout ({})",
+                humantime::format_duration(route.timeout)
+            );
             Err(Answer::BadRequest { error: Problem::BodyTimeout, message })
         }
     }
@@ -374,10 +384,14 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
     // for them, so that no higher token can be dispatched (by a restarted
     // sidecar) while an older write may still be applied.
     if order.busy_keys() > 0 {
-        tracing::info!(keys = order.busy_keys(), "waiting for fenced requests in flight (at most {longest:?})");
+        tracing::info!(
+            keys = order.busy_keys(),
+            "waiting for fenced requests in flight (at most {})",
+            humantime::format_duration(longest)
+        );
     }
     if tokio::time::timeout(longest, order.idle()).await.is_err() {
-        tracing::warn!("fenced requests still in flight after {longest:?}; exiting anyway");
+        tracing::warn!("fenced requests still in flight after {}; exiting anyway", humantime::format_duration(longest));
     }
 }
 

@@ -78,10 +78,25 @@ async fn status_shows_the_cluster_and_a_key() {
     let (code, _, err) = fencegate(&["status", "bad key", "--endpoints", &endpoints]);
     assert_eq!(code, 1);
     assert!(err.contains("key must be"), "{err}");
-    // Nothing listening: a clear error, not a hang.
-    let (code, _, err) = fencegate(&["status", "--endpoints", &format!("http://127.0.0.1:{}", free_port())]);
-    assert_eq!(code, 1);
+    // Nothing listening: a clear error, not a hang, and its own exit status.
+    let nobody = format!("http://127.0.0.1:{}", free_port());
+    let (code, _, err) = fencegate(&["status", "--endpoints", &nobody]);
+    assert_eq!(code, 69);
     assert!(err.contains("unavailable"), "{err}");
+    // A node of the list that does not answer is skipped.
+    let (code, out, err) = fencegate(&["status", "rack/9", "--json", "--endpoints", &format!("{nobody},{endpoints}")]);
+    assert_eq!(code, 0, "{err}");
+    let key: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&key["key"], &key["held"], &key["holder"], &key["token"]),
+        (&"rack/9".into(), &true.into(), &"ops-1".into(), &lease.token().into()),
+        "{out}"
+    );
+    let (code, out, err) = fencegate(&["status", "--json", "--endpoints", &endpoints]);
+    assert_eq!(code, 0, "{err}");
+    let cluster: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(cluster["leader"].is_u64() && cluster["term"].is_u64(), "{out}");
+    assert_eq!(cluster["members"].as_array().map(Vec::len), Some(3), "{out}");
 }
 
 #[test]
@@ -108,6 +123,9 @@ struct Banner {
     inventory: String,
     sidecar: String,
     metrics: String,
+    /// The token of the stale-write snippet, and the error its comment says it gets.
+    stale_token: Option<u64>,
+    stale_answer: String,
 }
 
 impl Banner {
@@ -118,7 +136,11 @@ impl Banner {
             rest.split_whitespace().take_while(|w| w.starts_with("http://")).map(String::from).collect()
         };
         let first = |rest: &str| urls(rest).into_iter().next().unwrap_or_default();
-        if let Some(rest) = line.strip_prefix("lock service ") {
+        if let Some(rest) = line.strip_prefix("curl -s -X PUT -H 'X-Fence-Token: ") {
+            self.stale_token = rest.split('\'').next().and_then(|t| t.parse().ok());
+        } else if let Some(rest) = line.strip_prefix("# 409 {\"error\":\"").filter(|_| self.stale_token.is_some()) {
+            self.stale_answer = rest.split('"').next().unwrap_or_default().to_string();
+        } else if let Some(rest) = line.strip_prefix("lock service ") {
             self.lock_service = urls(rest);
         } else if let Some(rest) = line.strip_prefix("inventory API ") {
             self.inventory = first(rest);
@@ -130,7 +152,8 @@ impl Banner {
     }
 
     fn complete(&self) -> bool {
-        self.lock_service.len() == 3 && ![&self.inventory, &self.sidecar, &self.metrics].iter().any(|u| u.is_empty())
+        self.lock_service.len() == 3
+            && ![&self.inventory, &self.sidecar, &self.metrics, &self.stale_answer].iter().any(|u| u.is_empty())
     }
 }
 
@@ -169,6 +192,11 @@ async fn dev_smoke() {
     for url in banner.lock_service.iter().chain([&banner.inventory, &banner.sidecar, &banner.metrics]) {
         assert!(url.starts_with("http://127.0.0.1:"), "{banner:?}");
     }
+    // The stale-write snippet before anything was granted on rack/42: what the banner says then.
+    let stale = banner.stale_token.unwrap();
+    let (status, body) =
+        http::send(http::fenced_put(format!("{}/racks/42", banner.sidecar), stale), Duration::from_secs(5)).await;
+    assert_eq!((status, body["error"].as_str()), (409, Some("unknown_token")), "{body}");
     let client = fencegate_client::Client::new(banner.lock_service.clone()).unwrap();
     let lease =
         client.acquire("rack/42", fencegate_client::AcquireOptions::new(Duration::from_secs(10))).await.unwrap();
@@ -180,6 +208,12 @@ async fn dev_smoke() {
     assert_eq!(ours["token"], lease.token().to_string());
     assert!(http::get_text(&banner.metrics).await.contains("fencegate_sidecar_requests_total"), "{banner:?}");
     lease.release().await.unwrap();
+    // The banner's stale write, after its first command (done above): the
+    // answer its comment promises, and the inventory never sees it.
+    let (status, body) =
+        http::send(http::fenced_put(format!("{}/racks/42", banner.sidecar), stale), Duration::from_secs(5)).await;
+    assert_eq!((status, body["error"].as_str()), (409, Some(banner.stale_answer.as_str())), "{body}");
+    assert_eq!(banner.stale_answer, "stale_token");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGINT)
         .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();

@@ -92,21 +92,33 @@ async fn stops_the_command_within_the_lease_bound_when_the_lease_is_lost() {
     assert!(stopped_after < Duration::from_millis(2200), "stopped only after {stopped_after:?}");
 }
 
+/// Ctrl-C (exit 130) and SIGTERM (exit 143), as a shell reports a job
+/// ended by them: CMD is stopped and the lease released at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_stops_the_command_and_releases_the_lease_at_once() {
+    use nix::sys::signal::Signal;
     let c = Cluster::start(&bin!(), 3, "").await;
-    let mut child = lock_cmd(&c, &["rack/4", "--", "sleep", "60"]).spawn().unwrap();
     let client = c.client();
-    wait::until("rack/4 taken", Duration::from_secs(10), || async { client.read("rack/4").await.unwrap().held }).await;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGINT)
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.unwrap().unwrap();
-    assert_eq!(status.code(), Some(128 + 15), "CMD ended by SIGTERM");
-    // Another waiter gets the key straight away: it was released, not left to expire.
-    let started = Instant::now();
-    let next = client.acquire("rack/4", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(1));
-    next.release().await.unwrap();
+    for (key, signal, code) in [("rack/4", Signal::SIGINT, 130), ("rack/5", Signal::SIGTERM, 143)] {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+        let mut child = lock_cmd(&c, &[key, "--", "sh", "-c", &script]).spawn().unwrap();
+        wait::until("the key taken", Duration::from_secs(10), || async {
+            pidfile.exists() && client.read(key).await.unwrap().held
+        })
+        .await;
+        let cmd: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), signal).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.unwrap().unwrap();
+        assert_eq!(status.code(), Some(code), "{signal}");
+        assert!(!alive(cmd), "CMD stopped ({signal})");
+        // Another waiter gets the key straight away: it was released, not left to expire.
+        let started = Instant::now();
+        let next = client.acquire(key, AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        next.release().await.unwrap();
+    }
 }
 
 /// Against a secure cluster: TLS and a token from the environment for

@@ -53,6 +53,24 @@ async fn a_retried_write(s: &Stack) -> anyhow::Result<String> {
     ))
 }
 
+/// The token of the banner's stale write. A cluster grants token 1 once, to
+/// its first grant: `rack/0` here (`a_retried_write`, before the banner), so
+/// every grant of `rack/42` is above it and the write is `stale_token`. (Had
+/// `rack/42` got token 1 itself, the answer would be `lease_expired`: the
+/// token of its latest grant, whose lease has ended.)
+pub const STALE_TOKEN: u64 = 1;
+
+/// This binary as the person who started `dev` can call it from here:
+/// `./target/release/fencegate` after `cargo run --release -- dev`.
+fn binary() -> String {
+    let Ok(exe) = std::env::current_exe() else { return "fencegate".into() };
+    let here = std::env::current_dir().ok();
+    match here.as_deref().and_then(|d| exe.strip_prefix(d).ok()) {
+        Some(relative) => format!("./{}", relative.display()),
+        None => exe.display().to_string(),
+    }
+}
+
 fn print_banner(s: &Stack, data: &Path, replay: &str) {
     println!(
         "fencegate dev is running
@@ -65,14 +83,20 @@ fn print_banner(s: &Stack, data: &Path, replay: &str) {
 a retried write is applied once (idempotency on rack-writes):
 {}
 
-try, in another terminal:
-  export FENCEGATE_ENDPOINTS={}
-  fencegate lock rack/42 -- sh -c 'curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" {}/racks/42 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"'
-  fencegate lock rack/7 -- sh -c 'for try in 1 2; do curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" -H \"Idempotency-Key: $FENCE_OPERATION_ID-drain\" {}/racks/7 -d \"{{}}\"; echo; done'
-  curl -s -X PUT -H 'X-Fence-Token: 1' {}/racks/42 -d '{{\"state\":\"stale\"}}'     # refused: 409
-  curl -s {}/writes
-  fencegate status rack/42
-  fencegate demo
+try, in another terminal, in this order (`cargo install --path .` puts `fencegate` on your PATH):
+  export FENCEGATE_ENDPOINTS={endpoints}
+  {fg} lock rack/42 -- sh -c 'curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" {sidecar}/racks/42 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"'
+      # {{\"rack\":\"42\",\"state\":\"drained\",\"seq\":…}}: forwarded with the lock's token, then the lock is released
+  {fg} lock rack/7 -- sh -c 'for try in 1 2; do curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" -H \"Idempotency-Key: $FENCE_OPERATION_ID-drain\" {sidecar}/racks/7 -d \"{{}}\"; echo; done'
+      # the same answer twice: the retry is replayed, the inventory applies it once
+  curl -s -X PUT -H 'X-Fence-Token: {stale}' {sidecar}/racks/42 -d '{{\"state\":\"stale\"}}'
+      # 409 {{\"error\":\"stale_token\",…}}: token {stale} is below rack/42's latest grant; the inventory never sees it
+      # (sent before the first command: 409 unknown_token, rack/42 was never granted)
+  curl -s {inventory}/writes
+      # every write the inventory applied, with its token: not the stale one
+  {fg} status rack/42
+      # state: free, and the token of the first command's grant
+  {fg} demo
 
 Ctrl-C stops everything.",
         s.endpoints.join("  "),
@@ -81,10 +105,10 @@ Ctrl-C stops everything.",
         s.metrics_url,
         data.display(),
         replay,
-        s.endpoints.join(","),
-        s.sidecar_url,
-        s.sidecar_url,
-        s.sidecar_url,
-        s.inventory_url,
+        endpoints = s.endpoints.join(","),
+        fg = binary(),
+        sidecar = s.sidecar_url,
+        inventory = s.inventory_url,
+        stale = STALE_TOKEN,
     );
 }

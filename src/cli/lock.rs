@@ -9,8 +9,10 @@
 //! of this command: `etcdctl lock` never stops the command on loss, and
 //! `consul lock` stops it late.
 //!
-//! Exit status: CMD's own (128+signal if a signal ended it); 75 when the lock
-//! was not obtained within `--wait`; 76 when the lease was lost.
+//! Exit status (`cli::exit`): CMD's own (128+signal if a signal ended it);
+//! 75 when someone else holds the lock past `--wait`; 69 when the lock
+//! service is unavailable; 76 when the lease was lost; 130/143 when
+//! fencegate itself got Ctrl-C/SIGTERM.
 
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -20,12 +22,10 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
+use anyhow::Context;
 use fencegate_client::{AcquireOptions, Client, ClientError, Lease};
 
-/// The lock was not obtained within `--wait`.
-pub const EXIT_NOT_OBTAINED: i32 = 75;
-/// The lease was lost while CMD ran.
-pub const EXIT_LEASE_LOST: i32 = 76;
+use super::exit;
 
 pub struct LockArgs {
     pub key: String,
@@ -47,11 +47,13 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
     let opts = AcquireOptions::new(args.ttl).wait(args.wait).holder(holder);
     let lease = match client.acquire(&args.key, opts).await {
         Ok(lease) => lease,
-        Err(e @ (ClientError::Held { .. } | ClientError::Unavailable(_))) => {
-            eprintln!("fencegate lock: {} not obtained within {:?}: {e}", args.key, args.wait);
-            return Ok(EXIT_NOT_OBTAINED);
+        Err(e @ ClientError::Held { .. }) => {
+            let wait = humantime::format_duration(args.wait);
+            eprintln!("fencegate lock: {e}; not obtained (--wait {wait})");
+            return Ok(exit::NOT_OBTAINED);
         }
-        Err(e) => return Err(e.into()),
+        // Unavailable among them: `exit::for_error` gives it 69.
+        Err(e) => return Err(e).with_context(|| format!("{} not obtained", args.key)),
     };
     tracing::info!(key = %args.key, token = lease.token(), "lock acquired; running {program}");
 
@@ -80,10 +82,17 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
         reason = lease.lost() => {
             eprintln!("fencegate lock: lease on {} lost ({reason}); stopping {program}", args.key);
             stop(&mut child, group, args.grace).await;
-            Ok(EXIT_LEASE_LOST)
+            Ok(exit::LEASE_LOST)
         }
-        _ = interrupt.recv() => Ok(stop_and_release(&mut child, group, args.grace, lease).await),
-        _ = terminate.recv() => Ok(stop_and_release(&mut child, group, args.grace, lease).await),
+        // As a shell reports a job ended by the signal, whatever CMD made of its SIGTERM.
+        _ = interrupt.recv() => {
+            stop_and_release(&mut child, group, args.grace, lease).await;
+            Ok(exit::INTERRUPTED)
+        }
+        _ = terminate.recv() => {
+            stop_and_release(&mut child, group, args.grace, lease).await;
+            Ok(exit::TERMINATED)
+        }
     }
 }
 
@@ -105,10 +114,9 @@ async fn stop(child: &mut Child, group: Pid, grace: Duration) -> Option<ExitStat
     }
 }
 
-async fn stop_and_release(child: &mut Child, group: Pid, grace: Duration, lease: Lease) -> i32 {
-    let status = stop(child, group, grace).await;
+async fn stop_and_release(child: &mut Child, group: Pid, grace: Duration, lease: Lease) {
+    stop(child, group, grace).await;
     release(lease).await;
-    status.map_or(1, exit_code)
 }
 
 async fn release(lease: Lease) {

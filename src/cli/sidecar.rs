@@ -2,26 +2,28 @@
 
 use std::path::Path;
 
-use anyhow::Context;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::server::Hangups;
 use crate::config::sidecar::SidecarConfig;
 use crate::config::ConfigFile;
+use crate::http::bind;
 use crate::sidecar::{serve, serve_metrics, Sidecar};
+use crate::tls::SidecarTls;
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {
-    // Validate everything, TLS files included, before binding anything.
+    // Validate everything, TLS files included, before binding anything (a
+    // bad file: exit 64); bind every listener before anything is created
+    // under state_dir (a taken port: exit 69, no state left behind).
     let config = SidecarConfig::load(path)?;
+    let tls = SidecarTls::load(&config)?;
     let hangups = Hangups::install();
-    let (listen, metrics_listen) = (config.listen, config.metrics_listen);
-    let sidecar = Sidecar::new(config)?;
-    let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
-    let metrics_listener = match metrics_listen {
-        Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| format!("binding metrics_listen {addr}"))?),
+    let listener = bind(config.listen, "listen").await?;
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(bind(addr, "metrics_listen").await?),
         None => None,
     };
+    let sidecar = Sidecar::with_tls(config, tls)?;
     let (stop, stopped) = watch::channel(false);
     let wait = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

@@ -52,9 +52,8 @@ pub struct Stack {
 }
 
 async fn bind(port: u16, what: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
-    let l = TcpListener::bind(("127.0.0.1", port))
-        .await
-        .with_context(|| format!("binding 127.0.0.1:{port} for the {what} (is `fencegate dev` already running?)"))?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let l = crate::http::bind(addr, &format!("the {what}; is `fencegate dev` already running?")).await?;
     let addr = l.local_addr()?;
     Ok((l, addr))
 }

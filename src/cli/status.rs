@@ -1,12 +1,18 @@
-//! `fencegate status [KEY]`: the cluster or one key, for a person to read.
+//! `fencegate status [KEY]`: the cluster or one key, for a person to read,
+//! or (`--json`) for a program: the Lock API's own answer, whose field
+//! names are the API's.
 
 use fencegate_client::Client;
 
-pub async fn run(key: Option<String>, client: Client) -> anyhow::Result<i32> {
+pub async fn run(key: Option<String>, json: bool, client: Client) -> anyhow::Result<i32> {
     match key {
         Some(key) => {
             crate::lock::validate::key(&key)?;
             let info = client.read(&key).await?;
+            if json {
+                println!("{}", serde_json::to_string(&info)?);
+                return Ok(0);
+            }
             println!("key:     {}", info.key);
             if info.held {
                 println!("state:   held by {}", info.holder.as_deref().unwrap_or("?"));
@@ -20,6 +26,10 @@ pub async fn run(key: Option<String>, client: Client) -> anyhow::Result<i32> {
         }
         None => {
             let c = client.cluster().await?;
+            if json {
+                println!("{}", serde_json::to_string(&c)?);
+                return Ok(0);
+            }
             let leader = c.leader.map_or("none (no quorum?)".to_string(), |l| format!("node {l}"));
             println!("leader:       {leader}");
             println!("term:         {}", c.term);

@@ -210,7 +210,10 @@ fn idempotency_policy(i: usize, c: &IdempotencyConfig, timeout: Duration) -> Res
     // A record must outlive the request it covers: one that expired while
     // the request was still in flight would let a retry through.
     if c.retention <= timeout {
-        return Err(ConfigError::invalid(field, format!("must be longer than the route's timeout ({timeout:?})")));
+        return Err(ConfigError::invalid(
+            field,
+            format!("must be longer than the route's timeout ({})", humantime::format_duration(timeout)),
+        ));
     }
     if c.max_response > MAX_RESPONSE_KEPT {
         return Err(ConfigError::invalid(format!("routes[{i}].idempotency.max_response"), "must be at most 64MiB"));

@@ -20,7 +20,7 @@ pub struct BodyTimedOut(pub Duration);
 
 impl std::fmt::Display for BodyTimedOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the body did not arrive within {:?}", self.0)
+        write!(f, "the body did not arrive within {}", humantime::format_duration(self.0))
     }
 }
 

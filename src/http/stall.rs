@@ -39,7 +39,7 @@ impl<I> Stalls<I> {
                 match sleep.as_mut().poll(cx) {
                     Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
-                        format!("the peer took no data for {within:?}"),
+                        format!("the peer took no data for {}", humantime::format_duration(within)),
                     ))),
                     Poll::Pending => Poll::Pending,
                 }

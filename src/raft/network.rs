@@ -32,6 +32,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::types::{Member, NodeId, TypeConfig};
+use crate::log_limit::Window;
 use fencegate_client::http::{HttpClient, HttpError};
 
 /// The peer protocol this build speaks, sent on every peer RPC: a node
@@ -62,6 +63,9 @@ pub struct Directory {
     pub config: BTreeMap<NodeId, String>,
     max_body: usize,
     links: Mutex<Links>,
+    /// Per member whose RPCs fail: one log line per interval, not one per
+    /// heartbeat or vote (a peer not started yet, or down).
+    failing: Mutex<HashMap<NodeId, Window>>,
 }
 
 /// The peer-link TLS config and the clients made with it.
@@ -75,7 +79,7 @@ impl Directory {
     /// plain HTTP; answers above `max_body` are refused.
     pub fn new(config: BTreeMap<NodeId, String>, tls: Option<&rustls::ClientConfig>, max_body: usize) -> Arc<Self> {
         let links = Links { tls: tls.cloned(), clients: HashMap::new() };
-        Arc::new(Directory { config, max_body, links: Mutex::new(links) })
+        Arc::new(Directory { config, max_body, links: Mutex::new(links), failing: Mutex::default() })
     }
 
     /// Reach members with `tls` from now on: the clients made with the old
@@ -83,6 +87,23 @@ impl Directory {
     pub fn set_tls(&self, tls: rustls::ClientConfig) {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         *links = Links { tls: Some(tls), clients: HashMap::new() };
+    }
+
+    /// An RPC to member `id` failed: log it, at most once per interval.
+    fn note_failure(&self, id: NodeId, path: &str, error: &str) {
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        let window = failing.entry(id).or_insert_with(|| Window::new(crate::log_limit::EVERY));
+        if let Some(more) = window.hit(std::time::Instant::now()) {
+            tracing::warn!(peer = id, "{path} to node {id} failed: {error}{more}");
+        }
+    }
+
+    /// An RPC to member `id` was answered: its next failure is logged at once.
+    fn note_answer(&self, id: NodeId) {
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        if failing.remove(&id).is_some() {
+            tracing::info!(peer = id, "node {id} answers again");
+        }
     }
 
     /// Member `id`, at the URL this node's config gives it, else the one
@@ -135,6 +156,9 @@ pub struct PeerClient {
 struct PeerError(String);
 
 impl PeerClient {
+    /// One RPC. A failure to reach the peer is logged here, at most once
+    /// per interval per peer (openraft's own lines about it are off by
+    /// default, `cli::logging`).
     async fn call<Req, Resp, E>(
         &self,
         path: &str,
@@ -146,28 +170,60 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let unreachable = |msg: String| RPCError::Unreachable(Unreachable::new(&PeerError(msg)));
+        match self.exchange(path, req, option).await {
+            Ok(result) => {
+                self.directory.note_answer(self.target);
+                result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Err(Failure::Unreachable(msg)) => {
+                self.directory.note_failure(self.target, path, &msg);
+                Err(RPCError::Unreachable(Unreachable::new(&PeerError(msg))))
+            }
+            Err(Failure::Network(msg)) => {
+                self.directory.note_failure(self.target, path, &msg);
+                Err(RPCError::Network(NetworkError::new(&PeerError(msg))))
+            }
+        }
+    }
+
+    /// The exchange itself: the peer's Raft answer, or why there is none.
+    async fn exchange<Req, Resp, E>(
+        &self,
+        path: &str,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Result<Resp, RaftError<NodeId, E>>, Failure>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
         let Some(peer) = self.directory.peer(self.target, Some(&self.member)) else {
-            return Err(unreachable(format!("no URL for node {}", self.target)));
+            return Err(Failure::Unreachable(format!("no URL for node {}", self.target)));
         };
-        let body = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let body = serde_json::to_vec(req).map_err(|e| Failure::Network(e.to_string()))?;
         let url = format!("{}{path}", peer.url);
         let req = hyper::Request::post(&url)
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .header(PROTOCOL_HEADER, PROTOCOL)
             .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-            .map_err(|e| unreachable(format!("{url}: {e}")))?;
+            .map_err(|e| Failure::Unreachable(format!("{url}: {e}")))?;
         let answer = peer.http.send(req, option.hard_ttl()).await.map_err(|e| match e {
-            HttpError::Timeout { .. } => RPCError::Network(NetworkError::new(&PeerError(e.to_string()))),
-            _ => unreachable(e.to_string()),
+            HttpError::Timeout { .. } => Failure::Network(e.to_string()),
+            _ => Failure::Unreachable(e.to_string()),
         })?;
         if answer.status != StatusCode::OK {
-            return Err(unreachable(format!("{path} answered {}", answer.status)));
+            return Err(Failure::Unreachable(format!("{path} answered {}", answer.status)));
         }
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            serde_json::from_slice(&answer.body).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        serde_json::from_slice(&answer.body).map_err(|e| Failure::Network(format!("{url}: {e}")))
     }
+}
+
+/// Why a peer RPC got no Raft answer: openraft backs off after `Unreachable`,
+/// and retries at the next heartbeat after `Network` (the module's doc).
+enum Failure {
+    Unreachable(String),
+    Network(String),
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {

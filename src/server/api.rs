@@ -400,9 +400,9 @@ fn within_quotas(node: &Node, key: &str, identity: &str, request_id: Option<&str
     }
     if s.locks.key(key).is_none() && s.locks.key_count() >= limits.max_keys {
         return Err(ApiError::QuotaExceeded(format!(
-            "the lock table holds {} keys (limits.max_keys); idle keys are compacted after {:?}",
+            "the lock table holds {} keys (limits.max_keys); idle keys are compacted after {}",
             s.locks.key_count(),
-            limits.idle_key_retention
+            humantime::format_duration(limits.idle_key_retention)
         )));
     }
     if s.locks.owned_by(identity) >= limits.max_leases_per_identity {
@@ -481,7 +481,10 @@ async fn propose(node: &Node, cmd: Command) -> Result<Outcome, ApiError> {
             Err(ApiError::NoLeader("this node stopped being leader; the outcome is unknown".into()))
         }
         Ok(Err(e)) => Err(ApiError::Unavailable(format!("{e}; the outcome is unknown"))),
-        Err(_) => Err(ApiError::Unavailable(format!("no quorum within {timeout:?}; the outcome is unknown"))),
+        Err(_) => Err(ApiError::Unavailable(format!(
+            "no quorum within {}; the outcome is unknown",
+            humantime::format_duration(timeout)
+        ))),
     }
 }
 
@@ -501,7 +504,7 @@ async fn linearizable(node: &Node) -> Result<(), ApiError> {
         }
         Ok(Err(RaftCallError::NotLeader)) => Err(ApiError::NoLeader("this node is not the leader".into())),
         Ok(Err(e)) => Err(ApiError::Unavailable(e.to_string())),
-        Err(_) => Err(ApiError::Unavailable(format!("no quorum within {timeout:?}"))),
+        Err(_) => Err(ApiError::Unavailable(format!("no quorum within {}", humantime::format_duration(timeout)))),
     }
 }
 

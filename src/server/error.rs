@@ -17,7 +17,7 @@ pub enum ApiError {
     Body(#[from] BodyError),
     #[error("{0}")]
     BadRequest(String),
-    #[error("the request body did not arrive within {0:?}")]
+    #[error("the request body did not arrive within {}", humantime::format_duration(*.0))]
     BodyTimeout(std::time::Duration),
     #[error("{0}")]
     Unauthorized(String),

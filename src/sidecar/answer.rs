@@ -121,35 +121,51 @@ impl Answer {
         })
     }
 
-    pub fn into_response(self, route: &str) -> Response<Body> {
-        let (status, cause) = (self.status(), self.cause());
-        let problem = |error, message| {
-            let route = (error != Problem::NoRoute).then(|| route.to_string());
-            ProblemBody { error, route, message }
-        };
-        let body = match self {
-            Answer::Rejected(r) => {
-                let body = wire::Rejection {
-                    error: r.reason,
-                    route: route.to_string(),
-                    key: r.key,
-                    token: r.token,
-                    current: r.current,
-                };
-                return refusal(status, cause, &body);
-            }
+    /// The `error` and `message` of the body of an answer that is not a rejection.
+    fn problem(&self) -> Option<(Problem, Option<String>)> {
+        Some(match self {
+            Answer::Rejected(_) => return None,
             Answer::BadRequest { error, message }
             | Answer::BodyCut { error, message }
-            | Answer::Idempotency { error, message } => problem(error, Some(message)),
-            Answer::NoRoute => problem(Problem::NoRoute, Some("no route matches this method and path".into())),
-            Answer::TooLarge { limit } => {
-                problem(Problem::BodyTooLarge, Some(format!("the body limit is {limit} bytes")))
-            }
-            Answer::UpstreamTimeout => problem(Problem::UpstreamTimeout, None),
-            Answer::UpstreamFailed(m) | Answer::UpstreamUnreachable(m) => problem(Problem::UpstreamError, Some(m)),
-            Answer::Internal(m) => problem(Problem::Internal, Some(m)),
+            | Answer::Idempotency { error, message } => (*error, Some(message.clone())),
+            Answer::NoRoute => (Problem::NoRoute, Some("no route matches this method and path".into())),
+            Answer::TooLarge { limit } => (Problem::BodyTooLarge, Some(format!("the body limit is {limit} bytes"))),
+            Answer::UpstreamTimeout => (Problem::UpstreamTimeout, None),
+            Answer::UpstreamFailed(m) | Answer::UpstreamUnreachable(m) => (Problem::UpstreamError, Some(m.clone())),
+            Answer::Internal(m) => (Problem::Internal, Some(m.clone())),
+        })
+    }
+
+    pub fn into_response(self, route: &str) -> Response<Body> {
+        let (status, cause) = (self.status(), self.cause());
+        let Some((error, message)) = self.problem() else {
+            let Answer::Rejected(r) = self else { unreachable!("only rejections have no problem") };
+            let body = wire::Rejection {
+                error: r.reason,
+                route: route.to_string(),
+                key: r.key,
+                token: r.token,
+                current: r.current,
+            };
+            return refusal(status, cause, &body);
         };
-        refusal(status, cause, &body)
+        let route = (error != Problem::NoRoute).then(|| route.to_string());
+        refusal(status, cause, &ProblemBody { error, route, message })
+    }
+}
+
+/// For a log line: the body's `error` code, and its message.
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some((error, message)) = self.problem() else {
+            let Answer::Rejected(r) = self else { unreachable!("only rejections have no problem") };
+            return f.write_str(r.reason.as_str());
+        };
+        let code = error.as_str();
+        match message {
+            Some(m) => write!(f, "{code}: {m}"),
+            None => f.write_str(code),
+        }
     }
 }
 
@@ -272,6 +288,8 @@ mod tests {
                 (status, outcome, cause),
                 "{answer:?}"
             );
+            let line = answer.to_string();
+            assert!(line.starts_with(error) && !line.contains('{'), "{line}");
             let resp = answer.into_response("r");
             assert_eq!(resp.status().as_u16(), status);
             assert_eq!(

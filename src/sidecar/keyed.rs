@@ -258,8 +258,9 @@ pub async fn finish(
     let headers: Vec<(String, Vec<u8>)> =
         parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec())).collect();
     let read = tokio::time::timeout(keyed.timeout, collect_up_to(body, keyed.policy.max_response as usize)).await;
-    let read =
-        read.unwrap_or_else(|_| Err(format!("no whole answer within the route's timeout ({:?})", keyed.timeout)));
+    let read = read.unwrap_or_else(|_| {
+        Err(format!("no whole answer within the route's timeout ({})", humantime::format_duration(keyed.timeout)))
+    });
     let retained = keyed.retained();
     match read {
         Ok((bytes, None)) => {

@@ -219,18 +219,27 @@ async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>, 
     // in the same instant; reset once a stream delivered something.
     let mut backoff =
         Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_floor(Duration::from_millis(20));
+    // A lock service that stays down fails every attempt: one line per
+    // interval, not one per attempt.
+    let mut failures = crate::log_limit::Window::new(crate::log_limit::EVERY);
     for endpoint in endpoints.iter().cycle() {
         let Some(v) = view.upgrade() else { return };
         let mut delivered = 0u64;
         match follow(&v, &http, endpoint, &mut after, &mut delivered).await {
             Ok(()) => tracing::info!(%endpoint, "watch stream ended; reconnecting"),
-            Err(e) => tracing::warn!(%endpoint, "watch stream: {e}"),
+            Err(e) => {
+                if let Some(more) = failures.hit(std::time::Instant::now()) {
+                    tracing::warn!(%endpoint, "watch stream: {e}{more}");
+                }
+            }
         }
         v.set_up(false);
         drop(v);
         if delivered > 0 {
-            // That stream worked: a fresh failure starts from short delays.
+            // That stream worked: a fresh failure starts from short delays,
+            // and is logged at once.
             backoff.reset();
+            failures.reset();
         }
         tokio::time::sleep(backoff.next_delay()).await;
     }

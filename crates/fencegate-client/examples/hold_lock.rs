@@ -14,7 +14,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use fencegate_client::{AcquireOptions, Client, ClientError, Lease, DEFAULT_ENDPOINT, TOKEN_HEADER};
+use humantime::format_duration;
+
+use fencegate_client::{AcquireOptions, Client, ClientError, Lease, DEFAULT_ENDPOINTS, TOKEN_HEADER};
 
 const TTL: Duration = Duration::from_secs(10);
 const WAIT: Duration = Duration::from_secs(5);
@@ -35,7 +37,7 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), String> {
     let key = std::env::args().nth(1).unwrap_or_else(|| "rack/42".to_string());
     let endpoints: Vec<String> = std::env::var("FENCEGATE_ENDPOINTS")
-        .unwrap_or_else(|_| DEFAULT_ENDPOINT.to_string())
+        .unwrap_or_else(|_| DEFAULT_ENDPOINTS.join(","))
         .split(',')
         .map(|e| e.trim().to_string())
         .filter(|e| !e.is_empty())
@@ -45,7 +47,7 @@ async fn run() -> Result<(), String> {
         .map_err(|e| format!("{e} (set $FENCEGATE_ENDPOINTS to http://host:port,...)"))?;
     let opts = AcquireOptions::new(TTL).wait(WAIT).holder(format!("hold_lock:{}", std::process::id()));
     let lease = client.acquire(&key, opts).await.map_err(|e| acquire_error(&key, &endpoints, e))?;
-    println!("acquired {} with token {} (ttl {:?})", lease.key(), lease.token(), lease.ttl());
+    println!("acquired {} with token {} (ttl {})", lease.key(), lease.token(), format_duration(lease.ttl()));
 
     let worked = tokio::select! {
         reason = lease.lost() => Err(format!("lease on {key} lost: {reason}; stopped before finishing")),
@@ -64,9 +66,10 @@ async fn run() -> Result<(), String> {
             println!("released {key}");
             Ok(())
         }
-        Err(ClientError::Unavailable(e)) => {
-            Err(format!("release of {key} has an unknown outcome ({e}); the lease expires after {TTL:?}"))
-        }
+        Err(ClientError::Unavailable(e)) => Err(format!(
+            "release of {key} has an unknown outcome ({e}); the lease expires after {}",
+            format_duration(TTL)
+        )),
         Err(e) => Err(format!("release of {key} failed: {e}")),
     }
 }
@@ -80,10 +83,10 @@ async fn work(lease: &Lease) -> Result<(), String> {
         }
         // A real program would send this header with its write, e.g. through the sidecar.
         println!(
-            "step {step}/{STEPS}: PUT /{} with `{TOKEN_HEADER}: {}` ({:?} of validity left)",
+            "step {step}/{STEPS}: PUT /{} with `{TOKEN_HEADER}: {}` ({} ms of validity left)",
             lease.key(),
             lease.token(),
-            lease.remaining()
+            lease.remaining().as_millis()
         );
         tokio::time::sleep(STEP).await;
     }
@@ -95,14 +98,12 @@ fn acquire_error(key: &str, endpoints: &[String], e: ClientError) -> String {
         ClientError::Held { token, lock_delay: true, .. } => {
             format!("{key} is in lock-delay after the lease of token {token} expired; try again later")
         }
-        ClientError::Held { holder, token, .. } => format!(
-            "{key} is held by {} (token {token}) and was not free within {WAIT:?}",
-            holder.as_deref().unwrap_or("?")
-        ),
+        e @ ClientError::Held { .. } => format!("{e}, and was not free within {}", format_duration(WAIT)),
         ClientError::Unavailable(e) => format!(
             "the lock service at {} did not answer in time ({e}); is `cargo run --release -- dev` running? \
-             If {key} was granted after all, the lease expires after {TTL:?}.",
-            endpoints.join(",")
+             If {key} was granted after all, the lease expires after {}.",
+            endpoints.join(","),
+            format_duration(TTL)
         ),
         e => format!("could not acquire {key}: {e}"),
     }

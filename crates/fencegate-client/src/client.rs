@@ -17,8 +17,11 @@ use crate::http::{HttpClient, Reply};
 use crate::lease::Lease;
 use crate::wire::{self, AcquireRequest, ClusterInfo, ErrorCode, Granted, KeepaliveAck, LockInfo, Released, Token};
 
-/// Default endpoint when neither `--endpoints` nor `$FENCEGATE_ENDPOINTS` is set.
-pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7401";
+/// The endpoints `fencegate`'s commands use when neither `--endpoints` nor
+/// `$FENCEGATE_ENDPOINTS` is set: the three local nodes of `fencegate dev`
+/// (and of `config/node{1,2,3}.yaml`), so that one of them being down
+/// changes nothing.
+pub const DEFAULT_ENDPOINTS: [&str; 3] = ["http://127.0.0.1:7401", "http://127.0.0.1:7402", "http://127.0.0.1:7403"];
 
 /// Why a [`Client`] or [`Lease`] call failed.
 #[derive(Debug, Error)]
@@ -28,7 +31,7 @@ pub enum ClientError {
     NoEndpoints,
     /// An endpoint is not `http://host:port` (`https://` with
     /// [`ClientOptions::tls`]): the endpoint as given, and why.
-    #[error("invalid endpoint {0:?}: {1}")]
+    #[error("invalid endpoint `{0}`: {1}")]
     BadEndpoint(String, String),
     /// [`ClientOptions::token`] is not a usable bearer token.
     #[error("{0}")]
@@ -36,7 +39,7 @@ pub enum ClientError {
     /// The key was not granted within the acquire's
     /// [`wait`](field@AcquireOptions::wait): someone else holds it, or it is
     /// in lock-delay (L6). Retry later, or wait longer.
-    #[error("{key} is held by {holder:?} (token {token}){}", if *lock_delay { ", in lock-delay" } else { "" })]
+    #[error("{}", held_message(key, holder.as_deref(), *token, *lock_delay))]
     Held {
         /// The key asked for.
         key: String,
@@ -78,6 +81,16 @@ pub enum ClientError {
     /// version, or not a fencegate node). The string is the decoding error.
     #[error("unexpected answer from the lock service: {0}")]
     Protocol(String),
+}
+
+/// [`ClientError::Held`] for a person: who holds the key, or why nobody can have it yet.
+fn held_message(key: &str, holder: Option<&str>, token: Token, lock_delay: bool) -> String {
+    match (holder, lock_delay) {
+        (Some(h), false) => format!("{key} is held by {h} (token {token})"),
+        (Some(h), true) => format!("{key} is held by {h} (token {token}), in lock-delay"),
+        (None, true) => format!("{key} is in lock-delay after lease {token} expired"),
+        (None, false) => format!("{key} is held (token {token})"),
+    }
 }
 
 /// Tunables for L4 (client conservatism) and request timing.
@@ -416,9 +429,12 @@ impl Client {
     pub(crate) async fn keepalive(&self, lease_id: &str, timeout: Duration) -> Result<Duration, ClientError> {
         let path = format!("{}{lease_id}/keepalive", wire::LEASES_PATH);
         let call = self.call(Method::POST, &path, None::<&()>, Duration::ZERO);
-        let answer = tokio::time::timeout(timeout, call)
-            .await
-            .map_err(|_| ClientError::Unavailable(format!("keepalive not acknowledged within {timeout:?}")))??;
+        let answer = tokio::time::timeout(timeout, call).await.map_err(|_| {
+            ClientError::Unavailable(format!(
+                "keepalive not acknowledged within {}",
+                humantime::format_duration(timeout)
+            ))
+        })??;
         let ack: KeepaliveAck = decode(answer)?;
         Ok(Duration::from_millis(ack.ttl_ms))
     }

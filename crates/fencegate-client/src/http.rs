@@ -64,19 +64,21 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 #[derive(Debug, Error)]
 pub enum HttpError {
     /// The URL could not be made into a request.
-    #[error("invalid URL {0:?}")]
+    #[error("invalid URL `{0}`")]
     Url(String),
     /// Connecting, sending, or reading the answer failed (including a body
     /// over the client's limit). Nothing says whether the server acted on it.
-    #[error("request to {url} failed: {source}")]
+    #[error("request to {url} failed: {}", error_chain(&**cause))]
     Transport {
         /// The request's URL.
         url: String,
-        /// The underlying error; see [`error_chain`].
-        source: BoxError,
+        /// The underlying error, shown with its sources (hyper's say little
+        /// without them). Not this error's `source`: the message has it all,
+        /// and a chain printed again would repeat it.
+        cause: BoxError,
     },
     /// No complete answer within the deadline.
-    #[error("request to {url} timed out after {timeout:?}")]
+    #[error("request to {url} timed out after {}", humantime::format_duration(*timeout))]
     Timeout {
         /// The request's URL.
         url: String,
@@ -167,7 +169,7 @@ impl HttpClient {
     pub async fn send(&self, mut req: Request<Full<Bytes>>, timeout: Duration) -> Result<Reply, HttpError> {
         self.authorise(&mut req);
         let url = req.uri().to_string();
-        let transport = |source: BoxError| HttpError::Transport { url: url.clone(), source };
+        let transport = |cause: BoxError| HttpError::Transport { url: url.clone(), cause };
         let work = async {
             let resp: Response<Incoming> = self.inner.request(req).await.map_err(|e| transport(e.into()))?;
             let (parts, body) = resp.into_parts();
@@ -199,7 +201,7 @@ impl HttpClient {
     pub async fn open(&self, url: &str, timeout: Duration) -> Result<Response<Incoming>, HttpError> {
         let mut req = Request::get(url).body(Full::new(Bytes::new())).map_err(|_| HttpError::Url(url.into()))?;
         self.authorise(&mut req);
-        let transport = |source: BoxError| HttpError::Transport { url: url.to_string(), source };
+        let transport = |cause: BoxError| HttpError::Transport { url: url.to_string(), cause };
         tokio::time::timeout(timeout, self.inner.request(req))
             .await
             .map_err(|_| HttpError::Timeout { url: url.to_string(), timeout })?
