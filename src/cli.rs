@@ -327,9 +327,10 @@ enum TokenAction {
 struct Endpoints {
     /// Comma-separated node URLs; any node will do, followers forward to the
     /// leader, and a node that does not answer is skipped. Default: the
-    /// three nodes of `fencegate dev` and config/node{1,2,3}.yaml.
-    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', default_values = fencegate_client::DEFAULT_ENDPOINTS)]
-    endpoints: Vec<String>,
+    /// three nodes of `fencegate dev` and config/node{1,2,3}.yaml (not with
+    /// --token over plain HTTP: a token goes only where you say).
+    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',')]
+    endpoints: Option<Vec<String>>,
     /// PEM file of the CA that signed the nodes' certificates: speak HTTPS
     /// (the endpoints must then be https://) and trust only it.
     #[arg(long, env = "FENCEGATE_CA", value_name = "PEM")]
@@ -347,7 +348,21 @@ struct Endpoints {
 }
 
 impl Endpoints {
+    /// The endpoints given, else the default ones. A bearer token over plain
+    /// HTTP is not sent to ports nobody named: on a shared machine any user
+    /// may listen on 7402 while node 2 is down, and take it.
+    fn urls(&self) -> anyhow::Result<Vec<String>> {
+        match &self.endpoints {
+            Some(urls) => Ok(urls.clone()),
+            None if self.token.is_some() && self.ca.is_none() => anyhow::bail!(
+                "--token needs --endpoints (or FENCEGATE_ENDPOINTS): a token over plain HTTP is sent only to the nodes you name"
+            ),
+            None => Ok(fencegate_client::DEFAULT_ENDPOINTS.iter().map(|u| u.to_string()).collect()),
+        }
+    }
+
     fn client(self) -> anyhow::Result<fencegate_client::Client> {
+        let urls = self.urls()?;
         let tls = match self.ca {
             None => None,
             Some(ca) => {
@@ -356,7 +371,7 @@ impl Endpoints {
             }
         };
         let options = fencegate_client::ClientOptions { tls, token: self.token, ..Default::default() };
-        Ok(fencegate_client::Client::with_options(self.endpoints, options)?)
+        Ok(fencegate_client::Client::with_options(urls, options)?)
     }
 }
 
@@ -497,10 +512,27 @@ mod tests {
                 Command::Status { endpoints, .. }
                 | Command::Lock { endpoints, .. }
                 | Command::Member { endpoints, .. }
-                | Command::Snapshot { action: SnapshotAction::Save { endpoints, .. } } => endpoints.endpoints,
+                | Command::Snapshot { action: SnapshotAction::Save { endpoints, .. } } => endpoints,
                 other => panic!("{other:?}"),
             };
-            assert_eq!(endpoints, three, "{args:?}");
+            assert_eq!(endpoints.urls().unwrap(), three, "{args:?}");
         }
+    }
+
+    /// A token over plain HTTP goes only to endpoints someone named.
+    #[test]
+    fn a_token_is_not_sent_to_default_endpoints() {
+        if std::env::var_os("FENCEGATE_ENDPOINTS").is_some() {
+            return;
+        }
+        let parse =
+            |args: &[&str]| match Cli::try_parse_from(["fencegate", "status"].iter().chain(args)).unwrap().command {
+                Command::Status { endpoints, .. } => endpoints.urls(),
+                other => panic!("{other:?}"),
+            };
+        let e = parse(&["--token", "t"]).unwrap_err();
+        assert!(e.to_string().contains("--token needs --endpoints"), "{e}");
+        let named = parse(&["--token", "t", "--endpoints", "http://10.0.0.1:7401"]).unwrap();
+        assert_eq!(named, ["http://10.0.0.1:7401"]);
     }
 }

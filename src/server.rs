@@ -159,6 +159,27 @@ impl Node {
         self.raft.metrics().borrow().current_leader
     }
 
+    /// Why a lock call cannot be served here now (`/readyz`), if it cannot:
+    /// no leader known; or this node leads but no quorum has acknowledged
+    /// it for longer than a follower waits before it campaigns (an openraft
+    /// leader cut off from its majority does not step down, and its calls
+    /// would only hang until `propose_timeout`).
+    pub fn unready(&self) -> Option<String> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        match m.current_leader {
+            None => return Some("this node knows no leader yet".into()),
+            Some(leader) if leader != self.id => return None,
+            Some(_) => {}
+        }
+        let limit = 2 * self.config.raft.election_timeout_max.as_millis() as u64;
+        match m.millis_since_quorum_ack {
+            Some(ms) if ms <= limit => None,
+            Some(ms) => Some(format!("this node leads, but no quorum has acknowledged it for {ms} ms")),
+            None => Some("this node leads, but no quorum has acknowledged it yet".into()),
+        }
+    }
+
     pub fn members(&self) -> BTreeSet<NodeId> {
         self.applied.lock().membership.membership().voter_ids().collect()
     }

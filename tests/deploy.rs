@@ -163,3 +163,37 @@ async fn the_demo_replays_on_running_components_as_in_compose() {
     let half = bin!().run(&args, Duration::from_secs(10));
     assert_eq!(half.code, 2, "{}", half.stderr);
 }
+
+/// A leader cut off from its majority stays leader in openraft (it does not
+/// step down by itself): `/readyz` must say it cannot serve, so Kubernetes
+/// takes it out of the client Service, and say so again once it can.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_without_its_quorum_is_not_ready() {
+    let cluster = Cluster::start(&bin!(), 3, "").await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let ready = |id| healthcheck(&[&format!("{}/readyz", cluster.url(id))], &[]);
+    assert_eq!(ready(leader).0, 0, "{}", ready(leader).1);
+    let others: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != leader).collect();
+    for id in &others {
+        cluster.freeze(*id, true);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        let (code, err) = ready(leader);
+        if code != 0 {
+            break err;
+        }
+        assert!(Instant::now() < deadline, "the leader stayed ready without a quorum for 10 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(err.contains("503") && err.contains("no quorum has acknowledged"), "{err}");
+    for id in &others {
+        cluster.freeze(*id, false);
+    }
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ready(leader).0 != 0 {
+        assert!(Instant::now() < deadline, "not ready again with its quorum back: {}", ready(leader).1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

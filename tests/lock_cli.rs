@@ -121,6 +121,27 @@ async fn ctrl_c_stops_the_command_and_releases_the_lease_at_once() {
     }
 }
 
+/// fencegate killed outright (kill -9: no handler runs) takes CMD with it:
+/// nothing would stop CMD when the lease is lost, and it must not work on
+/// unwatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_fencegate_kills_the_command() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let client = c.client();
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let mut child = lock_cmd(&c, &["rack/6", "--", "sh", "-c", &script]).spawn().unwrap();
+    wait::until("the key taken", Duration::from_secs(10), || async {
+        pidfile.exists() && client.read("rack/6").await.unwrap().held
+    })
+    .await;
+    let cmd: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    wait::until("CMD gone", Duration::from_secs(5), || async { !alive(cmd) }).await;
+}
+
 /// Against a secure cluster: TLS and a token from the environment for
 /// `lock`, a client certificate on the command line for `status`; without
 /// credentials, a clear refusal.

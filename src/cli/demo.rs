@@ -53,7 +53,7 @@ pub async fn run(mut args: DemoArgs) -> anyhow::Result<i32> {
         None => {
             let data = tempfile_dir()?;
             println!("starting a 3-node lock cluster, the inventory API and the sidecar on free local ports …");
-            let stack = Stack::start(ANY_PORTS, &data).await?;
+            let stack = Stack::start(ANY_PORTS, &data, false).await?;
             let targets = Targets {
                 endpoints: stack.endpoints.clone(),
                 sidecar_url: stack.sidecar_url.clone(),

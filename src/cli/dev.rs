@@ -6,15 +6,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
-
 use super::stack::{Stack, ANY_PORTS, DEV_PORTS};
 
 pub async fn run(data: &Path, fresh: bool, free_ports: bool) -> anyhow::Result<i32> {
-    if fresh && data.exists() {
-        std::fs::remove_dir_all(data).with_context(|| format!("removing {}", data.display()))?;
-    }
-    let stack = Stack::start(if free_ports { ANY_PORTS } else { DEV_PORTS }, data).await?;
+    let stack = Stack::start(if free_ports { ANY_PORTS } else { DEV_PORTS }, data, fresh).await?;
     let replay = match a_retried_write(&stack).await {
         Ok(line) => line,
         Err(e) => format!("  (the retried-write check failed: {e:#})"),

@@ -20,7 +20,8 @@ const MAX_BODY: usize = 64 << 10;
 pub async fn run(url: &str, timeout: Duration, ca: Option<PathBuf>) -> anyhow::Result<i32> {
     // https is verified against --ca and nothing else: a probe that trusts
     // any certificate would report a node healthy behind someone else's.
-    let http = match (url.starts_with("https://"), ca) {
+    let https = url.get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
+    let http = match (https, ca) {
         (false, None) => HttpClient::new(MAX_BODY),
         (true, Some(ca)) => {
             let files = fencegate_client::tls::TlsFiles { ca, cert: None, key: None };

@@ -45,7 +45,18 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
     let client = args.client;
     let holder = args.holder.unwrap_or_else(default_holder);
     let opts = AcquireOptions::new(args.ttl).wait(args.wait).holder(holder);
-    let lease = match client.acquire(&args.key, opts).await {
+    // Ours from before the acquire: a signal that came between the grant
+    // and CMD's start would otherwise kill fencegate by its default action
+    // and leave CMD running with nobody watching the lease.
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let acquired = tokio::select! {
+        acquired = client.acquire(&args.key, opts) => acquired,
+        // A grant in flight is not waited for: it expires after its TTL.
+        _ = interrupt.recv() => return Ok(exit::INTERRUPTED),
+        _ = terminate.recv() => return Ok(exit::TERMINATED),
+    };
+    let lease = match acquired {
         Ok(lease) => lease,
         Err(e @ ClientError::Held { .. }) => {
             let wait = humantime::format_duration(args.wait);
@@ -57,7 +68,8 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
     };
     tracing::info!(key = %args.key, token = lease.token(), "lock acquired; running {program}");
 
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(rest)
         // CMD gets the fencing token, not our credentials.
         .env_remove("FENCEGATE_TOKEN")
@@ -66,34 +78,44 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
         .env("FENCE_LEASE_ID", lease.lease_id())
         .env("FENCE_OPERATION_ID", &args.operation_id)
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot run {program}: {e}"))?;
+        .kill_on_drop(true);
+    // SAFETY: the hook makes one system call (prctl), which is
+    // async-signal-safe, and allocates nothing. CMD gets SIGKILL if
+    // fencegate itself dies (kill -9): nothing would watch its lease then.
+    unsafe {
+        command.pre_exec(|| nix::sys::prctl::set_pdeathsig(Some(Signal::SIGKILL)).map_err(std::io::Error::from));
+    }
+    let mut child = command.spawn().map_err(|e| anyhow::anyhow!("cannot run {program}: {e}"))?;
     let group = Pid::from_raw(child.id().map(|id| id as i32).unwrap_or(0));
 
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    tokio::select! {
-        status = child.wait() => {
-            let code = exit_code(status?);
-            release(lease).await;
-            Ok(code)
-        }
+    // Biased: a loss that comes together with CMD's end or a signal is
+    // reported as the loss (76), which is what the caller must act on.
+    let code = tokio::select! {
+        biased;
         reason = lease.lost() => {
             eprintln!("fencegate lock: lease on {} lost ({reason}); stopping {program}", args.key);
             stop(&mut child, group, args.grace).await;
-            Ok(exit::LEASE_LOST)
+            return Ok(exit::LEASE_LOST);
         }
+        status = child.wait() => exit_code(status?),
         // As a shell reports a job ended by the signal, whatever CMD made of its SIGTERM.
         _ = interrupt.recv() => {
-            stop_and_release(&mut child, group, args.grace, lease).await;
-            Ok(exit::INTERRUPTED)
+            stop(&mut child, group, args.grace).await;
+            exit::INTERRUPTED
         }
         _ = terminate.recv() => {
-            stop_and_release(&mut child, group, args.grace, lease).await;
-            Ok(exit::TERMINATED)
+            stop(&mut child, group, args.grace).await;
+            exit::TERMINATED
         }
+    };
+    // Lost while CMD ended or was being stopped: CMD may have worked on
+    // without the lock for a moment, so the caller hears of the loss.
+    if !lease.is_valid() {
+        eprintln!("fencegate lock: lease on {} lost while {program} ended", args.key);
+        return Ok(exit::LEASE_LOST);
     }
+    release(lease).await;
+    Ok(code)
 }
 
 /// `host:pid`, which names the machine and the process in `fencegate status`.
@@ -112,11 +134,6 @@ async fn stop(child: &mut Child, group: Pid, grace: Duration) -> Option<ExitStat
             child.wait().await.ok()
         }
     }
-}
-
-async fn stop_and_release(child: &mut Child, group: Pid, grace: Duration, lease: Lease) {
-    stop(child, group, grace).await;
-    release(lease).await;
 }
 
 async fn release(lease: Lease) {

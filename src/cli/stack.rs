@@ -61,7 +61,7 @@ async fn bind(port: u16, what: &str) -> anyhow::Result<(TcpListener, SocketAddr)
 impl Stack {
     /// Bind every port, then start the nodes, the inventory and the sidecar;
     /// returns once the cluster has a leader.
-    pub async fn start(ports: Ports, data: &Path) -> anyhow::Result<Stack> {
+    pub async fn start(ports: Ports, data: &Path, fresh: bool) -> anyhow::Result<Stack> {
         let mut node_listeners = vec![];
         for (port, peer_port) in ports.nodes.into_iter().zip(ports.peers) {
             node_listeners.push((bind(port, "lock service").await?, bind(peer_port, "lock service peer plane").await?));
@@ -69,6 +69,11 @@ impl Stack {
         let (inv_listener, inv_addr) = bind(ports.inventory, "inventory API").await?;
         let (sc_listener, sc_addr) = bind(ports.sidecar, "sidecar").await?;
         let (metrics_listener, metrics_addr) = bind(ports.metrics, "sidecar metrics").await?;
+        // Only once every port is ours: a second `dev --fresh` beside a
+        // running one fails on its ports without wiping that one's data.
+        if fresh && data.exists() {
+            std::fs::remove_dir_all(data).with_context(|| format!("removing {}", data.display()))?;
+        }
 
         let url_map = |addr: &dyn Fn(usize) -> SocketAddr| -> BTreeMap<u64, String> {
             (0..node_listeners.len()).map(|i| (i as u64 + 1, format!("http://{}", addr(i)))).collect()

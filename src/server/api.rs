@@ -63,17 +63,18 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
                 Some(e) => Err(ApiError::Unavailable(format!("the Raft core stopped: {e}"))),
             };
         }
-        // Readiness: the core runs and a leader is known (this node or
-        // another: followers forward), so a lock call can be served now.
+        // Readiness: the core runs and a leader is known (this node, with a
+        // quorum behind it, or another: followers forward), so a lock call
+        // can be served now.
         // Kubernetes takes an unready node out of the client Service.
         "/readyz" => {
             only(req.method(), "GET")?;
             if let Some(e) = node.core_error() {
                 return Err(ApiError::Unavailable(format!("the Raft core stopped: {e}")));
             }
-            return match node.leader() {
-                Some(_) => Ok(text("ok\n", "text/plain")),
-                None => Err(ApiError::NoLeader("this node knows no leader yet".into())),
+            return match node.unready() {
+                None => Ok(text("ok\n", "text/plain")),
+                Some(why) => Err(ApiError::NoLeader(why)),
             };
         }
         "/metrics" => return only(req.method(), "GET").map(|_| crate::metrics::exposition(&node.registry)),
