@@ -295,6 +295,7 @@ fn every_route_is_documented_and_the_peer_plane_is_not() {
         wire::SNAPSHOT_PATH,
         wire::OPENAPI_PATH,
         "/healthz",
+        "/readyz",
         "/metrics",
     ];
     assert_eq!(paths, BTreeSet::from(routes));
