@@ -82,8 +82,8 @@ try, in another terminal, in this order (`cargo install --path .` puts `fencegat
   export FENCEGATE_ENDPOINTS={endpoints}
   {fg} lock rack/42 -- sh -c 'curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" {sidecar}/racks/42 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"'
       # {{\"rack\":\"42\",\"state\":\"drained\",\"seq\":…}}: forwarded with the lock's token, then the lock is released
-  {fg} lock rack/7 -- sh -c 'for try in 1 2; do curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" -H \"Idempotency-Key: $FENCE_OPERATION_ID-drain\" {sidecar}/racks/7 -d \"{{}}\"; echo; done'
-      # the same answer twice: the retry is replayed, the inventory applies it once
+  {fg} lock rack/7 -- sh -c 'for try in 1 2; do curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" -H \"Idempotency-Key: $FENCE_OPERATION_ID-drain\" {sidecar}/racks/7 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"; done'
+      # the same answer twice, seq included: the retry is replayed, the inventory applied it once
   curl -s -X PUT -H 'X-Fence-Token: {stale}' {sidecar}/racks/42 -d '{{\"state\":\"stale\"}}'
       # 409 {{\"error\":\"stale_token\",…}}: token {stale} is below rack/42's latest grant; the inventory never sees it
       # (sent before the first command: 409 unknown_token, rack/42 was never granted)
