@@ -5,10 +5,10 @@
 //! interval instead of filling the log.
 //!
 //! The decision is a pure function of the instants it is given
-//! ([`Window::hit`]); [`LogLimit`] feeds it the real clock.
+//! ([`Window::hit`]); each caller owns its window (behind its own lock if
+//! shared) and passes the real clock in.
 
 use std::fmt;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The interval used by the call sites: one line per 10 s per condition.
@@ -70,26 +70,6 @@ impl fmt::Display for LeftOut {
             0 => Ok(()),
             n => write!(f, " (… {n} more in the last {})", humantime::format_duration(self.interval)),
         }
-    }
-}
-
-/// A [`Window`] on the real clock, shareable between tasks.
-#[derive(Debug)]
-pub struct LogLimit(Mutex<Window>);
-
-impl LogLimit {
-    pub fn new(interval: Duration) -> Self {
-        Self(Mutex::new(Window::new(interval)))
-    }
-
-    /// See [`Window::hit`].
-    pub fn hit(&self) -> Option<LeftOut> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).hit(Instant::now())
-    }
-
-    /// See [`Window::reset`].
-    pub fn reset(&self) -> LeftOut {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).reset()
     }
 }
 

@@ -58,10 +58,7 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
     match req.uri().path() {
         "/healthz" => {
             only(req.method(), "GET")?;
-            return match node.core_error() {
-                None => Ok(text("ok\n", "text/plain")),
-                Some(e) => Err(ApiError::Unavailable(format!("the Raft core stopped: {e}"))),
-            };
+            return core_running(&node).map(|()| text("ok\n", "text/plain"));
         }
         // Readiness: the core runs and a leader is known (this node, with a
         // quorum behind it, or another: followers forward), so a lock call
@@ -69,9 +66,7 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
         // Kubernetes takes an unready node out of the client Service.
         "/readyz" => {
             only(req.method(), "GET")?;
-            if let Some(e) = node.core_error() {
-                return Err(ApiError::Unavailable(format!("the Raft core stopped: {e}")));
-            }
+            core_running(&node)?;
             return match node.unready() {
                 None => Ok(text("ok\n", "text/plain")),
                 Some(why) => Err(ApiError::NoLeader(why)),
@@ -304,6 +299,14 @@ enum Call {
     Members,
     AddMember,
     RemoveMember { id: u64, force: bool },
+}
+
+/// Liveness: 503 `unavailable` once the Raft core has stopped.
+fn core_running(node: &Node) -> Result<(), ApiError> {
+    match node.core_error() {
+        None => Ok(()),
+        Some(e) => Err(ApiError::Unavailable(format!("the Raft core stopped: {e}"))),
+    }
 }
 
 /// `Ok` for the one method a path takes; 405 naming it otherwise.

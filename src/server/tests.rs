@@ -283,6 +283,16 @@ async fn a_newer_peer_protocol_is_refused() {
     n.node.shutdown().await;
 }
 
+/// A one-node config on `data_dir` (its ports are never bound: these
+/// starts are refused first).
+fn lone_node(data_dir: &std::path::Path) -> NodeConfig {
+    let yaml = format!(
+        "id: 1\nlisten: 127.0.0.1:1\npeer_listen: 127.0.0.1:2\ndata_dir: {}\npeers:\n  1: http://127.0.0.1:2\n",
+        data_dir.display()
+    );
+    parse_yaml::<NodeConfig>(&yaml).unwrap().validate().unwrap()
+}
+
 /// A data directory a newer build wrote is refused at start, untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_dir_of_a_newer_format_is_refused() {
@@ -291,13 +301,7 @@ async fn a_data_dir_of_a_newer_format_is_refused() {
         let db = Database::create(dir.path().join("raft.redb")).unwrap();
         write_meta(&db, "format", &(DATA_FORMAT + 1)).unwrap();
     }
-    let listen = "127.0.0.1:1";
-    let yaml = format!(
-        "id: 1\nlisten: {listen}\npeer_listen: 127.0.0.1:2\ndata_dir: {}\npeers:\n  1: http://127.0.0.1:2\n",
-        dir.path().display()
-    );
-    let config = parse_yaml::<NodeConfig>(&yaml).unwrap().validate().unwrap();
-    let e = Node::start(config).await.err().expect("refused");
+    let e = Node::start(lone_node(dir.path())).await.err().expect("refused");
     assert!(e.to_string().contains("written by a newer fencegate"), "{e}");
 }
 
@@ -307,12 +311,7 @@ async fn a_data_dir_of_a_newer_format_is_refused() {
 async fn a_snapshot_without_its_database_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("snapshot"), b"{}\n").unwrap();
-    let yaml = format!(
-        "id: 1\nlisten: 127.0.0.1:1\npeer_listen: 127.0.0.1:2\ndata_dir: {}\npeers:\n  1: http://127.0.0.1:2\n",
-        dir.path().display()
-    );
-    let config = parse_yaml::<NodeConfig>(&yaml).unwrap().validate().unwrap();
-    let e = Node::start(config).await.err().expect("refused");
+    let e = Node::start(lone_node(dir.path())).await.err().expect("refused");
     assert!(e.to_string().contains("without"), "{e}");
     assert!(!dir.path().join("raft.redb").exists(), "nothing created");
 }
