@@ -60,6 +60,12 @@ async fn a_silently_cut_watch_is_trusted_no_longer_than_max_staleness() {
     let (up, control_up) = (Upstream::start().await, Upstream::start().await);
     let sc = Arc::new(sidecar(&c, "sc", &up, &endpoints, "500ms").await);
     let control = Arc::new(sidecar(&c, "control", &control_up, &endpoints, "10s").await);
+    let fallbacks = |metrics: &str| {
+        let series = "fencegate_sidecar_stale_knowledge_reads_total{route=\"rack-writes\"} ";
+        metrics.lines().find_map(|l| l.strip_prefix(series)?.parse::<f64>().ok())
+    };
+    let at_start = sc.metrics().await;
+    assert_eq!(fallbacks(&at_start), Some(0.0), "not at 0 from the start:\n{at_start}");
     let (path, key) = ("/racks/p", "rack/p");
     let (a, lease) = take(&c, key).await;
     assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
@@ -114,11 +120,7 @@ async fn a_silently_cut_watch_is_trusted_no_longer_than_max_staleness() {
     let (status, v) = sc.send("PUT", path, Some(a), &[]).await;
     assert_eq!((status, v["error"].as_str()), (409, Some("stale_token")), "{v}");
     let metrics = sc.metrics().await;
-    let fallbacks = metrics
-        .lines()
-        .find(|l| l.starts_with("fencegate_sidecar_stale_knowledge_reads_total{route=\"rack-writes\"}"))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-    assert!(fallbacks.is_some_and(|n| n >= 1.0), "no fallback counted:\n{metrics}");
+    assert!(fallbacks(&metrics).is_some_and(|n| n >= 1.0), "no fallback counted:\n{metrics}");
 
     let (status, v) = control_write.await.unwrap();
     assert_eq!(
