@@ -2,8 +2,8 @@
 //! families on a registry passed down from `main`; there are no global statics.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// The Prometheus text exposition of everything in `r`.
@@ -230,6 +230,11 @@ pub struct SidecarMetrics {
     pub upstream_duration: HistogramVec,
     pub fence_wait: HistogramVec,
     pub lock_service_up: IntGauge,
+    /// Seconds since the knowledge was last proven current (`max_staleness`).
+    pub knowledge_age: Gauge,
+    /// Checks on `cached` routes that read the lock service because the
+    /// knowledge was older than `max_staleness`, by route.
+    pub stale_knowledge_reads: IntCounterVec,
     /// result: `KeyResult`
     pub idempotency: IntCounterVec,
     /// Idempotency records held.
@@ -299,6 +304,23 @@ impl SidecarMetrics {
                 IntGauge::new(
                     "fencegate_sidecar_lock_service_up",
                     "1 while the watch stream to the lock service is live",
+                )?,
+            )?,
+            knowledge_age: register(
+                r,
+                Gauge::new(
+                    "fencegate_sidecar_knowledge_age_seconds",
+                    "Seconds since the sidecar's knowledge of the lock service was last proven current",
+                )?,
+            )?,
+            stale_knowledge_reads: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencegate_sidecar_stale_knowledge_reads_total",
+                        "Checks on cached routes that read the lock service because the knowledge was older than max_staleness",
+                    ),
+                    &["route"],
                 )?,
             )?,
             config_reloads: config_reloads(r, "fencegate_sidecar_config_reloads_total")?,

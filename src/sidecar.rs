@@ -19,6 +19,7 @@ pub mod check;
 pub mod fence;
 pub mod floors;
 pub mod forward;
+pub mod freshness;
 pub mod idempotency;
 pub mod journal;
 pub mod keyed;
@@ -103,7 +104,7 @@ impl Sidecar {
         let view = match (&settings.lock_service, tls.lock_service, needs_service) {
             (Some(service), Some(options), true) => {
                 let client = Client::with_options(service.endpoints.clone(), options)?;
-                Some(LockView::start(client, metrics.clone()))
+                Some(LockView::start(client, metrics.clone(), service.max_staleness))
             }
             _ => None,
         };
@@ -470,6 +471,9 @@ fn start_at_zero(metrics: &SidecarMetrics, settings: &SidecarSettings) {
     metrics.start_at_zero("-", answer::refusals(Phase::Unrouted), false);
     for r in settings.routes.iter() {
         metrics.start_at_zero(&r.name, answer::refusals(Phase::Routed), r.idempotency.is_some());
+        if r.fence.trusts_the_watch() {
+            metrics.stale_knowledge_reads.with_label_values(&[&r.name]);
+        }
     }
 }
 
@@ -539,6 +543,9 @@ pub async fn serve_metrics(listener: TcpListener, sidecar: Arc<Sidecar>, shutdow
 impl Sidecar {
     async fn probe(&self, path: &str) -> Response<Body> {
         if path == "/metrics" {
+            if let Some(view) = &self.fencer.view {
+                self.metrics.knowledge_age.set(view.age(tokio::time::Instant::now()).as_secs_f64());
+            }
             return crate::metrics::exposition(&self.registry);
         }
         if path != "/healthz" && path != "/readyz" {

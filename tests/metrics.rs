@@ -82,6 +82,10 @@ async fn series_exist_at_zero_and_every_refusal_is_counted() {
     ] {
         assert_eq!(metric(&before, series), Some(0.0), "{series}\n{before}");
     }
+    // The age of the sidecar's proof of freshness (max_staleness) is there
+    // from the start; a linearizable route never falls back for staleness.
+    assert!(metric(&before, "fencegate_sidecar_knowledge_age_seconds").is_some(), "{before}");
+    assert!(!before.contains("fencegate_sidecar_stale_knowledge_reads_total{route=\"rack-writes\"}"));
     // A route without idempotency counts no keys.
     assert!(!before.contains(r#"fencegate_sidecar_idempotency_total{result="stored",route="reads"}"#));
     assert_eq!(metric(&node, r#"fencegate_config_reloads_total{result="refused"}"#), Some(0.0), "{node}");

@@ -267,8 +267,15 @@ async fn linearizable_routes_see_every_grant_that_completed_before_the_request()
     let (up, control_up) = (Upstream::start().await, Upstream::start().await);
     let (bin, dir) = (c.bin(), c.dir());
     let sc = Sidecar::start(bin, dir.join("sc"), &up.url(), &endpoints, &routes("strict", "linearizable")).await;
-    let control =
-        Sidecar::start(bin, dir.join("control"), &control_up.url(), &endpoints, &routes("strict", "cached")).await;
+    // Its probes are answered 300 ms late: above the default max_staleness
+    // it would never trust its watch, and read like the linearizable one.
+    let o = fencegate_testkit::sidecar::SidecarOptions {
+        lock_service: endpoints.clone(),
+        lock_service_yaml: "  max_staleness: 5s\n".into(),
+        yaml: routes("strict", "cached"),
+        ..Default::default()
+    };
+    let control = Sidecar::start_with(bin, dir.join("control"), &control_up.url(), o).await;
     for i in 0..2 {
         let key = format!("rack/lin{i}");
         let path = format!("/racks/lin{i}");

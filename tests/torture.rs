@@ -50,11 +50,17 @@ const NODE_YAML: &str =
 
 const LIVENESS_BOUND_MS: f64 = 10_000.0;
 
+/// The sidecar's `lock_service.max_staleness` (its default): how long after
+/// a newer grant completed an older token's write may still be applied.
+const MAX_STALENESS_MS: f64 = 250.0;
+
 struct Arm {
     name: &'static str,
     history: Arc<History>,
     faults: BTreeMap<Fault, usize>,
     reports: Vec<Report>,
+    /// The longest cached window measured (`checker::stale_window`).
+    window_ms: Option<f64>,
 }
 
 fn workload() -> Workload {
@@ -67,6 +73,24 @@ fn applied(up: &Upstream, w: &Workload, prefix: &str) -> BTreeMap<String, Vec<u6
             let key = format!("rack/{prefix}{k}");
             let tokens = up.tokens(&workload::path_of(&key)).into_iter().flatten().collect();
             (key, tokens)
+        })
+        .collect()
+}
+
+/// Each key's writes as the upstream applied them: token and when, on the
+/// history's clock (the upstream runs in this process).
+fn applied_at(up: &Upstream, w: &Workload, history: &History) -> BTreeMap<String, Vec<(u64, f64)>> {
+    let seen = up.seen();
+    (0..w.keys)
+        .map(|k| {
+            let key = format!("rack/{k}");
+            let path = workload::path_of(&key);
+            let writes = seen
+                .iter()
+                .filter(|s| s.path == path && s.method != "GET")
+                .filter_map(|s| Some((s.token?, history.ms(Instant::from_std(s.at)))))
+                .collect();
+            (key, writes)
         })
         .collect()
 }
@@ -105,14 +129,16 @@ async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
         }
     }
     let ops = history.ops();
+    let (window, window_ms) = checker::stale_window(&ops, &applied_at(&up, &w, &history), MAX_STALENESS_MS);
     let reports = vec![
         checker::upstream_order(&applied(&up, &w, "")),
         checker::token_order(&ops),
         checker::durability(&ops, &latest),
         checker::exclusion(&ops),
         checker::liveness(recovered, LIVENESS_BOUND_MS),
+        window,
     ];
-    Arm { name: "sidecar", history, faults, reports }
+    Arm { name: "sidecar", history, faults, reports, window_ms }
 }
 
 /// The same workload, straight to the upstream.
@@ -124,7 +150,9 @@ async fn control_arm(seconds: u64, seed: u64) -> Arm {
     let until = Instant::now() + Duration::from_secs(seconds);
     workload::run(w, history.clone(), c.client(), up.url(), seed, "", until).await;
     let reports = vec![checker::upstream_order(&applied(&up, &w, ""))];
-    Arm { name: "control (no sidecar)", history, faults: BTreeMap::new(), reports }
+    // Measured, not checked: without a sidecar, nothing bounds it.
+    let (_, window_ms) = checker::stale_window(&history.ops(), &applied_at(&up, &w, &history), MAX_STALENESS_MS);
+    Arm { name: "control (no sidecar)", history, faults: BTreeMap::new(), reports, window_ms }
 }
 
 /// A Markdown table: a column per arm, the rows any arm filled in, sorted.
@@ -180,6 +208,12 @@ fn summary(arms: &[&Arm], seed: u64) -> String {
         for r in &arm.reports {
             t.put(i, format!("violations: {}", r.name), r.violations.len().to_string());
         }
+        let longest = arm.window_ms.map_or("none".into(), |ms| format!("{ms:.0} ms"));
+        t.put(
+            i,
+            format!("stale write applied after a newer grant, longest (max_staleness {MAX_STALENESS_MS:.0} ms)"),
+            longest,
+        );
     }
     format!("\ntorture summary (seed {seed})\n\n{}", t.markdown())
 }
@@ -290,6 +324,18 @@ fn the_checker_reports_each_kind_of_violation() {
     // Writes applied out of order.
     let applied = BTreeMap::from([("rack/a".to_string(), vec![3, 5, 4])]);
     assert_eq!(checker::upstream_order(&applied).violations.len(), 1);
+    // An older token's write applied 300 ms after a newer grant completed:
+    // over a 250 ms bound; any at all on a linearizable route (bound 0).
+    let ops = vec![op(0.0, 10.0, grant("rack/a", 5)), op(100.0, 200.0, grant("rack/a", 7))];
+    let applied = BTreeMap::from([("rack/a".to_string(), vec![(5, 50.0), (5, 300.0), (5, 500.0), (7, 510.0)])]);
+    let (report, longest) = checker::stale_window(&ops, &applied, 250.0);
+    assert_eq!((report.violations.len(), longest), (1, Some(300.0)));
+    let within = BTreeMap::from([("rack/a".to_string(), vec![(5, 50.0), (5, 300.0), (7, 510.0)])]);
+    assert_eq!(checker::stale_window(&ops, &within, 250.0).0.violations.len(), 0);
+    assert_eq!(checker::stale_window(&ops, &within, 0.0).0.violations.len(), 1);
+    let none = BTreeMap::from([("rack/a".to_string(), vec![(5, 50.0), (7, 510.0)])]);
+    let (report, longest) = checker::stale_window(&ops, &none, 0.0);
+    assert!(report.violations.is_empty() && longest.is_none(), "a write before the newer grant completed");
     assert_eq!(checker::liveness(None, 1000.0).violations.len(), 1);
     assert!(checker::liveness(Some(200.0), 1000.0).violations.is_empty());
 }

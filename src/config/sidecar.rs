@@ -59,10 +59,25 @@ pub struct SidecarConfig {
     pub routes: Vec<RouteConfig>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+/// How long a `cached` route trusts its knowledge after it was last proven
+/// current, by default: half the lock service's default shortest TTL
+/// (`lease.min_ttl`, 500 ms).
+pub const DEFAULT_MAX_STALENESS: Duration = Duration::from_millis(250);
+/// Probes go out every third of it: below this they would be a load of
+/// their own on the leader.
+const MIN_MAX_STALENESS: Duration = Duration::from_millis(50);
+/// Above this the bound is looser than the watch's own silence limit.
+const MAX_MAX_STALENESS: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LockServiceConfig {
     pub endpoints: Vec<String>,
+    /// How long after its knowledge was last proven current (a probe of
+    /// the leader's revision, sent at `s`, that the watch stream has caught
+    /// up with) a `cached` route may still decide from it alone.
+    #[serde(with = "humantime_serde", default = "default_max_staleness")]
+    pub max_staleness: Duration,
     /// The CA that signed the nodes' certificates: with it, the endpoints
     /// are `https://`.
     #[serde(default)]
@@ -75,6 +90,23 @@ pub struct LockServiceConfig {
     /// A file whose first line is the bearer token to present.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+}
+
+fn default_max_staleness() -> Duration {
+    DEFAULT_MAX_STALENESS
+}
+
+impl Default for LockServiceConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: vec![],
+            max_staleness: DEFAULT_MAX_STALENESS,
+            ca: None,
+            cert: None,
+            key: None,
+            token_file: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -475,6 +507,17 @@ impl SidecarConfig {
         if service.cert.is_some() != service.key.is_some() {
             return Err(ConfigError::invalid("lock_service.cert", "and lock_service.key go together"));
         }
+        if !(MIN_MAX_STALENESS..=MAX_MAX_STALENESS).contains(&service.max_staleness) {
+            return Err(ConfigError::invalid(
+                "lock_service.max_staleness",
+                format!(
+                    "must be between {} and {}, and well under the lock service's shortest TTL (got {})",
+                    humantime::format_duration(MIN_MAX_STALENESS),
+                    humantime::format_duration(MAX_MAX_STALENESS),
+                    humantime::format_duration(service.max_staleness),
+                ),
+            ));
+        }
         for (i, url) in endpoints.iter().enumerate() {
             let field = format!("lock_service.endpoints[{i}]");
             let uri = endpoint_url(&field, url, service.ca.is_some())?;
@@ -572,6 +615,9 @@ routes:
         assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
         assert_eq!(c.upstream, "http://127.0.0.1:9000");
         assert_eq!(c.lock_service.as_ref().unwrap().endpoints.len(), 3);
+        assert_eq!(c.lock_service.as_ref().unwrap().max_staleness, DEFAULT_MAX_STALENESS);
+        let set = parsed(&FULL.replace("7403]\n", "7403]\n  max_staleness: 400ms\n"));
+        assert_eq!(set.lock_service.unwrap().max_staleness, Duration::from_millis(400));
         assert_eq!(c.state_dir, PathBuf::from("./data/sidecar"));
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(c.limits.max_body, 10 * MIB);
@@ -732,6 +778,9 @@ routes:
             ("http://127.0.0.1:7403]", "https://127.0.0.1:7403]", "lock_service.endpoints[2]"),
             ("http://127.0.0.1:7403]", "http://127.0.0.1:7401]", "lock_service.endpoints[2]"),
             ("[http://127.0.0.1:7401, http://127.0.0.1:7402, http://127.0.0.1:7403]", "[]", "lock_service.endpoints"),
+            ("7403]\n", "7403]\n  max_staleness: 10ms\n", "lock_service.max_staleness"),
+            ("7403]\n", "7403]\n  max_staleness: 11s\n", "lock_service.max_staleness"),
+            ("7403]\n", "7403]\n  max_staleness: soon\n", "max_staleness"),
             // routes
             ("  - name: rack-writes", "  - name: ''", "routes[0].name"),
             ("  - name: rack-writes", "  - name: rack writes", "routes[0].name"),

@@ -217,6 +217,9 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     } else if path == wire::SNAPSHOT_PATH {
         only(&method, "GET")?;
         Call::Snapshot
+    } else if path == wire::REVISION_PATH {
+        only(&method, "GET")?;
+        Call::Revision
     } else if path == wire::MEMBERS_PATH {
         match method {
             Method::GET => Call::Members,
@@ -239,6 +242,12 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     match &call {
         Call::Acquire(key) => caller.may(&node, Right::Acquire, key)?,
         Call::Read(key) => caller.may(&node, Right::Read, key)?,
+        // What every watch stream's heartbeat shows: for whoever may watch something.
+        Call::Revision => {
+            if !node.acl.load().may_watch(&caller.identity, "") {
+                caller.may(&node, Right::Watch, "")?
+            }
+        }
         // Membership is the whole cluster's: admin on every key, and so are membership and the backup of every key.
         Call::Members | Call::AddMember | Call::RemoveMember { .. } | Call::Snapshot => {
             caller.may(&node, Right::Admin, "")?
@@ -260,6 +269,7 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     match call {
         Call::Acquire(key) => acquire(&node, &caller, key, parse_json(&body)?, received).await,
         Call::Read(key) => read(&node, &key).await,
+        Call::Revision => revision(&node).await,
         Call::Keepalive(id) => keepalive(&node, &caller, &id, received).await,
         Call::Release(id) => release(&node, &caller, &id).await,
         Call::Snapshot => snapshot(&node, &caller).await,
@@ -293,6 +303,7 @@ async fn body_within(node: &Node, body: Incoming, limit: usize) -> Result<bytes:
 enum Call {
     Acquire(String),
     Read(String),
+    Revision,
     Keepalive(String),
     Release(String),
     Snapshot,
@@ -550,6 +561,15 @@ async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {
         expires_in_ms: holder.and_then(|(id, _)| s.clock.remaining(id, Instant::now())).map(|d| d.as_millis() as u64),
     };
     Ok(json(StatusCode::OK, &info))
+}
+
+/// The applied revision after a quorum confirmed this node is leader (in a
+/// round that started after the request arrived): every event acknowledged
+/// before the request was sent is at or below it.
+async fn revision(node: &Node) -> Result<Response<Body>, ApiError> {
+    linearizable(node).await?;
+    let rev = node.applied.lock().locks.revision();
+    Ok(json(StatusCode::OK, &wire::Revision { rev }))
 }
 
 /// L3: acknowledged only after a quorum confirmed this node is still leader,

@@ -455,3 +455,40 @@ async fn the_api_description_is_served_and_generated_clients_spellings_are_under
     let _ = stop.send(());
     node.shutdown().await;
 }
+
+/// `GET /v1/revision` answers the applied revision to whoever may watch
+/// something (403 otherwise), and a watcher's stream keeps up with it: events
+/// it may not see are followed at once by a heartbeat at their revision, not
+/// 5 s later (a sidecar's `max_staleness` proof waits for its stream to
+/// reach the revision it probed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_revision_is_read_linearizably_and_invisible_events_move_a_watch_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    let hashes: String =
+        ["admin", "watcher", "reader"].iter().map(|id| format!("{id}: {}\n", crate::auth::hash_line(id))).collect();
+    std::fs::write(&tokens, hashes).unwrap();
+    let acl = "acl:\n  - { identity: admin, prefixes: [\"\"], rights: [admin] }\n  - { identity: watcher, prefixes: [rack/], rights: [watch] }\n  - { identity: reader, prefixes: [\"\"], rights: [read] }\n";
+    let extra = format!("auth:\n  tokens_file: {}\n{acl}", tokens.display());
+    let OneNode { url, node, stop, .. } = one_node_with(&dir.path().join("data"), &extra).await;
+    let t = Duration::from_secs(5);
+    let as_ = |id: &str| HttpClient::new(1 << 20).with_bearer(id).unwrap();
+    let options = fencegate_client::ClientOptions { token: Some("admin".into()), ..Default::default() };
+    let admin = Client::with_options(vec![url.clone()], options).unwrap();
+    let watch = format!("{url}{}?prefix=", wire::WATCH_PATH);
+    let mut lines = fencegate_client::http::LineReader::new(as_("watcher").open(&watch, t).await.unwrap().into_body());
+    let lease = admin.acquire("other/k", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    let line = tokio::time::timeout(Duration::from_secs(2), lines.next_line(1 << 16)).await;
+    match line.map(|l| decode::<WatchLine>(&l.unwrap().unwrap())) {
+        Ok(WatchLine::Heartbeat { rev }) => assert_eq!(rev, lease.token()),
+        other => panic!("expected a heartbeat at once, got {other:?}"),
+    }
+    let revision = format!("{url}{}", wire::REVISION_PATH);
+    let a = as_("watcher").call(Method::GET, &revision, None, t).await.unwrap();
+    assert_eq!(decode::<wire::Revision>(&a.body), wire::Revision { rev: lease.token() });
+    let a = as_("reader").call(Method::GET, &revision, None, t).await.unwrap();
+    assert_eq!((a.status, decode::<ApiError>(&a.body).error), (StatusCode::FORBIDDEN, ErrorCode::Forbidden));
+    drop(lease);
+    let _ = stop.send(());
+    node.shutdown().await;
+}

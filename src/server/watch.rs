@@ -9,7 +9,9 @@
 //! missed, or, if the node no longer remembers them
 //! (or restarted from a snapshot), a `{"event":"resync"}` line followed by the
 //! current state again. A `heartbeat` line every few seconds lets the client
-//! notice a dead stream; a node that knows no leader ends its streams.
+//! notice a dead stream, and one follows applied events the watcher may not
+//! see, so that its position keeps up with the revision; a node that knows
+//! no leader ends its streams.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,8 +134,15 @@ async fn run(node: Arc<Node>, prefix: String, visible: Visible, after: Option<u6
             }
             // Never backwards: a watcher resuming on a node that lags what it
             // has already seen must not get those events twice.
+            let before = complete;
             complete = complete.max(s.locks.revision());
             cursor = Some(complete);
+            if lines.is_empty() && complete > before {
+                // Events it may not see moved the table on: say so at once,
+                // so that its position follows the revision (a sidecar
+                // proving its knowledge current waits for it).
+                lines.push(line(&WatchLine::Heartbeat { rev: complete }));
+            }
         }
         for l in lines {
             if !deliver(&tx, l).await {

@@ -10,6 +10,11 @@
 //! The decision is re-taken after the barrier because a newer grant may have
 //! been learnt while the request waited; what counts is what is known when it
 //! is dispatched.
+//!
+//! A `cached` route decides from the watch stream alone only while that
+//! knowledge was proven current less than `max_staleness` ago (see
+//! `freshness`), both before and after the barrier; past it, it reads the
+//! key first, as while the watch is down.
 
 use std::sync::Arc;
 
@@ -55,19 +60,28 @@ impl Fencer {
 
         // Knowledge only grows, so a refusal on what is cached stands; but to
         // forward, a linearizable route needs a read (S5), and so does any
-        // route of the lock service while its watch is down: cached
-        // knowledge would otherwise age without bound (a lease that ended
-        // unseen would still look live).
+        // route of the lock service while its watch is down, or while its
+        // knowledge was last proven current longer than `max_staleness` ago:
+        // cached knowledge would otherwise age without bound (a lease that
+        // ended unseen would still look live).
         let watch_down = self.view.as_ref().is_some_and(|v| !v.is_up());
-        let needs_read = mode != FenceMode::Observed && (consistency == Consistency::Linearizable || watch_down);
-        let mut fresh = false;
+        let cached = mode != FenceMode::Observed && consistency == Consistency::Cached;
+        let stale = cached && !watch_down && !self.trusted(None);
+        let needs_read =
+            mode != FenceMode::Observed && (consistency == Consistency::Linearizable || watch_down || stale);
+        // The send time of a read of this key that vouches for it (it
+        // started no earlier than the request arrived).
+        let mut read_at = None;
         loop {
-            match decide(mode, token, &self.knowledge(mode, key), fresh) {
-                Verdict::Forward if fresh || !needs_read => break,
+            match decide(mode, token, &self.knowledge(mode, key), read_at.is_some()) {
+                Verdict::Forward if read_at.is_some() || !needs_read => break,
                 Verdict::Reject { reason, current } => return Err(reject(reason, Some(token), Some(current))),
                 Verdict::Forward | Verdict::AskService => {
+                    if stale {
+                        self.count_stale(&route.name);
+                    }
                     self.read(key, arrived).await.map_err(unavailable)?;
-                    fresh = true;
+                    read_at = Some(arrived);
                 }
             }
         }
@@ -80,11 +94,33 @@ impl Fencer {
             .enter(&floor, token)
             .await
             .map_err(|higher| reject(Reason::StaleToken, Some(token), Some(higher)))?;
+        // The wait may have outlasted the proof the first decision stood on:
+        // a cached route decides at dispatch time from knowledge proven less
+        // than `max_staleness` ago, or reads again.
+        if cached && !self.trusted(read_at) {
+            self.count_stale(&route.name);
+            let now = Instant::now();
+            self.read(key, now).await.map_err(unavailable)?;
+        }
         if let Verdict::Reject { reason, current } = decide(mode, token, &self.knowledge(mode, key), true) {
             return Err(reject(reason, Some(token), Some(current)));
         }
         self.floors.raise(&floor, token).await.map_err(|e| Answer::Internal(e.to_string()))?;
         Ok(Some(permit))
+    }
+
+    /// Whether the watch's knowledge (or a read of the key sent at
+    /// `read_at`) may be trusted now, within `max_staleness`.
+    fn trusted(&self, read_at: Option<Instant>) -> bool {
+        let Some(view) = &self.view else { return true };
+        let now = Instant::now();
+        view.trusted(now) || read_at.is_some_and(|at| view.read_trusted(at, now))
+    }
+
+    fn count_stale(&self, route: &str) {
+        if let Some(view) = &self.view {
+            view.count_stale(route);
+        }
     }
 
     fn knowledge(&self, mode: FenceMode, key: &str) -> Knowledge {

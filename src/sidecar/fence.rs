@@ -34,6 +34,12 @@ impl Fence {
     pub fn needs_lock_service(&self) -> bool {
         matches!(self, Self::On { mode: FenceMode::Strict | FenceMode::Monotonic, .. })
     }
+
+    /// Decides from the watch stream's knowledge while it is proven fresh
+    /// enough (`max_staleness`): a `cached` route of the lock service.
+    pub fn trusts_the_watch(&self) -> bool {
+        self.needs_lock_service() && matches!(self, Self::On { consistency: Consistency::Cached, .. })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

@@ -11,6 +11,12 @@
 //! Knowledge only moves forward: the latest token never decreases, and once
 //! the lease of the latest token is known to have ended, it stays ended.
 //!
+//! How current the knowledge is, is proven by probes (`freshness`): every
+//! third of `max_staleness` the leader's revision is read linearizably; the
+//! knowledge is current as of a probe's send time once the stream has
+//! delivered everything up to the revision it answered. `cached` routes
+//! trust it alone only until `max_staleness` after the latest proof.
+//!
 //! The service forgets idle keys (compaction). A key it no longer has is
 //! ended: a read says so with `compacted_below`, and a state dump (at the
 //! start of a stream, or after a resync) that does not list a known key
@@ -30,6 +36,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::fence::Knowledge;
+use super::freshness::{self, Freshness};
 use crate::metrics::SidecarMetrics;
 
 /// A watch stream silent for this long is considered dead (the lock service
@@ -90,12 +97,16 @@ pub struct LockView {
     up: AtomicBool,
     metrics: SidecarMetrics,
     reads: Mutex<HashMap<String, InflightRead>>,
+    freshness: Mutex<Freshness>,
+    max_staleness: Duration,
+    started: Instant,
 }
 
 impl LockView {
     /// Start watching the lock service behind `client`, whose endpoints are
-    /// also used for the stream.
-    pub fn start(client: Client, metrics: SidecarMetrics) -> Arc<Self> {
+    /// also used for the stream, and probing it so that `cached` routes may
+    /// trust the stream for `max_staleness` after each proof.
+    pub fn start(client: Client, metrics: SidecarMetrics, max_staleness: Duration) -> Arc<Self> {
         let endpoints = client.endpoints().to_vec();
         // The stream's own client: same TLS and token, but lines, not bodies, are bounded.
         let http = client.options().http_client(MAX_LINE).expect("the client was built from these options");
@@ -106,9 +117,46 @@ impl LockView {
             up: AtomicBool::new(false),
             metrics,
             reads: Mutex::new(HashMap::new()),
+            freshness: Mutex::default(),
+            max_staleness,
+            started: Instant::now(),
         });
         tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints, http));
+        tokio::spawn(probe_forever(Arc::downgrade(&view)));
         view
+    }
+
+    fn freshness(&self) -> std::sync::MutexGuard<'_, Freshness> {
+        self.freshness.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a `cached` route may still decide from what it knows at
+    /// `now` without asking the lock service.
+    pub fn trusted(&self, now: Instant) -> bool {
+        freshness::trusted(self.freshness().proven(), now, self.max_staleness)
+    }
+
+    /// Whether a read of one key that started at `read_at` still vouches for
+    /// that key at `now`.
+    pub fn read_trusted(&self, read_at: Instant, now: Instant) -> bool {
+        freshness::trusted(Some(read_at), now, self.max_staleness)
+    }
+
+    /// How long ago the knowledge was last proven current at `now` (since
+    /// the start, before any proof).
+    pub fn age(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.freshness().proven().unwrap_or(self.started))
+    }
+
+    /// A `cached` route on `route` read the lock service because its
+    /// knowledge was older than `max_staleness`.
+    pub fn count_stale(&self, route: &str) {
+        self.metrics.stale_knowledge_reads.with_label_values(&[route]).inc();
+    }
+
+    /// The stream has delivered everything up to `rev`.
+    fn delivered(&self, rev: u64) {
+        self.freshness().delivered(rev);
     }
 
     /// What is known of `key`, with `floor` filled in by the caller.
@@ -245,6 +293,40 @@ async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>, 
     }
 }
 
+/// Prove the knowledge current, every third of `max_staleness`: read the
+/// leader's revision (linearizably), noting when the probe was *sent*. Each
+/// probe runs on its own, so that a slow one does not delay the next, with
+/// the client's own deadlines and failover (a probe cut short would stay on
+/// an endpoint that black-holes it); at most `PROBES` at once.
+async fn probe_forever(view: std::sync::Weak<LockView>) {
+    const PROBES: usize = 4;
+    let Some(v) = view.upgrade() else { return };
+    let (every, client) = (v.max_staleness / 3, v.client.clone());
+    drop(v);
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(v) = view.upgrade() else { return };
+        v.metrics.knowledge_age.set(v.age(Instant::now()).as_secs_f64());
+        drop(v);
+        if in_flight.fetch_add(1, Ordering::AcqRel) >= PROBES {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        }
+        let (view, client, in_flight) = (view.clone(), client.clone(), in_flight.clone());
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let answer = client.revision().await;
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            if let (Ok(rev), Some(v)) = (answer, view.upgrade()) {
+                v.freshness().answered(sent, rev);
+            }
+        });
+    }
+}
+
 /// Follow one stream from `endpoint`, resuming after revision `after`;
 /// `delivered` counts its lines.
 async fn follow(
@@ -292,6 +374,7 @@ async fn follow(
                 });
                 if let Some(at) = at {
                     view.forgotten_unless(listed, at);
+                    view.delivered(at);
                 }
                 dump = None;
             }
@@ -305,12 +388,17 @@ async fn follow(
             WatchLine::Granted { key, token, rev, .. } => {
                 view.learn(&key, token, true);
                 *after = Some(rev);
+                view.delivered(rev);
             }
             WatchLine::Released { key, token, rev } | WatchLine::Expired { key, token, rev } => {
                 view.learn(&key, token, false);
                 *after = Some(rev);
+                view.delivered(rev);
             }
-            WatchLine::Heartbeat { rev } => *after = Some(rev),
+            WatchLine::Heartbeat { rev } => {
+                *after = Some(rev);
+                view.delivered(rev);
+            }
             WatchLine::Resync { .. } | WatchLine::Unknown => {}
         }
         *delivered += 1;
@@ -369,7 +457,7 @@ mod tests {
         let count = Arc::new(AtomicUsize::new(0));
         let url = slow_reads(count.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics);
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250));
         let arrived = Instant::now();
         let readers: Vec<_> = (0..10)
             .map(|_| {
@@ -396,7 +484,7 @@ mod tests {
     async fn a_state_dump_ends_the_keys_it_no_longer_lists() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics);
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250));
         for (key, token) in [("rack/gone", 30), ("rack/listed", 35), ("rack/later", 45)] {
             view.learn(key, token, true);
         }

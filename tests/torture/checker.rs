@@ -124,3 +124,35 @@ pub fn liveness(recovered_ms: Option<f64>, bound_ms: f64) -> Report {
     };
     Report { name: "liveness after healing", violations }
 }
+
+/// (6) The cached window: for every write the upstream applied with a token
+/// older than a grant of the same key that had already *completed* (been
+/// acknowledged to its client), how long after that completion it was
+/// applied. `applied` is each key's `(token, applied_ms)` on the history's
+/// clock. A `cached` route keeps it below `max_staleness` (`bound_ms`); with
+/// `bound_ms` 0 any such write is a violation (what a `linearizable` route
+/// promises for writes sent after the grant completed). Also answers the
+/// longest window seen (`None`: no such write).
+pub fn stale_window(ops: &[Op], applied: &BTreeMap<String, Vec<(u64, f64)>>, bound_ms: f64) -> (Report, Option<f64>) {
+    let mut completed: BTreeMap<&str, Vec<(u64, f64)>> = BTreeMap::new();
+    for (op, key, t) in grants(ops) {
+        completed.entry(key).or_default().push((t, op.end_ms));
+    }
+    let (mut violations, mut longest) = (vec![], None::<f64>);
+    for (key, writes) in applied {
+        let Some(gs) = completed.get(key.as_str()) else { continue };
+        for &(token, at) in writes {
+            // The first newer grant to complete before this write was applied.
+            let newer = gs.iter().filter(|(t, end)| *t > token && *end < at).min_by(|a, b| a.1.total_cmp(&b.1));
+            let Some(&(t, end)) = newer else { continue };
+            let window = at - end;
+            longest = Some(longest.map_or(window, |l| l.max(window)));
+            if window >= bound_ms {
+                violations.push(format!(
+                    "{key}: a write with token {token} was applied at {at:.0} ms, {window:.0} ms after grant {t} completed (bound {bound_ms:.0} ms)"
+                ));
+            }
+        }
+    }
+    (Report { name: "cached window below max_staleness", violations }, longest)
+}

@@ -391,6 +391,15 @@ impl Client {
         decode(self.call(Method::GET, &path, None::<&()>, Duration::ZERO).await?)
     }
 
+    /// The table's revision, read linearizably: at least the revision of
+    /// every event acknowledged before this call was made. Needs the `watch`
+    /// right on some key.
+    pub async fn revision(&self) -> Result<u64, ClientError> {
+        let r: wire::Revision =
+            decode(self.call(Method::GET, wire::REVISION_PATH, None::<&()>, Duration::ZERO).await?)?;
+        Ok(r.rev)
+    }
+
     /// The cluster as the answering node sees it (the known leader is asked
     /// first). Not a leader call: any live node answers.
     pub async fn cluster(&self) -> Result<ClusterInfo, ClientError> {

@@ -34,6 +34,9 @@ pub const MEMBERS_PATH: &str = "/v1/members";
 pub const SNAPSHOT_PATH: &str = "/v1/snapshot";
 /// `GET /v1/watch?prefix=P[&after=REV]`.
 pub const WATCH_PATH: &str = "/v1/watch";
+/// `GET`: the table's revision, read linearizably ([`Revision`]); needs the
+/// `watch` right on some key.
+pub const REVISION_PATH: &str = "/v1/revision";
 /// `GET`: the Lock API's OpenAPI 3 document (`docs/openapi.yaml`), served
 /// without credentials.
 pub const OPENAPI_PATH: &str = "/v1/openapi.yaml";
@@ -84,6 +87,17 @@ pub struct KeepaliveAck {
     /// The lease's TTL in milliseconds, renewed from when the leader received
     /// the keepalive.
     pub ttl_ms: u64,
+}
+
+/// 200 to `GET /v1/revision`: the leader's applied revision after a quorum
+/// confirmed its leadership, in a round that started after the request
+/// arrived. Every grant, release and expiry acknowledged before the request
+/// was sent has a revision at most `rev`. (A sidecar's proof that its watch
+/// stream is current: once the stream has delivered everything up to `rev`.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revision {
+    /// The leader's applied revision once its leadership was confirmed.
+    pub rev: u64,
 }
 
 /// 200 to a release.
@@ -599,6 +613,7 @@ mod tests {
         let g = Granted { key: "rack/42".into(), token: 33, lease_id: "ab".into(), ttl_ms: 30_000 };
         pinned(g, json!({"key": "rack/42", "token": 33, "lease_id": "ab", "ttl_ms": 30000}));
         pinned(KeepaliveAck { ttl_ms: 10 }, json!({"ttl_ms": 10}));
+        pinned(Revision { rev: 40 }, json!({"rev": 40}));
         pinned(
             Released { key: "k".into(), token: 3, released: true },
             json!({"key": "k", "token": 3, "released": true}),

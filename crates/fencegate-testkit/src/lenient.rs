@@ -105,6 +105,7 @@ mod tests {
             token: None,
             headers: h,
             body: String::new(),
+            at: std::time::Instant::now(),
         }
     }
 

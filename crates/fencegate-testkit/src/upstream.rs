@@ -34,6 +34,10 @@ pub struct Seen {
     pub token: Option<u64>,
     pub headers: hyper::HeaderMap,
     pub body: String,
+    /// When it arrived (in `arrivals`) or took effect (in `seen`), on the
+    /// test process's monotonic clock: the upstream runs in-process, so a
+    /// test can set it against its own instants.
+    pub at: std::time::Instant,
 }
 
 /// What the upstream keeps.
@@ -223,6 +227,7 @@ async fn apply(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes
         token: header(&parts.headers, fencegate_client::TOKEN_HEADER),
         headers: if record { parts.headers } else { hyper::HeaderMap::new() },
         body: String::new(),
+        at: std::time::Instant::now(),
     };
     {
         // Counted under the lock, so that the count never runs ahead of the list.
@@ -238,6 +243,7 @@ async fn apply(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes
         let mut applied = state.seen.lock().unwrap();
         if record {
             seen.body = String::from_utf8_lossy(&body).into_owned();
+            seen.at = std::time::Instant::now();
             applied.push(seen);
         }
         let mut index = 0;

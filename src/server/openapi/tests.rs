@@ -117,6 +117,7 @@ fn every_schema_has_the_fields_of_its_wire_type() {
     let lease_id = "0123456789abcdef0123456789abcdef".to_string();
     fixed_shape(d, "Granted", object(&Granted { key: "k".into(), token: 1, lease_id, ttl_ms: 1 }));
     fixed_shape(d, "KeepaliveAck", object(&KeepaliveAck { ttl_ms: 1 }));
+    fixed_shape(d, "Revision", object(&Revision { rev: 1 }));
     fixed_shape(d, "Released", object(&Released { key: "k".into(), token: 1, released: true }));
     let free =
         LockInfo { key: "k".into(), held: false, token: 0, holder: None, expires_in_ms: None, compacted_below: None };
@@ -293,6 +294,7 @@ fn every_route_is_documented_and_the_peer_plane_is_not() {
         wire::MEMBERS_PATH,
         &member,
         wire::SNAPSHOT_PATH,
+        wire::REVISION_PATH,
         wire::OPENAPI_PATH,
         "/healthz",
         "/readyz",

@@ -1,0 +1,173 @@
+//! How recently the sidecar's cached knowledge was *proven* current, and
+//! whether a `cached` route may still decide from it (`max_staleness`).
+//! Pure: the caller passes every instant in; no clock, IO or config.
+//!
+//! The proof: the sidecar sends a probe (`GET /v1/revision`) at `sent`, on
+//! its own monotonic clock. The leader answers with the revision `rev` it
+//! had applied after a quorum confirmed its leadership, in a round that
+//! began after the probe arrived; so every grant, release and expiry
+//! acknowledged before `sent` is at or below `rev`. Once the watch stream has
+//! delivered everything up to `rev`, the sidecar knows all of them: its
+//! knowledge was current as of `sent` (not as of when the answer, or the
+//! stream's line, arrived: that is later, and says nothing about what
+//! happened meanwhile).
+//!
+//! What is *not* proof: a watch line or heartbeat by itself (the node
+//! sending it may have lost its leader and still stream its old table), and
+//! the time an answer was received.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Probes answered whose revision the stream has not delivered yet, at most.
+/// Dropping the oldest only delays a proof (a later probe proves more).
+const WAITING: usize = 16;
+
+#[derive(Debug, Default)]
+pub struct Freshness {
+    /// The watch stream has delivered every event up to this revision.
+    delivered: u64,
+    /// Answered probes, `(sent, rev)`, waiting for the stream to reach `rev`.
+    waiting: Vec<(Instant, u64)>,
+    /// The latest `sent` of a probe whose `rev` the stream has reached.
+    proven: Option<Instant>,
+}
+
+impl Freshness {
+    /// The watch stream is complete up to `rev` (an event, a heartbeat, or a
+    /// finished state dump at `rev`). Positions never go back.
+    pub fn delivered(&mut self, rev: u64) {
+        self.delivered = self.delivered.max(rev);
+        self.settle();
+    }
+
+    /// A probe sent at `sent` was answered with revision `rev`.
+    pub fn answered(&mut self, sent: Instant, rev: u64) {
+        if self.waiting.len() == WAITING {
+            self.waiting.remove(0);
+        }
+        self.waiting.push((sent, rev));
+        self.settle();
+    }
+
+    fn settle(&mut self) {
+        let delivered = self.delivered;
+        let mut proven = self.proven;
+        self.waiting.retain(|&(sent, rev)| {
+            if rev <= delivered {
+                proven = proven.max(Some(sent));
+                return false;
+            }
+            true
+        });
+        self.proven = proven;
+    }
+
+    /// When the knowledge was last proven current (`None`: never).
+    pub fn proven(&self) -> Option<Instant> {
+        self.proven
+    }
+
+    /// Where the stream is complete up to.
+    pub fn position(&self) -> u64 {
+        self.delivered
+    }
+}
+
+/// Whether knowledge proven current at `proven` may still be trusted at
+/// `now`: strictly before `proven + max_staleness`.
+pub fn trusted(proven: Option<Instant>, now: Instant, max_staleness: Duration) -> bool {
+    proven.and_then(|p| p.checked_add(max_staleness)).is_some_and(|deadline| now < deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: Duration = Duration::from_millis(300);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn nothing_is_trusted_before_the_first_proof() {
+        let t0 = Instant::now();
+        let mut f = Freshness::default();
+        f.delivered(40);
+        assert_eq!(f.proven(), None, "a stream alone proves nothing");
+        assert!(!trusted(f.proven(), t0, MAX));
+    }
+
+    /// Proven as of when the probe was *sent*, once the stream reached its
+    /// revision, however late that was.
+    #[test]
+    fn a_probe_proves_as_of_its_send_time_once_the_stream_caught_up() {
+        let t0 = Instant::now();
+        let mut f = Freshness::default();
+        f.delivered(10);
+        f.answered(t0, 12);
+        assert_eq!(f.proven(), None, "the stream has not delivered 11 and 12 yet");
+        f.delivered(11);
+        assert_eq!(f.proven(), None);
+        f.delivered(12);
+        assert_eq!(f.proven(), Some(t0), "as of the send, not of the line's arrival");
+        assert!(trusted(f.proven(), t0 + ms(299), MAX));
+        assert!(!trusted(f.proven(), t0 + MAX, MAX), "the deadline itself is past");
+    }
+
+    /// A node cut from its leader keeps streaming heartbeats of its old
+    /// revision: the stream never reaches the leader's, nothing is proven,
+    /// and trust runs out `max_staleness` after the last proof.
+    #[test]
+    fn a_stream_stuck_behind_the_leader_proves_nothing() {
+        let t0 = Instant::now();
+        let mut f = Freshness::default();
+        f.delivered(20);
+        f.answered(t0, 20);
+        assert_eq!(f.proven(), Some(t0), "nothing happened since: current");
+        for i in 1..10 {
+            f.delivered(20); // heartbeats of a lagging node
+            f.answered(t0 + ms(100 * i), 21 + i);
+        }
+        assert_eq!(f.proven(), Some(t0));
+        assert!(!trusted(f.proven(), t0 + MAX, MAX));
+        f.delivered(25);
+        assert_eq!(f.proven(), Some(t0 + ms(400)), "the latest probe whose revision was reached");
+    }
+
+    #[test]
+    fn proofs_and_positions_never_go_back() {
+        let t0 = Instant::now();
+        let mut f = Freshness::default();
+        f.answered(t0 + ms(200), 5);
+        f.delivered(5);
+        f.answered(t0, 1); // a late answer of an older probe
+        assert_eq!(f.proven(), Some(t0 + ms(200)));
+        f.delivered(3);
+        assert_eq!(f.position(), 5);
+    }
+
+    /// Only the last few answers wait; dropping the oldest delays a proof,
+    /// never makes one up.
+    #[test]
+    fn waiting_answers_are_bounded() {
+        let t0 = Instant::now();
+        let mut f = Freshness::default();
+        for i in 0..100 {
+            f.answered(t0 + ms(i), 1000 + i);
+        }
+        assert_eq!(f.waiting.len(), WAITING);
+        f.delivered(1000);
+        assert_eq!(f.proven(), None, "that answer was dropped");
+        f.delivered(1099);
+        assert_eq!(f.proven(), Some(t0 + ms(99)));
+    }
+
+    #[test]
+    fn an_overflowing_deadline_is_not_trusted() {
+        let t0 = Instant::now();
+        assert!(!trusted(Some(t0), t0, Duration::MAX));
+    }
+}

@@ -1,0 +1,182 @@
+//! `lock_service.max_staleness`: a `cached` route trusts what its watch
+//! stream told it only until `max_staleness` after its knowledge was last
+//! proven current, whatever the network does. A real 3-node cluster, real
+//! sidecars reaching it through relays, the recording upstream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencegate_testkit::http::raw;
+use fencegate_testkit::relay::Relay;
+use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::sidecar::SidecarOptions;
+use fencegate_testkit::{bin, Cluster, Sidecar, Upstream};
+use tokio::time::Instant;
+
+const MAX_STALENESS: Duration = Duration::from_millis(500);
+
+fn routes() -> String {
+    table(&[rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"]), everything_else()])
+}
+
+async fn sidecar(c: &Cluster, name: &str, up: &Upstream, endpoints: &[String], max_staleness: &str) -> Sidecar {
+    let o = SidecarOptions {
+        lock_service: endpoints.to_vec(),
+        lock_service_yaml: format!("  max_staleness: {max_staleness}\n"),
+        yaml: routes(),
+        ..Default::default()
+    };
+    Sidecar::start_with(c.bin(), c.dir().join(name), &up.url(), o).await
+}
+
+/// Acquire through node 1's own API (no keepalives).
+async fn take(c: &Cluster, key: &str) -> (u64, String) {
+    let (status, v) = raw("POST", &format!("{}/v1/locks/{key}", c.url(1)), Some(r#"{"ttl_ms":30000}"#)).await;
+    assert_eq!(status, 200, "{v}");
+    (v["token"].as_u64().unwrap(), v["lease_id"].as_str().unwrap().to_string())
+}
+
+/// A's writes (token `a`, superseded by `b` at `granted`) every 50 ms for
+/// 2 s, each on its own: none sent `MAX_STALENESS` or more after B's grant
+/// is forwarded, and none that was forwarded reached the upstream that late
+/// (the decision and the floor's fsync included).
+async fn stale_writes_stop_within_the_bound(
+    sc: &Arc<Sidecar>,
+    up: &Upstream,
+    path: &'static str,
+    (a, b): (u64, u64),
+    granted: Instant,
+    granted_std: std::time::Instant,
+    before: usize,
+) {
+    let mut writes = vec![];
+    for i in 0..40u32 {
+        let (sc, at) = (sc.clone(), granted + Duration::from_millis(50) * i);
+        writes.push(tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let sent = at.saturating_duration_since(granted);
+            let (status, v) = sc.send("PUT", path, Some(a), &[]).await;
+            (sent, status, v)
+        }));
+    }
+    let (mut forwarded, mut forwarded_late) = (vec![], vec![]);
+    for w in writes {
+        let (sent, status, v) = w.await.unwrap();
+        match status {
+            200 if sent >= MAX_STALENESS => forwarded_late.push(sent),
+            200 => forwarded.push(sent),
+            // Re-checked with the lock service: B's grant, or (while the
+            // read still waits on the silent node) unavailable.
+            409 => assert_eq!((v["error"].as_str(), v["current"].as_u64()), (Some("stale_token"), Some(b)), "{v}"),
+            503 => assert_eq!(v["error"].as_str(), Some("lock_service_unavailable"), "{v}"),
+            other => panic!("A's write sent {sent:?} after B's grant: {other} {v}"),
+        }
+    }
+    assert!(forwarded_late.is_empty(), "A's writes sent at {forwarded_late:?} after B's grant were forwarded");
+    let mut latest = Duration::ZERO;
+    for s in up.seen().iter().filter(|s| s.path == path).skip(before) {
+        assert_eq!(s.token, Some(a));
+        let late = s.at.saturating_duration_since(granted_std);
+        assert!(late < MAX_STALENESS, "A's write reached the upstream {late:?} after B's grant");
+        latest = latest.max(late);
+    }
+    println!("A's writes forwarded when sent at {forwarded:?} after B's grant; the last reached the upstream {latest:?} after it");
+}
+
+/// The sidecars' link to the node their watch streams from goes silent (no
+/// FIN, no RST: a partition), then A's lease is released and B is granted
+/// the key through another node. The sidecar's stream cannot tell it, and
+/// would not notice its silence for 12 s. A's writes are forwarded at most
+/// until `max_staleness` after B's grant completed; from then on they are
+/// re-checked with the lock service and refused.
+///
+/// Control: a sidecar behind the same relays with `max_staleness: 10s`
+/// still forwards A's write a second after B's grant, so the setup does
+/// keep the stream blind for that long. (Mutation, by hand: with
+/// `Fencer::trusted` answering `true`, the 500 ms sidecar forwards A's
+/// writes for the whole run and the test fails.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_cut_watch_is_trusted_no_longer_than_max_staleness() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let mut relays = vec![];
+    for id in c.ids() {
+        relays.push(Relay::start(c.port(id)).await);
+    }
+    // The watch streams from the first endpoint: node 1, through relays[0].
+    let endpoints: Vec<String> = relays.iter().map(Relay::url).collect();
+    let (up, control_up) = (Upstream::start().await, Upstream::start().await);
+    let sc = Arc::new(sidecar(&c, "sc", &up, &endpoints, "500ms").await);
+    let control = Arc::new(sidecar(&c, "control", &control_up, &endpoints, "10s").await);
+    let fallbacks = |metrics: &str| {
+        let series = "fencegate_sidecar_stale_knowledge_reads_total{route=\"rack-writes\"} ";
+        metrics.lines().find_map(|l| l.strip_prefix(series)?.parse::<f64>().ok())
+    };
+    let at_start = sc.metrics().await;
+    assert_eq!(fallbacks(&at_start), Some(0.0), "not at 0 from the start:\n{at_start}");
+    let (path, key) = ("/racks/p", "rack/p");
+    let (a, lease) = take(&c, key).await;
+    assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
+    assert_eq!(control.send("PUT", path, Some(a), &[]).await.0, 200);
+    // Both trust their knowledge now (proven within their bound).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
+
+    relays[0].set_black_hole(true);
+    assert_eq!(raw("DELETE", &format!("{}/v1/leases/{lease}", c.url(2)), None).await.0, 200);
+    let (b, _) = take(&c, key).await;
+    let (granted, granted_std) = (Instant::now(), std::time::Instant::now());
+    let before = up.tokens(path).len();
+
+    let control_write = tokio::spawn(async move {
+        tokio::time::sleep_until(granted + Duration::from_secs(1)).await;
+        control.send("PUT", path, Some(a), &[]).await
+    });
+    stale_writes_stop_within_the_bound(&sc, &up, path, (a, b), granted, granted_std, before).await;
+    let (status, v) = sc.send("PUT", path, Some(a), &[]).await;
+    assert_eq!((status, v["error"].as_str()), (409, Some("stale_token")), "{v}");
+    let metrics = sc.metrics().await;
+    assert!(fallbacks(&metrics).is_some_and(|n| n >= 1.0), "no fallback counted:\n{metrics}");
+
+    let (status, v) = control_write.await.unwrap();
+    assert_eq!(
+        status, 200,
+        "the control did not forward A's write a second after B's grant: its watch was not blind ({v})"
+    );
+}
+
+/// The node the sidecar's watch streams from is cut from its peers but not
+/// from the sidecar: it keeps the stream open (until its next heartbeat
+/// finds no leader, up to 5 s) and tells nothing of B's grant. Its probes
+/// reach the leader through another node: the revision they answer is
+/// never reached by the stream, so nothing is proven, and A's writes stop
+/// being forwarded within the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_node_cut_from_its_leader_is_trusted_no_longer_than_max_staleness() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let leader = c.leader().await.expect("a leader");
+    let cut = c.ids().into_iter().find(|id| *id != leader).unwrap();
+    // The watch streams from the first endpoint: the follower to be cut.
+    let mut ids = vec![cut];
+    ids.extend(c.ids().into_iter().filter(|id| *id != cut));
+    let endpoints: Vec<String> = ids.iter().map(|id| c.url(*id)).collect();
+    let up = Upstream::start().await;
+    let sc = Arc::new(sidecar(&c, "sc", &up, &endpoints, "500ms").await);
+    let (path, key) = ("/racks/q", "rack/q");
+    let (a, lease) = take(&c, key).await;
+    assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
+
+    c.isolate(cut, true);
+    let other = ids[1];
+    let (status, v) = raw("DELETE", &format!("{}/v1/leases/{lease}", c.url(other)), None).await;
+    assert_eq!(status, 200, "{v}");
+    let body = r#"{"ttl_ms":30000}"#;
+    let (status, v) = raw("POST", &format!("{}/v1/locks/{key}", c.url(other)), Some(body)).await;
+    assert_eq!(status, 200, "{v}");
+    let b = v["token"].as_u64().unwrap();
+    let (granted, granted_std) = (Instant::now(), std::time::Instant::now());
+    let before = up.tokens(path).len();
+    stale_writes_stop_within_the_bound(&sc, &up, path, (a, b), granted, granted_std, before).await;
+    c.isolate(cut, false);
+}
