@@ -105,6 +105,7 @@ mod tests {
             token: None,
             headers: h,
             body: String::new(),
+            arrived_at: tokio::time::Instant::now(),
         }
     }
 
