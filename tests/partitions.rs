@@ -342,3 +342,75 @@ fn worker_process() {
         worker::main(serde_json::from_str(&spec).expect("FGP_WORKER"));
     }
 }
+
+/// The lab's faults are what they claim, seen from a socket: a dropped
+/// link times out (silent: no refusal, no reset), one way is one way, loss
+/// is loss, and a delayed link takes at least twice the delay to connect
+/// (the SYN out and the SYN-ACK back are both held).
+#[test]
+fn the_lab_drops_silently_and_delays() {
+    use fencegate_testkit::netns::delay::Delay;
+    use fencegate_testkit::netns::Rules;
+    use std::net::TcpStream;
+    use std::time::Instant;
+
+    if let Err(why) = netns::preflight() {
+        eprintln!("skipped ({}=skip): {why}", netns::SKIP_VAR);
+        return;
+    }
+    let lab = Lab::new(&["a", "b"]);
+    let b = SocketAddr::new(lab.addr("b").into(), 7000);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            lab.enter("b");
+            let listener = std::net::TcpListener::bind(b).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            // Accepts the probes below and keeps them open until the test ends.
+            let mut open = vec![];
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((c, _)) => open.push(c),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        s.spawn(|| {
+            /// Ends the listener's loop however this thread ends.
+            struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+            let _done = Done(&done);
+            lab.enter("a");
+            // Until the listener is up.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while TcpStream::connect_timeout(&b, Duration::from_millis(200)).is_err() {
+                assert!(Instant::now() < deadline, "b never listened");
+            }
+            let probe = || {
+                let t = Instant::now();
+                (TcpStream::connect_timeout(&b, Duration::from_millis(800)), t.elapsed())
+            };
+            lab.set_rules("a", &Rules::default().cut(lab.addr("b")));
+            let (r, _) = probe();
+            assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::TimedOut, "a cut link drops silently");
+            lab.set_rules("a", &Rules::default().drop_from(lab.addr("b")));
+            let (r, _) = probe();
+            assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::TimedOut, "the SYN-ACK is lost");
+            lab.set_rules("a", &Rules::default().loss(100));
+            assert_eq!(probe().0.unwrap_err().kind(), std::io::ErrorKind::TimedOut, "100 % loss");
+            lab.set_rules("a", &Rules::default());
+            let (r, fast) = probe();
+            r.unwrap();
+            let d = Delay::start(&lab, "a", Duration::from_millis(150));
+            let (r, slow) = probe();
+            r.unwrap();
+            let held = d.stop();
+            assert!(slow >= Duration::from_millis(300), "delayed connect took {slow:?} (undelayed {fast:?})");
+            assert!(held >= 2, "{held} packets held");
+        });
+    });
+}

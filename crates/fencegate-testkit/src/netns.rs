@@ -209,8 +209,10 @@ impl Rules {
 
     /// Drop `percent` % of the packets coming in and going out, at random.
     pub fn loss(mut self, percent: u8) -> Rules {
-        self.input.push(format!("iifname \"eth0\" numgen random mod 100 < {percent} drop"));
-        self.output.push(format!("oifname \"eth0\" numgen random mod 100 < {percent} drop"));
+        // numgen's values are 0–99: 100 % is every packet.
+        let share = if percent >= 100 { String::new() } else { format!("numgen random mod 100 < {percent} ") };
+        self.input.push(format!("iifname \"eth0\" {share}drop"));
+        self.output.push(format!("oifname \"eth0\" {share}drop"));
         self
     }
 
