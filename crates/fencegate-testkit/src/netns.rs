@@ -8,10 +8,10 @@
 //!
 //! Nothing is made or changed in the root namespace: every link and
 //! address is created with `ip -n NS`, straight inside its namespace.
-//! Namespaces are named `fgnet<pid>-<member>`: removed when the [`Lab`] is
+//! Namespaces are named `fgnet<pid>-<lab>-<member>`: removed when the [`Lab`] is
 //! dropped (also on a panic), by a SIGINT/SIGTERM handler before the test
 //! process exits, and, for a run killed with SIGKILL, by the next `Lab`'s
-//! sweep of every `fgnet<pid>-` whose pid is dead.
+//! sweep of every `fgnet<pid>-…` whose pid is dead.
 //!
 //! Needs root, `ip` (iproute2), `nft` (nftables) and `iptables` (for the
 //! NFQUEUE rule: this kernel's nftables has no native `queue`). Without
@@ -86,14 +86,16 @@ impl Lab {
     pub fn new(names: &[&str]) -> Lab {
         on_signal_remove_namespaces();
         sweep();
-        let pid = std::process::id();
-        let hub = format!("{PREFIX}{pid}-hub");
+        // Unique per lab: tests of one binary run side by side.
+        static LABS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let tag = format!("{PREFIX}{}-{}", std::process::id(), LABS.fetch_add(1, Ordering::SeqCst));
+        let hub = format!("{tag}-hub");
         let mut lab = Lab { hub: hub.clone(), members: BTreeMap::new() };
         lab.add_ns(&hub);
         ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"]);
         ip(&["-n", &hub, "link", "set", "br0", "up"]);
         for (i, name) in names.iter().enumerate() {
-            let ns = format!("{PREFIX}{pid}-{name}");
+            let ns = format!("{tag}-{name}");
             let addr = Ipv4Addr::new(10, 77, 0, 10 + i as u8);
             lab.add_ns(&ns);
             let port = format!("v{i}");
