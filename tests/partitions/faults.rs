@@ -10,8 +10,9 @@
 //! Network faults come in seeded rounds, each a shuffle of every kind, so
 //! that any run of one round's length sees each kind once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencegate_testkit::netns::delay::Delay;
@@ -100,27 +101,36 @@ pub fn heal(net: &Net<'_>) {
     }
 }
 
-/// SIGSTOP a worker that holds a lock for 1.5–2× `ttl`, then SIGCONT
-/// it, every 0.3–0.8 s until `until`; how many pauses. A holder is one
-/// whose history (`workers`: pid and history file) ends with its grant or
-/// a write: most of a holder's time is its think time before a write, so
-/// the pause mostly lands between its validity check and the write.
+/// Every 0.8–1.6 s until `until`, SIGSTOP a worker that holds a lock for
+/// 1.5–2× `ttl`, then SIGCONT it (pauses overlap: a pause does not hold
+/// the next one back); how many pauses. A holder is one whose history
+/// (`workers`: pid and history file) ends with its grant or a write: most
+/// of a holder's time is its think time before a write, so the pause
+/// mostly lands between its validity check and the write.
 pub async fn pauses(workers: &[(u32, PathBuf)], ttl: Duration, seed: u64, until: Instant) -> usize {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0057);
-    let mut n = 0;
+    let paused = Arc::new(Mutex::new(BTreeSet::new()));
+    let mut tasks = tokio::task::JoinSet::new();
     while Instant::now() + ttl * 2 < until {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(300..800))).await;
-        let holders: Vec<u32> = workers.iter().filter(|(_, h)| holds(h)).map(|(p, _)| *p).collect();
-        let Some(pid) = holders.choose(&mut rng) else { continue };
-        let pid = Pid::from_raw(*pid as i32);
-        if kill(pid, Signal::SIGSTOP).is_err() {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(800..1600))).await;
+        let holders: Vec<u32> = workers
+            .iter()
+            .filter(|(pid, h)| !paused.lock().unwrap().contains(pid) && holds(h))
+            .map(|(p, _)| *p)
+            .collect();
+        let Some(&pid) = holders.choose(&mut rng) else { continue };
+        if kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).is_err() {
             continue; // it has exited
         }
-        tokio::time::sleep(ttl.mul_f64(rng.random_range(1.5..2.0))).await;
-        let _ = kill(pid, Signal::SIGCONT);
-        n += 1;
+        paused.lock().unwrap().insert(pid);
+        let (paused, hold) = (paused.clone(), ttl.mul_f64(rng.random_range(1.5..2.0)));
+        tasks.spawn(async move {
+            tokio::time::sleep(hold).await;
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+            paused.lock().unwrap().remove(&pid);
+        });
     }
-    n
+    tasks.join_all().await.len()
 }
 
 /// Whether a worker's history ends with a grant or a write (it holds a lock).
