@@ -4,10 +4,10 @@
 
 use std::sync::Mutex;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     Ok,
@@ -15,7 +15,7 @@ pub enum Outcome {
     Unknown { why: String },
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Kind {
     /// `token` is set when the grant was acknowledged.
@@ -43,7 +43,7 @@ pub enum Kind {
     },
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Op {
     pub worker: usize,
     /// Milliseconds since the start of the run.
@@ -71,6 +71,13 @@ impl History {
 
     pub fn record(&self, worker: usize, start: Instant, kind: Kind, outcome: Outcome) {
         let op = Op { worker, start_ms: self.ms(start), end_ms: self.ms(Instant::now()), kind, outcome };
+        self.ops.lock().unwrap().push(op);
+    }
+
+    /// Add an operation recorded elsewhere (a worker process stamps its
+    /// own on this history's timeline).
+    #[allow(dead_code)] // torture's workers record in-process
+    pub fn push(&self, op: Op) {
         self.ops.lock().unwrap().push(op);
     }
 

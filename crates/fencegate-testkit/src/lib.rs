@@ -17,6 +17,8 @@
 //!   reached the upstream (overrides, case, `parseInt` ids and tokens).
 //! - [`http`], [`watch`]: raw HTTP requests and answers, the NDJSON watch stream.
 //! - [`wait`]: bounded waits for a condition (no bare sleeps for order).
+//! - [`netns`]: a private network of network namespaces (a member per
+//!   node, sidecar, workers), firewall rules in them, and packet delay.
 //! - [`ports`], [`process`], [`tls`]: free ports, child processes killed on
 //!   drop (and when the test process dies), a throw-away PKI.
 //!
@@ -27,6 +29,7 @@ pub mod binary;
 pub mod cluster;
 pub mod http;
 pub mod lenient;
+pub mod netns;
 pub mod ports;
 pub mod process;
 pub mod relay;

@@ -64,6 +64,8 @@ enum Stop {
 
 pub struct Upstream {
     pub port: u16,
+    /// The address it listens on (127.0.0.1 but for [`Upstream::start_at`]).
+    ip: std::net::IpAddr,
     state: Arc<State>,
     stop: Stop,
 }
@@ -98,7 +100,18 @@ impl Upstream {
         let port = listener.local_addr().unwrap().port();
         let state = state(Recording::All);
         let task = tokio::spawn(serve(listener, state.clone()));
-        Upstream { port, state, stop: Stop::Task(task) }
+        Upstream { port, ip: [127, 0, 0, 1].into(), state, stop: Stop::Task(task) }
+    }
+
+    /// A recording upstream on `addr`, served by the caller's runtime. The
+    /// socket is made on the calling thread: in a network namespace the
+    /// thread entered, it listens there.
+    pub async fn start_at(addr: std::net::SocketAddr) -> Upstream {
+        let listener = TcpListener::bind(addr).await.unwrap_or_else(|e| panic!("upstream on {addr}: {e}"));
+        let local = listener.local_addr().unwrap();
+        let state = state(Recording::All);
+        let task = tokio::spawn(serve(listener, state.clone()));
+        Upstream { port: local.port(), ip: local.ip(), state, stop: Stop::Task(task) }
     }
 
     /// An upstream on a thread with a single-threaded runtime of its own
@@ -124,11 +137,11 @@ impl Upstream {
                 });
             })
             .unwrap();
-        Upstream { port, state, stop: Stop::Thread(Some(tx)) }
+        Upstream { port, ip: [127, 0, 0, 1].into(), state, stop: Stop::Thread(Some(tx)) }
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.ip, self.port)
     }
 
     /// Every request that took effect, in that order.
