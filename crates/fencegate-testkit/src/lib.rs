@@ -28,6 +28,7 @@ pub mod cluster;
 pub mod http;
 pub mod lenient;
 pub mod ports;
+pub mod powerloss;
 pub mod process;
 pub mod relay;
 pub mod routes;
