@@ -97,8 +97,9 @@ impl PowerLossFs {
         let state = Arc::new(Mutex::new(State::new(backing, mode)));
         let mut config = fuser::Config::default();
         config.mount_options = vec![fuser::MountOption::FSName("powerloss".into())];
-        let session = fuser::spawn_mount(Fs(state.clone()), &mnt, &config)
-            .map_err(|e| io::Error::new(e.kind(), format!("mounting the power-loss filesystem on {}: {e}", mnt.display())))?;
+        let session = fuser::spawn_mount(Fs(state.clone()), &mnt, &config).map_err(|e| {
+            io::Error::new(e.kind(), format!("mounting the power-loss filesystem on {}: {e}", mnt.display()))
+        })?;
         let stop = Arc::new(AtomicBool::new(false));
         if let Mode::Writeback(age) = mode {
             let (state, stop) = (state.clone(), stop.clone());

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
 use super::names::{Ino, Kind, Names, Refused};
@@ -81,10 +81,12 @@ impl State {
             dirty: HashMap::new(),
             next_fh: 1,
             first_fh: 1,
-            owner: std::fs::metadata(&backing).map(|m| {
-                use std::os::unix::fs::MetadataExt;
-                (m.uid(), m.gid())
-            }).unwrap_or((0, 0)),
+            owner: std::fs::metadata(&backing)
+                .map(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    (m.uid(), m.gid())
+                })
+                .unwrap_or((0, 0)),
             syncs: 0,
         }
     }

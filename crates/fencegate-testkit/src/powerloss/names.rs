@@ -47,7 +47,8 @@ pub struct Names {
 
 impl Default for Names {
     fn default() -> Self {
-        let root = Node { kind: Kind::Dir, links: 1, durable_links: 1, entries: BTreeMap::new(), durable: BTreeMap::new() };
+        let root =
+            Node { kind: Kind::Dir, links: 1, durable_links: 1, entries: BTreeMap::new(), durable: BTreeMap::new() };
         Names { nodes: HashMap::from([(ROOT, root)]), next: ROOT + 1 }
     }
 }

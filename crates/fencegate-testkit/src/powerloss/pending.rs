@@ -218,9 +218,8 @@ mod tests {
         f.sync();
         f.write(4, b"XYZ");
         let base = f.base.clone();
-        let read = |at, n| {
-            f.pending.read(6, at, n, |buf, o| buf.copy_from_slice(&base[o as usize..o as usize + buf.len()]))
-        };
+        let read =
+            |at, n| f.pending.read(6, at, n, |buf, o| buf.copy_from_slice(&base[o as usize..o as usize + buf.len()]));
         assert_eq!(read(2, 3), b"cdX");
         assert_eq!(read(5, 10), b"YZ");
         assert_eq!(read(7, 10), b"");
