@@ -186,7 +186,7 @@ impl Names {
     fn is_below(&self, ino: Ino, dir: Ino) -> bool {
         let mut todo = vec![dir];
         while let Some(d) = todo.pop() {
-            for (_, i) in &self.nodes[&d].entries {
+            for i in self.nodes[&d].entries.values() {
                 if *i == ino {
                     return true;
                 }
