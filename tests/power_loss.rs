@@ -8,7 +8,8 @@
 //! Each cut: a burst of concurrent acquires and fenced writes through the
 //! sidecar, every acknowledged grant (key, token) and write (its token is a
 //! floor) recorded; SIGKILL of the sidecar and of all nodes or a majority
-//! (the seed decides), a power cut of their filesystems; then the sidecar
+//! (the seed decides), a power cut of their filesystems (half of them torn:
+//! some unsynced writes kept, in no order); then the sidecar
 //! alone, its lock service out of reach, must refuse a token below each
 //! acknowledged write's (only its floors can tell it); the nodes restart,
 //! and each key's latest token must be at least every acknowledged grant's,
@@ -202,10 +203,14 @@ async fn run(mode: Mode, cuts: usize, seed: u64, until_lost: bool) -> Found {
             rig.cluster.kill(*id);
         }
         rig.sidecar.kill();
-        for id in &victims {
-            rig.nodes_fs[id].power_cut();
+        // Half the cuts torn: some unsynced writes reached the disk anyway.
+        let torn = rng.random_bool(0.5);
+        for fs in victims.iter().map(|id| &rig.nodes_fs[id]).chain([&rig.sidecar_fs]) {
+            match torn {
+                true => fs.power_cut_torn(rng.random()),
+                false => fs.power_cut(),
+            }
         }
-        rig.sidecar_fs.power_cut();
         stop.store(true, Ordering::Relaxed);
         for w in workers {
             w.await.unwrap();
@@ -257,7 +262,8 @@ async fn run(mode: Mode, cuts: usize, seed: u64, until_lost: bool) -> Found {
             }
         }
         eprintln!(
-            "cut {cut} ({victims:?} and the sidecar): {} grants and {} floors acknowledged; lost so far: {} grants, {} floors",
+            "cut {cut} ({victims:?} and the sidecar{}): {} grants and {} floors acknowledged; lost so far: {} grants, {} floors",
+            if torn { ", torn" } else { "" },
             acked.grants.len(),
             acked.floors.len(),
             found.lost_grants.len(),

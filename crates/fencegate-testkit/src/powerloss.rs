@@ -21,6 +21,10 @@
 //!   rename over a file flushes the new file's data first. Programs that
 //!   rely on that are not portable (XFS, btrfs and ext4 with other options
 //!   differ), and it is exactly what a strict model exposes.
+//! - [`PowerLossFs::power_cut`] drops every unsynced write;
+//!   [`PowerLossFs::power_cut_torn`] keeps a random subset of them (extents
+//!   and sizes, in no order), as a disk that wrote some dirty pages back
+//!   before the power went: a commit or journal append cut in the middle.
 //!
 //! ## The control arm
 //! [`Mode::Writeback`] is the same filesystem with `fsync`/`fdatasync`
@@ -133,6 +137,23 @@ impl PowerLossFs {
     /// changes nothing), and names come back as they were last synced.
     pub fn power_cut(&self) {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).cut();
+    }
+
+    /// A power cut on a disk that had written some of what was not synced
+    /// on its own, in any order: each unsynced extent of each file, and each
+    /// file's new size, kept or dropped as `seed` draws (names stay
+    /// strict). What was synced is kept, as by [`PowerLossFs::power_cut`];
+    /// torn commits and torn journal tails are what this adds.
+    pub fn power_cut_torn(&self, seed: u64) {
+        // xorshift: no dependency for a coin.
+        let mut s = seed | 1;
+        let keep = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s & 1 == 1
+        };
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).torn_cut(keep);
     }
 }
 

@@ -114,6 +114,28 @@ impl State {
         }
     }
 
+    /// A power cut on a disk that had written some of the files' data on
+    /// its own (each unsynced extent, and each file's new size, kept if
+    /// `keep()` says so); then [`State::cut`]. Names stay strict.
+    pub(super) fn torn_cut(&mut self, mut keep: impl FnMut() -> bool) {
+        for d in self.data.values_mut() {
+            let flush = d.pending.flush_some(d.base_len, &mut keep);
+            let applied = (|| -> std::io::Result<()> {
+                if let Some(cut) = flush.cut_to {
+                    d.base.set_len(cut)?;
+                }
+                d.base.set_len(flush.len)?;
+                for (at, data) in &flush.writes {
+                    d.base.write_all_at(data, *at)?;
+                }
+                Ok(())
+            })();
+            applied.expect("writing the backing file");
+            d.base_len = flush.len;
+        }
+        self.cut();
+    }
+
     /// Drop everything not durable, as a power cut would.
     pub(super) fn cut(&mut self) {
         self.first_fh = self.next_fh + 1;

@@ -90,6 +90,22 @@ impl Pending {
         Flush { cut_to, len, writes }
     }
 
+    /// A cut on a disk that had written some of the file on its own: what
+    /// to apply to the base before the rest is dropped. Each extent is kept
+    /// if `keep()` says so; then the size: the new one (truncation
+    /// included), or the old one grown to cover the extents kept.
+    pub fn flush_some(&mut self, base_len: u64, mut keep: impl FnMut() -> bool) -> Flush {
+        let writes: Vec<(u64, Vec<u8>)> = std::mem::take(&mut self.extents).into_iter().filter(|_| keep()).collect();
+        let end = writes.iter().map(|(at, d)| at + d.len() as u64).max().unwrap_or(0);
+        let flush = if keep() {
+            Flush { cut_to: self.low.filter(|low| *low < base_len), len: self.len(base_len), writes }
+        } else {
+            Flush { cut_to: None, len: base_len.max(end), writes }
+        };
+        *self = Pending::default();
+        flush
+    }
+
     fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = (&u64, &Vec<u8>)> {
         // The extent starting before `start` may reach into the range.
         let before = self.extents.range(..start).next_back().filter(|(at, d)| **at + d.len() as u64 > start);
@@ -223,6 +239,39 @@ mod tests {
         assert_eq!(read(2, 3), b"cdX");
         assert_eq!(read(5, 10), b"YZ");
         assert_eq!(read(7, 10), b"");
+    }
+
+    #[test]
+    fn a_torn_cut_keeps_what_was_synced_and_some_of_the_rest() {
+        for keep_all in [false, true] {
+            let mut f = File::default();
+            f.write(0, b"synced;");
+            f.sync();
+            f.write(7, b"one;");
+            f.write(20, b"two;");
+            f.truncate(2);
+            f.write(2, b"NCED;");
+            let mut n = 0;
+            let flush = f.pending.flush_some(7, || {
+                n += 1;
+                keep_all || n % 2 == 0
+            });
+            if let Some(cut) = flush.cut_to {
+                f.base.truncate(cut as usize);
+            }
+            f.base.resize(flush.len as usize, 0);
+            for (at, d) in flush.writes {
+                f.base[at as usize..at as usize + d.len()].copy_from_slice(&d);
+            }
+            f.cut();
+            if keep_all {
+                assert_eq!(f.seen(), b"syNCED;");
+            } else {
+                // The one extent dropped, the new size (the truncation
+                // to 2, then the write's 7) kept: zeros where it was.
+                assert_eq!(f.seen(), b"sy\0\0\0\0\0");
+            }
+        }
     }
 
     #[test]
