@@ -9,6 +9,7 @@ pub mod backup;
 pub mod batch;
 pub mod cli;
 pub mod config;
+pub mod durable;
 pub mod http;
 pub mod inventory;
 pub mod lock;

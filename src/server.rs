@@ -289,7 +289,7 @@ const LOG_FILE: &str = "raft.redb";
 /// Open (or create) `config`'s data directory: the log's database, checked
 /// to be this node's and of a format this build reads.
 fn open_data_dir(config: &NodeConfig) -> anyhow::Result<Arc<Database>> {
-    std::fs::create_dir_all(&config.data_dir)
+    crate::durable::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
     let path = config.data_dir.join(LOG_FILE);
     let snapshot = SnapshotFile::path_in(&config.data_dir);
@@ -307,6 +307,9 @@ fn open_data_dir(config: &NodeConfig) -> anyhow::Result<Arc<Database>> {
     // keeps the node's memory bounded by what it holds.
     let db = Database::builder().set_cache_size(REDB_CACHE).create(&path);
     let db = Arc::new(db.with_context(|| format!("opening {}", path.display()))?);
+    // redb syncs the file, not its name: without this a power cut soon
+    // after a node's first start takes its log and vote with it.
+    crate::durable::sync_dir(&config.data_dir).with_context(|| format!("syncing {}", config.data_dir.display()))?;
     check_node_id(&db, config.id)?;
     check_format(&db, &path)?;
     Ok(db)

@@ -8,6 +8,10 @@
 //! sidecar kills and cut upstream exchanges are applied at most once (I1),
 //! and the same retries without idempotency apply some twice.
 //!
+//! The sidecar arm's nodes keep their data on power-loss filesystems (the
+//! test kit's `powerloss`; FUSE, or `FENCEGATE_SKIP_FUSE=1` to run without)
+//! and the nemesis also cuts the power of a majority.
+//!
 //! - short profile (part of `cargo test`): `cargo test --test torture short`
 //! - long profile: `TORTURE_SECONDS=600 TORTURE_SEED=7 TORTURE_NODES=5 cargo test --release --test torture -- --ignored --nocapture`
 //!
@@ -32,6 +36,7 @@ use std::time::Duration;
 use checker::Report;
 use fencegate_client::AcquireOptions;
 use fencegate_testkit::cluster::{ClusterOptions, Security};
+use fencegate_testkit::powerloss::{fuse_skipped, Mode, PowerLossFs};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::{bin, Cluster, Upstream};
 use history::{History, Kind, Outcome};
@@ -99,14 +104,26 @@ fn applied_at(up: &Upstream, w: &Workload, history: &History) -> BTreeMap<String
 /// the clients and the sidecar authenticated, an ACL.
 async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
     let w = workload();
-    let o = ClusterOptions { nodes, yaml: NODE_YAML.into(), security: Some(Security::default()), ..Default::default() };
+    // Each node's data on a power-loss filesystem, for the nemesis's power cuts.
+    let power: Option<BTreeMap<u64, PowerLossFs>> = (!fuse_skipped()).then(|| {
+        let mount = || PowerLossFs::mount(None, Mode::Strict).expect("mounting a power-loss filesystem (FUSE)");
+        (1..=nodes).map(|id| (id, mount())).collect()
+    });
+    let data_roots = power.iter().flatten().map(|(id, fs)| (*id, fs.path())).collect();
+    let o = ClusterOptions {
+        nodes,
+        yaml: NODE_YAML.into(),
+        security: Some(Security::default()),
+        data_roots,
+        ..Default::default()
+    };
     let mut c = Cluster::start_with(&bin!(), o).await;
     let up = Upstream::start().await;
     let mut sc = c.sidecar("sidecar", &up.url(), &routes()).await;
     let history = Arc::new(History::new());
     let until = Instant::now() + Duration::from_secs(seconds);
     let work = tokio::spawn(workload::run(w, history.clone(), c.client(), sc.url(), seed, "", until));
-    let faults = nemesis::run(&mut c, &mut sc, seed, until).await;
+    let faults = nemesis::run_with_power(&mut c, &mut sc, seed, until, power.as_ref()).await;
     work.await.unwrap();
 
     nemesis::heal(&mut c);

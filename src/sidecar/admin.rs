@@ -24,6 +24,7 @@ pub fn token(dir: &std::path::Path) -> anyhow::Result<String> {
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
     f.write_all(format!("{token}\n").as_bytes())?;
     f.sync_all()?;
+    crate::durable::sync_dir(dir)?;
     Ok(token)
 }
 

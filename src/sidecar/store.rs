@@ -153,7 +153,8 @@ impl Store {
     /// Open (or create) `dir/floors.redb` and `dir/idempotency.log`, and
     /// load everything in them.
     pub fn open(dir: &Path) -> Result<(Store, Loaded), StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| err(format!("creating {}: {e}", dir.display())))?;
+        // Synced into its parent: the journal's open syncs the entries in it.
+        crate::durable::create_dir_all(dir).map_err(|e| err(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join("floors.redb");
         let db = Database::create(&path).map_err(err)?;
         check_format(&db, dir)?;

@@ -3,8 +3,9 @@
 //! link), whole-cluster restarts, a rolling restart (SIGTERM, one node at a
 //! time, as the README's runbook does it), membership changes (a node added,
 //! removed, replaced by a fresh one at a new address) and sidecar restarts
-//! with the lock service up and down. Each fault is held for a while, then
-//! healed.
+//! with the lock service up and down, and, when the nodes' data is on
+//! power-loss filesystems ([`run_with_power`]), power cuts of a majority.
+//! Each fault is held for a while, then healed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use tokio::time::Instant;
 
 use fencegate_client::wire::AddMember;
 use fencegate_client::ClientError;
+use fencegate_testkit::powerloss::PowerLossFs;
 use fencegate_testkit::{Cluster, Sidecar};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -33,6 +35,9 @@ pub enum Fault {
     RestartSidecarServiceDown,
     RollingRestart,
     Membership,
+    /// A majority SIGKILLed and what they had not fsync'd dropped
+    /// ([`run_with_power`] only).
+    PowerCut,
 }
 
 const ALL: [Fault; 12] = [
@@ -51,8 +56,25 @@ const ALL: [Fault; 12] = [
 ];
 
 /// Inject faults until `until`; returns how many of each.
+// For suites whose nodes are not on power-loss filesystems (`torture.rs`'s
+// sidecar arm uses `run_with_power`).
+#[allow(dead_code)]
 pub async fn run(c: &mut Cluster, sidecar: &mut Sidecar, seed: u64, until: Instant) -> BTreeMap<Fault, usize> {
+    run_with_power(c, sidecar, seed, until, None).await
+}
+
+/// [`run`], and when `power` holds each node's filesystem, power cuts too
+/// (one fault in 8, drawn apart from the others: the schedule of a seed
+/// without `power` stays what it was).
+pub async fn run_with_power(
+    c: &mut Cluster,
+    sidecar: &mut Sidecar,
+    seed: u64,
+    until: Instant,
+    power: Option<&BTreeMap<u64, PowerLossFs>>,
+) -> BTreeMap<Fault, usize> {
     let mut rng = StdRng::seed_from_u64(seed);
+    let mut power_rng = StdRng::seed_from_u64(seed ^ 0x706f776572);
     let mut counts = BTreeMap::new();
     let founding = c.ids();
     while Instant::now() + Duration::from_secs(3) < until {
@@ -71,6 +93,9 @@ pub async fn run(c: &mut Cluster, sidecar: &mut Sidecar, seed: u64, until: Insta
         );
         if cuts_links && !founding.contains(&leader) {
             fault = Fault::StopLeader;
+        }
+        if power.is_some() && power_rng.random_range(0..8) == 0 {
+            fault = Fault::PowerCut;
         }
         match fault {
             Fault::KillLeader | Fault::KillFollower => {
@@ -136,6 +161,23 @@ pub async fn run(c: &mut Cluster, sidecar: &mut Sidecar, seed: u64, until: Insta
                 }
             }
             Fault::Membership => membership(c, &founding).await,
+            Fault::PowerCut => {
+                let power = power.expect("drawn only with filesystems");
+                let mut victims: Vec<u64> = power.keys().copied().collect();
+                while victims.len() > power.len() / 2 + 1 {
+                    victims.remove(power_rng.random_range(0..victims.len()));
+                }
+                for id in &victims {
+                    c.kill(*id);
+                }
+                for id in &victims {
+                    power[id].power_cut();
+                }
+                tokio::time::sleep(hold / 2).await;
+                for id in &victims {
+                    c.start_node(*id);
+                }
+            }
             Fault::RestartSidecar => sidecar.restart().await,
             Fault::RestartSidecarServiceDown => {
                 c.kill_all();

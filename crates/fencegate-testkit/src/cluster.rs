@@ -43,6 +43,8 @@ pub struct Cluster {
     security_yaml: String,
     /// Appended to every node's config ([`ClusterOptions::yaml`]).
     extra_yaml: String,
+    /// [`ClusterOptions::data_roots`].
+    data_roots: BTreeMap<u64, PathBuf>,
     log_filter: String,
     /// The cluster CA and member certificates, on a secure cluster.
     pki: Option<Pki>,
@@ -85,6 +87,10 @@ pub struct ClusterOptions {
     pub data_in: Option<PathBuf>,
     /// `FENCEGATE_LOG` of the nodes.
     pub log_filter: String,
+    /// Node id -> a directory its data directory goes under (its own
+    /// mount, say: `tests/power_loss.rs`); a node not listed keeps its data
+    /// with the configs. Configs and logs never go there.
+    pub data_roots: BTreeMap<u64, PathBuf>,
     /// TLS, authentication and an ACL; `None`: plain HTTP, everyone anonymous.
     pub security: Option<Security>,
 }
@@ -97,6 +103,7 @@ impl Default for ClusterOptions {
             relays: true,
             data_in: None,
             log_filter: "info,openraft=warn".into(),
+            data_roots: BTreeMap::new(),
             security: None,
         }
     }
@@ -160,6 +167,7 @@ impl Cluster {
             last_id: n,
             security_yaml,
             extra_yaml: o.yaml.clone(),
+            data_roots: o.data_roots.clone(),
             log_filter: o.log_filter.clone(),
             pki,
             options,
@@ -239,7 +247,7 @@ impl Cluster {
     }
 
     pub fn data_dir(&self, id: u64) -> PathBuf {
-        self.dir().join(format!("data{id}"))
+        self.data_roots.get(&id).map_or(self.dir(), |r| r.as_path()).join(format!("data{id}"))
     }
 
     fn log_path(&self, id: u64) -> PathBuf {

@@ -31,6 +31,7 @@ pub mod http;
 pub mod lenient;
 pub mod netns;
 pub mod ports;
+pub mod powerloss;
 pub mod process;
 pub mod relay;
 pub mod routes;

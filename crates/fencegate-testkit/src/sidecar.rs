@@ -41,6 +41,9 @@ pub struct SidecarOptions {
     pub yaml: String,
     /// `FENCEGATE_LOG` (`info`: one line per refusal).
     pub log_filter: String,
+    /// Its `state_dir` (the floors and records) if not `dir/state`: on a
+    /// mount of its own, say (`tests/power_loss.rs`).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for SidecarOptions {
@@ -51,6 +54,7 @@ impl Default for SidecarOptions {
             lock_token: None,
             yaml: String::new(),
             log_filter: "info".into(),
+            state_dir: None,
         }
     }
 }
@@ -84,7 +88,7 @@ impl Sidecar {
         let (port, metrics_port) = (reserved[0].port, reserved[1].port);
         let head = format!(
             "listen: 127.0.0.1:{port}\nupstream: {upstream}\n{lock_service}state_dir: {}\nmetrics_listen: 127.0.0.1:{metrics_port}\n",
-            dir.join("state").display(),
+            o.state_dir.unwrap_or_else(|| dir.join("state")).display(),
         );
         std::fs::write(dir.join("sidecar.yaml"), format!("{head}{}", o.yaml)).unwrap();
         let mut s = Sidecar {
