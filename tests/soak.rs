@@ -31,8 +31,9 @@ const NODE_YAML: &str =
     "raft: { heartbeat: 50ms, election_timeout_min: 200ms, election_timeout_max: 400ms, propose_timeout: 2s }\n";
 
 /// The faults of every minute, in this order, each held for 1.5 s and then
-/// healed, one every 6 s: the same mix each minute, so the minutes' p99s
-/// compare.
+/// healed, one every 6 s: the same mix each minute. An operation during a
+/// fault or the 2 s after it counts as faulted; the others (about 40% of the
+/// time) are quiet, and their p99 is what the minutes compare.
 #[derive(Debug, Clone, Copy)]
 enum Fault {
     /// SIGKILL node 3, restart it on its data.
@@ -56,7 +57,11 @@ fn signal(pid: u32, s: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), s);
 }
 
-async fn inject(c: &mut Cluster, sidecar_pid: u32, fault: Fault) {
+/// After a fault is healed, elections and reconnections settle within this.
+const SETTLE: Duration = Duration::from_secs(2);
+
+async fn inject(c: &mut Cluster, sidecar_pid: u32, fault: Fault, stats: &load::Stats) {
+    stats.fault_started();
     let leader = c.leader().await.unwrap_or(1);
     let other = if leader == 1 { 2 } else { 1 };
     match fault {
@@ -74,18 +79,20 @@ async fn inject(c: &mut Cluster, sidecar_pid: u32, fault: Fault) {
         Fault::OneWayFromLeader => c.set_one_way(leader, other, false),
         Fault::PauseSidecar => signal(sidecar_pid, nix::sys::signal::Signal::SIGCONT),
     }
+    tokio::time::sleep(SETTLE).await;
+    stats.fault_settled();
 }
 
 /// One minute of faults (the cycle, twice); how many.
-async fn minute_of_faults(c: &mut Cluster, sidecar_pid: u32, end: Instant) -> usize {
+async fn minute_of_faults(c: &mut Cluster, sidecar_pid: u32, end: Instant, stats: &load::Stats) -> usize {
     let mut n = 0;
     for fault in CYCLE.iter().cycle() {
-        let at = Instant::now() + EVERY;
-        if at + HOLD > end {
+        let at = Instant::now() + EVERY - HOLD - SETTLE;
+        if at + HOLD + SETTLE > end {
             break;
         }
-        tokio::time::sleep_until(at - HOLD).await;
-        inject(c, sidecar_pid, *fault).await;
+        tokio::time::sleep_until(at).await;
+        inject(c, sidecar_pid, *fault, stats).await;
         n += 1;
     }
     n
@@ -124,7 +131,7 @@ async fn soak() {
     let mut rows: Vec<Minute> = vec![];
     for n in 1..=minutes {
         let end = started + Duration::from_secs(60 * n);
-        let faults = minute_of_faults(&mut c, sidecar_pid, end).await;
+        let faults = minute_of_faults(&mut c, sidecar_pid, end, &stats).await;
         tokio::time::sleep_until(end).await;
         let row = Minute { n, faults, sample: Sample::take(&processes(&c, sidecar_pid), &stats) };
         println!("{}", row.line());

@@ -3,6 +3,7 @@
 //! release; and watch streams that reconnect whenever a fault ends them.
 //! Everything lands in [`Stats`], which the sampler empties once a minute.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,10 +17,15 @@ use tokio::time::Instant;
 const WORKERS: usize = 8;
 const WATCHERS: usize = 2;
 
-/// One minute's numbers (latencies in µs).
+/// One minute's numbers (latencies in µs). An operation that overlapped a
+/// fault (or the 2 s after it was healed) is in the `*_faulted` histogram;
+/// the others are quiet: a leak or a growing structure slows those, while
+/// the faulted ones are as slow as the fault that caught them.
 pub struct Counts {
     pub acquire: Histogram<u64>,
     pub write: Histogram<u64>,
+    pub acquire_faulted: Histogram<u64>,
+    pub write_faulted: Histogram<u64>,
     pub acquired: u64,
     pub acquire_errors: u64,
     pub written: u64,
@@ -38,6 +44,8 @@ impl Default for Counts {
         Counts {
             acquire: h(),
             write: h(),
+            acquire_faulted: h(),
+            write_faulted: h(),
             acquired: 0,
             acquire_errors: 0,
             written: 0,
@@ -50,21 +58,55 @@ impl Default for Counts {
 }
 
 #[derive(Default)]
-pub struct Stats(Mutex<Counts>);
+pub struct Stats {
+    counts: Mutex<Counts>,
+    /// Set by the nemesis from a fault's start until it settled.
+    disturbed: AtomicBool,
+    /// Bumped at each fault's start.
+    faults: AtomicU64,
+}
+
+/// When an operation began, to tell afterwards whether a fault touched it.
+#[derive(Clone, Copy)]
+pub struct Began {
+    at: Instant,
+    faults: u64,
+    disturbed: bool,
+}
 
 impl Stats {
     fn with(&self, f: impl FnOnce(&mut Counts)) {
-        f(&mut self.0.lock().unwrap())
+        f(&mut self.counts.lock().unwrap())
     }
 
     /// This minute's numbers; the next minute starts from zero.
     pub fn take(&self) -> Counts {
-        std::mem::take(&mut self.0.lock().unwrap())
+        std::mem::take(&mut self.counts.lock().unwrap())
     }
-}
 
-fn micros(since: Instant) -> u64 {
-    (since.elapsed().as_micros() as u64).clamp(1, 60_000_000)
+    pub fn fault_started(&self) {
+        self.faults.fetch_add(1, Ordering::SeqCst);
+        self.disturbed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn fault_settled(&self) {
+        self.disturbed.store(false, Ordering::SeqCst);
+    }
+
+    fn begin(&self) -> Began {
+        Began {
+            at: Instant::now(),
+            faults: self.faults.load(Ordering::SeqCst),
+            disturbed: self.disturbed.load(Ordering::SeqCst),
+        }
+    }
+
+    /// The operation's latency (µs) and whether it was quiet throughout.
+    fn end(&self, b: Began) -> (u64, bool) {
+        let quiet =
+            !b.disturbed && !self.disturbed.load(Ordering::SeqCst) && self.faults.load(Ordering::SeqCst) == b.faults;
+        ((b.at.elapsed().as_micros() as u64).clamp(1, 60_000_000), quiet)
+    }
 }
 
 pub async fn run(client: Client, nodes: Vec<String>, sidecar: String, stats: Arc<Stats>, seed: u64, until: Instant) {
@@ -89,7 +131,7 @@ async fn worker(w: usize, client: Client, sidecar: String, stats: Arc<Stats>, se
     let http = HttpClient::new(1 << 16);
     while Instant::now() < until {
         let key = format!("rack/soak-{w}-{}", rng.random_range(0..4));
-        let start = Instant::now();
+        let start = stats.begin();
         let opts = AcquireOptions::new(Duration::from_secs(3)).wait(Duration::from_secs(5));
         let lease = match tokio::time::timeout(Duration::from_secs(15), client.acquire(&key, opts)).await {
             Ok(Ok(lease)) => lease,
@@ -99,9 +141,10 @@ async fn worker(w: usize, client: Client, sidecar: String, stats: Arc<Stats>, se
                 continue;
             }
         };
+        let (us, quiet) = stats.end(start);
         stats.with(|s| {
             s.acquired += 1;
-            let _ = s.acquire.record(micros(start));
+            let _ = if quiet { s.acquire.record(us) } else { s.acquire_faulted.record(us) };
         });
         // Now and then hold past the TTL: the library's keepalives carry it.
         let hold = if rng.random_bool(0.1) { Duration::from_secs(4) } else { Duration::ZERO };
@@ -119,16 +162,17 @@ async fn worker(w: usize, client: Client, sidecar: String, stats: Arc<Stats>, se
 }
 
 async fn write(http: &HttpClient, sidecar: &str, key: &str, token: u64, stats: &Stats) {
-    let start = Instant::now();
+    let start = stats.begin();
     let req = hyper::Request::put(format!("{sidecar}/racks/{}", key.trim_start_matches("rack/")))
         .header("x-fence-token", token.to_string())
         .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{\"state\":\"soak\"}")))
         .unwrap();
     let answer = http.send(req, Duration::from_secs(10)).await;
+    let (us, quiet) = stats.end(start);
     stats.with(|s| match answer {
         Ok(a) if a.status == 200 => {
             s.written += 1;
-            let _ = s.write.record(micros(start));
+            let _ = if quiet { s.write.record(us) } else { s.write_faulted.record(us) };
         }
         Ok(a) if a.status == 409 || a.status == 503 => s.refused += 1,
         _ => s.write_errors += 1,
