@@ -17,6 +17,17 @@ mod reload;
 mod waitlist;
 mod watch;
 
+/// What the node decodes from the network before a handler acts on it, as
+/// the handlers call it: the peer RPCs, a leader call's method and path, an
+/// acquire's body, a watch's query, a member to add. `fuzz/` feeds these.
+pub mod inputs {
+    pub use super::api::{acquire_params, call, AcquireParams, Call};
+    pub use super::error::ApiError;
+    pub use super::members::member_of;
+    pub use super::raft_rpc::{decode as peer_rpc, PeerRpc};
+    pub use super::watch::{params as watch_params, WatchParams};
+}
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;

@@ -26,6 +26,7 @@ use super::{forward, members, openapi, raft_rpc, watch, Node};
 use crate::audit;
 use crate::auth::Right;
 use crate::backup;
+use crate::config::node::LeaseConfig;
 use crate::http::{full, json, parse_json, read_body, Body, Conn};
 use crate::lock::state::{AcquireCmd, Command, Grant, Outcome};
 use crate::lock::validate::{self, InvalidInput};
@@ -198,46 +199,7 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
         _ => {}
     }
     // Leader calls.
-    let call = if let Some(key) = path.strip_prefix(wire::LOCKS_PATH) {
-        let key = lock_key(key)?;
-        match method {
-            Method::POST => Call::Acquire(key),
-            Method::GET => Call::Read(key),
-            _ => return Err(ApiError::MethodNotAllowed("GET, POST")),
-        }
-    } else if let Some(rest) = path.strip_prefix(wire::LEASES_PATH) {
-        // Other methods get 405 on either path, whatever the id.
-        match (method, rest.strip_suffix("/keepalive")) {
-            (Method::POST, Some(id)) if lease_id_ok(id) => Call::Keepalive(id.to_string()),
-            (Method::DELETE, None) if lease_id_ok(rest) => Call::Release(rest.to_string()),
-            (Method::POST, Some(_)) | (Method::DELETE, None) => return Err(ApiError::LeaseNotFound),
-            (_, Some(_)) => return Err(ApiError::MethodNotAllowed("POST")),
-            (_, None) => return Err(ApiError::MethodNotAllowed("DELETE")),
-        }
-    } else if path == wire::SNAPSHOT_PATH {
-        only(&method, "GET")?;
-        Call::Snapshot
-    } else if path == wire::REVISION_PATH {
-        only(&method, "GET")?;
-        Call::Revision
-    } else if path == wire::MEMBERS_PATH {
-        match method {
-            Method::GET => Call::Members,
-            Method::POST => Call::AddMember,
-            _ => return Err(ApiError::MethodNotAllowed("GET, POST")),
-        }
-    } else if let Some(id) = path.strip_prefix(wire::MEMBERS_PATH).and_then(|p| p.strip_prefix('/')) {
-        let id = id.parse().map_err(|_| ApiError::BadRequest(format!("{id:?} is not a node id")))?;
-        let force = match req.uri().query() {
-            None => false,
-            Some("force=true") => true,
-            Some(q) => return Err(ApiError::BadRequest(format!("unknown query {q:?} (only force=true)"))),
-        };
-        only(&method, "DELETE")?;
-        Call::RemoveMember { id, force }
-    } else {
-        return Err(ApiError::NotFound);
-    };
+    let call = call(&method, &path, req.uri().query())?;
     // Refused before the body is read or anything is forwarded.
     match &call {
         Call::Acquire(key) => caller.may(&node, Right::Acquire, key)?,
@@ -290,6 +252,54 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     }
 }
 
+/// Which leader call a request is, from its method, path and query alone
+/// (its key decoded and checked, its lease id's form checked): nothing is
+/// read, asked or proposed yet. `NotFound` for a path that is none.
+pub fn call(method: &Method, path: &str, query: Option<&str>) -> Result<Call, ApiError> {
+    if let Some(key) = path.strip_prefix(wire::LOCKS_PATH) {
+        let key = lock_key(key)?;
+        return match *method {
+            Method::POST => Ok(Call::Acquire(key)),
+            Method::GET => Ok(Call::Read(key)),
+            _ => Err(ApiError::MethodNotAllowed("GET, POST")),
+        };
+    }
+    if let Some(rest) = path.strip_prefix(wire::LEASES_PATH) {
+        // Other methods get 405 on either path, whatever the id.
+        return match (method, rest.strip_suffix("/keepalive")) {
+            (&Method::POST, Some(id)) if lease_id_ok(id) => Ok(Call::Keepalive(id.to_string())),
+            (&Method::DELETE, None) if lease_id_ok(rest) => Ok(Call::Release(rest.to_string())),
+            (&Method::POST, Some(_)) | (&Method::DELETE, None) => Err(ApiError::LeaseNotFound),
+            (_, Some(_)) => Err(ApiError::MethodNotAllowed("POST")),
+            (_, None) => Err(ApiError::MethodNotAllowed("DELETE")),
+        };
+    }
+    if path == wire::SNAPSHOT_PATH {
+        return only(method, "GET").map(|()| Call::Snapshot);
+    }
+    if path == wire::REVISION_PATH {
+        return only(method, "GET").map(|()| Call::Revision);
+    }
+    if path == wire::MEMBERS_PATH {
+        return match *method {
+            Method::GET => Ok(Call::Members),
+            Method::POST => Ok(Call::AddMember),
+            _ => Err(ApiError::MethodNotAllowed("GET, POST")),
+        };
+    }
+    if let Some(id) = path.strip_prefix(wire::MEMBERS_PATH).and_then(|p| p.strip_prefix('/')) {
+        let id = id.parse().map_err(|_| ApiError::BadRequest(format!("{id:?} is not a node id")))?;
+        let force = match query {
+            None => false,
+            Some("force=true") => true,
+            Some(q) => return Err(ApiError::BadRequest(format!("unknown query {q:?} (only force=true)"))),
+        };
+        only(method, "DELETE")?;
+        return Ok(Call::RemoveMember { id, force });
+    }
+    Err(ApiError::NotFound)
+}
+
 /// The whole body, within the node's `limits.body_timeout`: a client that
 /// announces a body and never sends it does not hold the request forever.
 async fn body_within(node: &Node, body: Incoming, limit: usize) -> Result<bytes::Bytes, ApiError> {
@@ -300,7 +310,9 @@ async fn body_within(node: &Node, body: Incoming, limit: usize) -> Result<bytes:
         .map_err(Into::into)
 }
 
-enum Call {
+/// A leader call (`call`), with what its path names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
     Acquire(String),
     Read(String),
     Revision,
@@ -381,7 +393,32 @@ async fn acquire(
     body: AcquireRequest,
     received: Instant,
 ) -> Result<Response<Body>, ApiError> {
-    let limits = &node.config.lease;
+    let AcquireParams { ttl_ms, wait_ms, lock_delay_ms, holder, request_id } =
+        acquire_params(body, &node.config.lease)?;
+    within_quotas(node, &key, &caller.identity, request_id.as_deref())?;
+    let owner = caller.identity.clone();
+    let lease_id = new_lease_id();
+    let cmd = AcquireCmd { key, owner, holder, ttl_ms, lock_delay_ms, lease_id, request_id };
+    let result = wait_for_grant(node, cmd, received + Duration::from_millis(wait_ms)).await;
+    node.lock_metrics.acquire_duration.observe(received.elapsed().as_secs_f64());
+    let g = result?;
+    Ok(json(StatusCode::OK, &Granted { key: g.key, token: g.token, lease_id: g.lease_id, ttl_ms: g.ttl_ms }))
+}
+
+/// An acquire's body with the defaults of `limits` filled in, each field
+/// within its bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireParams {
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    pub lock_delay_ms: u64,
+    pub holder: String,
+    pub request_id: Option<String>,
+}
+
+/// Check an acquire's body against the node's lease limits; the first field
+/// out of bounds is the error.
+pub fn acquire_params(body: AcquireRequest, limits: &LeaseConfig) -> Result<AcquireParams, InvalidInput> {
     let ttl_ms = body.ttl_ms.unwrap_or(limits.default_ttl.as_millis() as u64);
     validate::ttl(ttl_ms, limits.min_ttl.as_millis() as u64, limits.max_ttl.as_millis() as u64)?;
     let wait_ms = body.wait_ms.unwrap_or(0);
@@ -393,14 +430,7 @@ async fn acquire(
     if let Some(r) = &body.request_id {
         validate::request_id(r)?;
     }
-    within_quotas(node, &key, &caller.identity, body.request_id.as_deref())?;
-    let owner = caller.identity.clone();
-    let lease_id = new_lease_id();
-    let cmd = AcquireCmd { key, owner, holder, ttl_ms, lock_delay_ms, lease_id, request_id: body.request_id };
-    let result = wait_for_grant(node, cmd, received + Duration::from_millis(wait_ms)).await;
-    node.lock_metrics.acquire_duration.observe(received.elapsed().as_secs_f64());
-    let g = result?;
-    Ok(json(StatusCode::OK, &Granted { key: g.key, token: g.token, lease_id: g.lease_id, ttl_ms: g.ttl_ms }))
+    Ok(AcquireParams { ttl_ms, wait_ms, lock_delay_ms, holder, request_id: body.request_id })
 }
 
 /// The quotas of `limits`, checked on the leader before each proposal.

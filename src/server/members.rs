@@ -120,8 +120,10 @@ fn refused(e: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> ApiError {
     }
 }
 
-pub async fn add(node: &Node, add: AddMember) -> Result<MemberList, ApiError> {
-    let tls = node.tls;
+/// The member an add names (its URLs parsed, `https://` with `tls`), as
+/// the membership will carry it; a node id of 0 or a URL that is none is
+/// refused.
+pub fn member_of(add: &AddMember, tls: bool) -> Result<Member, ApiError> {
     if add.id == 0 {
         return Err(ApiError::BadRequest("node ids start at 1".into()));
     }
@@ -133,10 +135,14 @@ pub async fn add(node: &Node, add: AddMember) -> Result<MemberList, ApiError> {
             .to_string(),
         None => String::new(),
     };
-    let member = Member {
+    Ok(Member {
         peer_url: peer_url.to_string().trim_end_matches('/').to_string(),
         client_url: client_url.trim_end_matches('/').to_string(),
-    };
+    })
+}
+
+pub async fn add(node: &Node, add: AddMember) -> Result<MemberList, ApiError> {
+    let member = member_of(&add, node.tls)?;
     let membership = node.raft.metrics().borrow().membership_config.membership().clone();
     let mut voters: BTreeSet<NodeId> = membership.voter_ids().collect();
     if voters.contains(&add.id) {
@@ -305,15 +311,9 @@ impl Drop for Heartbeat<'_> {
 
 /// A member's request to campaign (`POST /raft/campaign`): only the
 /// current leader may ask (with TLS, the one its certificate names).
-pub async fn campaign(node: &Node, body: &[u8], member: Option<NodeId>) -> Result<(), ApiError> {
-    #[derive(serde::Deserialize)]
-    struct Ask {
-        leader: NodeId,
-    }
-    let ask: Ask =
-        serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("bad campaign request: {e}")))?;
-    let from = member.unwrap_or(ask.leader);
-    if member.is_some_and(|m| m != ask.leader) || node.leader() != Some(from) {
+pub async fn campaign(node: &Node, leader: NodeId, member: Option<NodeId>) -> Result<(), ApiError> {
+    let from = member.unwrap_or(leader);
+    if member.is_some_and(|m| m != leader) || node.leader() != Some(from) {
         return Err(ApiError::Forbidden(format!("only the current leader may ask for a campaign, not node {from}")));
     }
     tracing::info!(from, "campaigning: the leader hands over");

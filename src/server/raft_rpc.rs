@@ -10,6 +10,60 @@ use super::error::ApiError;
 use super::Node;
 use crate::http::{json, Body, Conn};
 use crate::raft::guard::{self, Peers};
+use crate::raft::types::{NodeId, TypeConfig, Vote};
+
+/// A decoded peer RPC, not yet checked.
+#[derive(Debug)]
+pub enum PeerRpc {
+    Append(openraft::raft::AppendEntriesRequest<TypeConfig>),
+    Vote(openraft::raft::VoteRequest<NodeId>),
+    Snapshot(openraft::raft::InstallSnapshotRequest<TypeConfig>),
+    /// The leader asks this node to campaign (`members::handover`).
+    Campaign {
+        leader: NodeId,
+    },
+}
+
+impl PeerRpc {
+    /// The vote a Raft RPC carries (its sender and term).
+    pub fn vote(&self) -> Option<&Vote> {
+        match self {
+            PeerRpc::Append(r) => Some(&r.vote),
+            PeerRpc::Vote(r) => Some(&r.vote),
+            PeerRpc::Snapshot(r) => Some(&r.vote),
+            PeerRpc::Campaign { .. } => None,
+        }
+    }
+
+    /// `raft::guard`'s checks, before openraft sees it.
+    pub fn check(&self, peers: &Peers) -> Result<(), String> {
+        match self {
+            PeerRpc::Append(r) => guard::append_request(r, peers),
+            PeerRpc::Vote(r) => guard::vote_request(r, peers),
+            PeerRpc::Snapshot(r) => guard::snapshot_request(r, peers),
+            PeerRpc::Campaign { .. } => Ok(()),
+        }
+    }
+}
+
+/// The body of `POST /raft/{rpc}`; `NotFound` for an `rpc` that is none.
+pub fn decode(rpc: &str, body: &[u8]) -> Result<PeerRpc, ApiError> {
+    match rpc {
+        "append" => Ok(PeerRpc::Append(json_of(body)?)),
+        "vote" => Ok(PeerRpc::Vote(json_of(body)?)),
+        "snapshot" => Ok(PeerRpc::Snapshot(json_of(body)?)),
+        "campaign" => {
+            #[derive(serde::Deserialize)]
+            struct Ask {
+                leader: NodeId,
+            }
+            let ask: Ask =
+                serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("bad campaign request: {e}")))?;
+            Ok(PeerRpc::Campaign { leader: ask.leader })
+        }
+        _ => Err(ApiError::NotFound),
+    }
+}
 
 /// `member`: with TLS, the member the connection's certificate names.
 pub async fn handle(
@@ -20,52 +74,36 @@ pub async fn handle(
     conn: &Conn,
 ) -> Result<Response<Body>, ApiError> {
     let raft = &node.raft;
+    let rpc_name = rpc;
+    let rpc = decode(rpc, body)?;
     // The sender an RPC claims (the vote's leader or candidate) must be the
     // member its certificate names: node 2 cannot speak as node 3.
-    let certified = |vote: &openraft::Vote<crate::raft::types::NodeId>| {
-        let sender = vote.leader_id.node_id;
-        if member.is_none_or(|m| m == sender) {
-            return Ok(());
+    if let Some(sender) = rpc.vote().map(|v| v.leader_id.node_id) {
+        if member.is_some_and(|m| m != sender) {
+            crate::audit::peer_refused(
+                conn.addr,
+                &format!("a {rpc_name} claiming member {sender}, whose certificate it is not"),
+            );
+            return Err(ApiError::Forbidden(format!("the client certificate does not name member {sender}")));
         }
-        crate::audit::peer_refused(
-            conn.addr,
-            &format!("a {rpc} claiming member {sender}, whose certificate it is not"),
-        );
-        Err(ApiError::Forbidden(format!("the client certificate does not name member {sender}")))
-    };
+    }
     let members = |id| node.knows(id);
     let peers = Peers { me: node.id, members: &members };
-    let refuse = |e: String| {
-        tracing::warn!(rpc, "refused raft rpc: {e}");
+    rpc.check(&peers).map_err(|e| {
+        tracing::warn!(rpc = rpc_name, "refused raft rpc: {e}");
         ApiError::BadRequest(format!("refused raft rpc: {e}"))
-    };
+    })?;
     match rpc {
-        "append" => {
-            let req: openraft::raft::AppendEntriesRequest<_> = decode(body)?;
-            certified(&req.vote)?;
-            guard::append_request(&req, &peers).map_err(refuse)?;
-            Ok(json(StatusCode::OK, &raft.append_entries(req).await))
-        }
-        "vote" => {
-            let req: openraft::raft::VoteRequest<_> = decode(body)?;
-            certified(&req.vote)?;
-            guard::vote_request(&req, &peers).map_err(refuse)?;
-            Ok(json(StatusCode::OK, &raft.vote(req).await))
-        }
-        "snapshot" => {
-            let req: openraft::raft::InstallSnapshotRequest<_> = decode(body)?;
-            certified(&req.vote)?;
-            guard::snapshot_request(&req, &peers).map_err(refuse)?;
-            Ok(json(StatusCode::OK, &raft.install_snapshot(req).await))
-        }
-        "campaign" => {
-            super::members::campaign(node, body, member).await?;
+        PeerRpc::Append(req) => Ok(json(StatusCode::OK, &raft.append_entries(req).await)),
+        PeerRpc::Vote(req) => Ok(json(StatusCode::OK, &raft.vote(req).await)),
+        PeerRpc::Snapshot(req) => Ok(json(StatusCode::OK, &raft.install_snapshot(req).await)),
+        PeerRpc::Campaign { leader } => {
+            super::members::campaign(node, leader, member).await?;
             Ok(json(StatusCode::OK, &serde_json::json!({ "campaigning": true })))
         }
-        _ => Err(ApiError::NotFound),
     }
 }
 
-fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+fn json_of<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("bad raft rpc: {e}")))
 }

@@ -43,14 +43,16 @@ async fn deliver(tx: &mpsc::Sender<Bytes>, line: Bytes) -> bool {
 /// Which keys a watcher may see (its identity's `watch` right).
 pub type Visible = Box<dyn Fn(&str) -> bool + Send + Sync>;
 
-/// Open a stream of `query`'s prefix. `may_open` says whether the watcher
-/// may watch anything under it; it then sees only the keys `visible` allows.
-pub fn stream(
-    node: Arc<Node>,
-    query: Option<&str>,
-    may_open: impl FnOnce(&str) -> Result<(), ApiError>,
-    visible: Visible,
-) -> Result<Response<Body>, ApiError> {
+/// A watch's query: the key prefix (empty: every key) and the revision to
+/// resume after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchParams {
+    pub prefix: String,
+    pub after: Option<u64>,
+}
+
+/// Read `prefix=P[&after=REV]`, each value percent-decoded once and checked.
+pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
     let mut prefix = String::new();
     let mut after = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -78,6 +80,18 @@ pub fn stream(
         }
         crate::lock::validate::key(probe)?;
     }
+    Ok(WatchParams { prefix, after })
+}
+
+/// Open a stream of `query`'s prefix. `may_open` says whether the watcher
+/// may watch anything under it; it then sees only the keys `visible` allows.
+pub fn stream(
+    node: Arc<Node>,
+    query: Option<&str>,
+    may_open: impl FnOnce(&str) -> Result<(), ApiError>,
+    visible: Visible,
+) -> Result<Response<Body>, ApiError> {
+    let WatchParams { prefix, after } = params(query)?;
     may_open(&prefix)?;
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(run(node, prefix, visible, after, tx));

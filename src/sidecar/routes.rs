@@ -630,7 +630,7 @@ impl KeyTemplate {
 ///
 /// Not covered: an upstream that ignores case (`/RACKS/42`) must be given
 /// routes that cover every case itself.
-fn canonical(path: &str) -> Result<&str, MatchError> {
+pub fn canonical(path: &str) -> Result<&str, MatchError> {
     let malformed = |why: &str| {
         let shown: String = path.chars().take(128).collect();
         MatchError::MalformedPath(format!("{shown:?}: {why}"))
