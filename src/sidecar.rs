@@ -190,7 +190,7 @@ impl Sidecar {
         };
         let route = matched.route;
         let name = route.name.as_str();
-        let permit = match &matched.key {
+        let mut cleared = match &matched.key {
             Some(key) => {
                 let checked = self.fencer.check(route, key, req.headers(), arrived).await;
                 self.metrics.fence_wait.with_label_values(&[name]).observe(arrived.elapsed().as_secs_f64());
@@ -249,12 +249,26 @@ impl Sidecar {
             } else {
                 Limited::new(body, limits.max_body as usize).map_err(|e| -> BoxError { e }).boxed()
             };
+        // Decided again here, after the floor's fsync, a buffered body and
+        // an idempotency record: those may take longer than the knowledge
+        // the check stood on stays vouched for (`max_staleness`).
+        let dispatched = match &mut cleared {
+            Some(c) => self.fencer.dispatch(c).await,
+            None => Ok(()),
+        };
         let started = Instant::now();
         let tls = live.settings.tls.is_some();
         let req = Request::from_parts(parts, body);
-        let result = live.upstream.forward(&route.upstream, req, peer, tls, route.timeout, limits.send_timeout).await;
-        self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
-        match (&result, permit) {
+        let result = match dispatched {
+            Ok(()) => {
+                let r =
+                    live.upstream.forward(&route.upstream, req, peer, tls, route.timeout, limits.send_timeout).await;
+                self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
+                r
+            }
+            Err(a) => Err(a),
+        };
+        match (&result, cleared.map(|c| c.permit)) {
             // The exchange broke after the request may have reached the
             // upstream, which may still apply it: keep higher tokens waiting
             // until the route's timeout, as if it had never answered (S1).
