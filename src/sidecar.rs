@@ -104,7 +104,8 @@ impl Sidecar {
         let view = match (&settings.lock_service, tls.lock_service, needs_service) {
             (Some(service), Some(options), true) => {
                 let client = Client::with_options(service.endpoints.clone(), options)?;
-                Some(LockView::start(client, metrics.clone(), service.max_staleness))
+                let probing = settings.routes.iter().any(|r| r.fence.trusts_the_watch());
+                Some(LockView::start(client, metrics.clone(), service.max_staleness, probing))
             }
             _ => None,
         };
@@ -485,7 +486,7 @@ fn start_at_zero(metrics: &SidecarMetrics, settings: &SidecarSettings) {
     metrics.start_at_zero("-", answer::refusals(Phase::Unrouted), false);
     for r in settings.routes.iter() {
         metrics.start_at_zero(&r.name, answer::refusals(Phase::Routed), r.idempotency.is_some());
-        if r.fence.trusts_the_watch() {
+        if r.fence.needs_lock_service() {
             metrics.stale_knowledge_reads.with_label_values(&[&r.name]);
         }
     }

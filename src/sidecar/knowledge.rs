@@ -43,6 +43,8 @@ use crate::metrics::SidecarMetrics;
 /// sends a heartbeat every 5 s).
 const STREAM_SILENCE: Duration = Duration::from_secs(12);
 const MAX_LINE: usize = 64 << 10;
+/// How often a quiet stream is checked for being behind the probes.
+const BEHIND_TICK: Duration = Duration::from_millis(100);
 
 /// What is known of one key from the lock service.
 #[derive(Debug, Clone, Copy, Default)]
@@ -100,13 +102,16 @@ pub struct LockView {
     freshness: Mutex<Freshness>,
     max_staleness: Duration,
     started: Instant,
+    /// Whether some route is `cached` (only they use the proof): no probes
+    /// otherwise. Set again by a reload.
+    probing: AtomicBool,
 }
 
 impl LockView {
     /// Start watching the lock service behind `client`, whose endpoints are
     /// also used for the stream, and probing it so that `cached` routes may
     /// trust the stream for `max_staleness` after each proof.
-    pub fn start(client: Client, metrics: SidecarMetrics, max_staleness: Duration) -> Arc<Self> {
+    pub fn start(client: Client, metrics: SidecarMetrics, max_staleness: Duration, probing: bool) -> Arc<Self> {
         let endpoints = client.endpoints().to_vec();
         // The stream's own client: same TLS and token, but lines, not bodies, are bounded.
         let http = client.options().http_client(MAX_LINE).expect("the client was built from these options");
@@ -120,10 +125,26 @@ impl LockView {
             freshness: Mutex::default(),
             max_staleness,
             started: Instant::now(),
+            probing: AtomicBool::new(probing),
         });
         tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints, http));
         tokio::spawn(probe_forever(Arc::downgrade(&view)));
         view
+    }
+
+    /// Probe (or stop probing) as routes that trust the watch come and go.
+    pub fn set_probing(&self, probing: bool) {
+        self.probing.store(probing, Ordering::Relaxed);
+    }
+
+    /// Why the stream should be dropped for another endpoint's: a probe's
+    /// revision it has not reached for `behind_patience` (its node lags the
+    /// leader, or lost it and streams nothing).
+    fn behind(&self, now: Instant) -> Option<String> {
+        let patience = freshness::behind_patience(self.max_staleness);
+        let f = self.freshness();
+        freshness::behind(f.oldest_waiting(), now, patience)
+            .then(|| format!("the stream has not reached revision {} (a probe's) within {patience:?}", f.awaited()))
     }
 
     fn freshness(&self) -> std::sync::MutexGuard<'_, Freshness> {
@@ -270,10 +291,14 @@ async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>, 
     // A lock service that stays down fails every attempt: one line per
     // interval, not one per attempt.
     let mut failures = crate::log_limit::Window::new(crate::log_limit::EVERY);
+    // `progress=1` keeps the stream's position up with the revision (what
+    // the probes' proof waits for); a node older than it answers 400, and
+    // is watched without it (the proof then waits for its heartbeats).
+    let mut progress = true;
     for endpoint in endpoints.iter().cycle() {
         let Some(v) = view.upgrade() else { return };
         let mut delivered = 0u64;
-        match follow(&v, &http, endpoint, &mut after, &mut delivered).await {
+        match follow(&v, &http, endpoint, &mut after, &mut progress, &mut delivered).await {
             Ok(()) => tracing::info!(%endpoint, "watch stream ended; reconnecting"),
             Err(e) => {
                 if let Some(more) = failures.hit(std::time::Instant::now()) {
@@ -301,8 +326,12 @@ async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>, 
 async fn probe_forever(view: std::sync::Weak<LockView>) {
     const PROBES: usize = 4;
     let Some(v) = view.upgrade() else { return };
-    let (every, client) = (v.max_staleness / 3, v.client.clone());
+    let (every, client, max_staleness) = (v.max_staleness / 3, v.client.clone(), v.max_staleness);
     drop(v);
+    // A probe that fails fails every third of `max_staleness`: one line per
+    // interval, naming the cause (403: no `watch` right; 404: a node
+    // without `GET /v1/revision`; TLS), not one per probe.
+    let failures = Arc::new(Mutex::new(crate::log_limit::Window::new(crate::log_limit::EVERY)));
     let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -310,18 +339,36 @@ async fn probe_forever(view: std::sync::Weak<LockView>) {
         tick.tick().await;
         let Some(v) = view.upgrade() else { return };
         v.metrics.knowledge_age.set(v.age(Instant::now()).as_secs_f64());
+        let probing = v.probing.load(Ordering::Relaxed);
         drop(v);
+        if !probing {
+            continue;
+        }
         if in_flight.fetch_add(1, Ordering::AcqRel) >= PROBES {
             in_flight.fetch_sub(1, Ordering::AcqRel);
             continue;
         }
-        let (view, client, in_flight) = (view.clone(), client.clone(), in_flight.clone());
+        let (view, client, in_flight, failures) = (view.clone(), client.clone(), in_flight.clone(), failures.clone());
         tokio::spawn(async move {
             let sent = Instant::now();
             let answer = client.revision().await;
             in_flight.fetch_sub(1, Ordering::AcqRel);
-            if let (Ok(rev), Some(v)) = (answer, view.upgrade()) {
-                v.freshness().answered(sent, rev);
+            let Some(v) = view.upgrade() else { return };
+            // Not cut short (the client's failover needs its own deadlines),
+            // but an answer `max_staleness` or more after the send proves
+            // nothing still usable: counted as a failure.
+            let failed = match answer {
+                Ok(rev) if freshness::trusted(Some(sent), Instant::now(), max_staleness) => {
+                    v.freshness().answered(sent, rev);
+                    return;
+                }
+                Ok(_) => format!("answered {:?} after it was sent", sent.elapsed()),
+                Err(e) => e.to_string(),
+            };
+            v.metrics.freshness_probe_failures.inc();
+            let more = failures.lock().unwrap_or_else(|p| p.into_inner()).hit(std::time::Instant::now());
+            if let Some(more) = more {
+                tracing::warn!("freshness probe (GET /v1/revision) failed: {failed}{more}");
             }
         });
     }
@@ -334,13 +381,21 @@ async fn follow(
     http: &HttpClient,
     endpoint: &str,
     after: &mut Option<u64>,
+    progress: &mut bool,
     delivered: &mut u64,
 ) -> Result<(), String> {
-    let url = match after {
-        Some(rev) => format!("{endpoint}{}?prefix=&after={rev}", wire::WATCH_PATH),
-        None => format!("{endpoint}{}?prefix=", wire::WATCH_PATH),
-    };
+    let mut url = format!("{endpoint}{}?prefix=", wire::WATCH_PATH);
+    if let Some(rev) = after {
+        url.push_str(&format!("&after={rev}"));
+    }
+    if *progress {
+        url.push_str("&progress=1");
+    }
     let resp = http.open(&url, Duration::from_secs(3)).await.map_err(|e| e.to_string())?;
+    if resp.status() == hyper::StatusCode::BAD_REQUEST && *progress {
+        *progress = false;
+        return Err(format!("{url} answered 400 (a node without progress=1?); watching without it"));
+    }
     if !resp.status().is_success() {
         return Err(format!("{url} answered {}", resp.status()));
     }
@@ -349,10 +404,26 @@ async fn follow(
     // one comes first without `after`, and after a `resync` line.
     let mut dump = after.is_none().then(|| (std::collections::HashSet::new(), None));
     loop {
-        let line = tokio::time::timeout(STREAM_SILENCE, lines.next_line(MAX_LINE))
-            .await
-            .map_err(|_| format!("no line for {STREAM_SILENCE:?}"))?
-            .map_err(|e| e.to_string())?;
+        let line = {
+            // Not cancelled between ticks (a line half read stays read).
+            let next = lines.next_line(MAX_LINE);
+            tokio::pin!(next);
+            let silent_until = Instant::now() + STREAM_SILENCE;
+            loop {
+                tokio::select! {
+                    line = &mut next => break line.map_err(|e| e.to_string())?,
+                    () = tokio::time::sleep(BEHIND_TICK) => {
+                        let now = Instant::now();
+                        if now >= silent_until {
+                            return Err(format!("no line for {STREAM_SILENCE:?}"));
+                        }
+                        if let Some(why) = view.behind(now) {
+                            return Err(why);
+                        }
+                    }
+                }
+            }
+        };
         let Some(line) = line else { return Ok(()) };
         let l: WatchLine = serde_json::from_slice(&line).map_err(|e| format!("bad watch line: {e}"))?;
         match (&l, &mut dump) {
@@ -403,6 +474,11 @@ async fn follow(
         }
         *delivered += 1;
         view.set_up(true);
+        // A node behind its leader may stream lines (heartbeats of its old
+        // revision) that never reach what the probes answered.
+        if let Some(why) = view.behind(Instant::now()) {
+            return Err(why);
+        }
     }
 }
 
@@ -457,7 +533,7 @@ mod tests {
         let count = Arc::new(AtomicUsize::new(0));
         let url = slow_reads(count.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250));
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), true);
         let arrived = Instant::now();
         let readers: Vec<_> = (0..10)
             .map(|_| {
@@ -484,7 +560,7 @@ mod tests {
     async fn a_state_dump_ends_the_keys_it_no_longer_lists() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250));
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), true);
         for (key, token) in [("rack/gone", 30), ("rack/listed", 35), ("rack/later", 45)] {
             view.learn(key, token, true);
         }
