@@ -82,7 +82,7 @@ impl Fencer {
         // ended unseen would still look live).
         let watch_down = self.view.as_ref().is_some_and(|v| !v.is_up());
         let cached = mode != FenceMode::Observed && consistency == Consistency::Cached;
-        let stale = cached && !watch_down && !self.trusted(None);
+        let stale = cached && !watch_down && !self.trusted(key, None);
         let needs_read =
             mode != FenceMode::Observed && (consistency == Consistency::Linearizable || watch_down || stale);
         // The send time of a read of this key that vouches for it (it
@@ -139,11 +139,11 @@ impl Fencer {
         }
         let reject =
             |reason, current| Answer::Rejected(Rejection { reason, key: c.key.clone(), token: Some(c.token), current });
-        if !self.trusted(c.read_at) {
+        if !self.trusted(&c.key, c.read_at) {
             self.count_stale(&c.route);
             let sent = Instant::now();
             self.read(&c.key, sent).await.map_err(|_| reject(Reason::LockServiceUnavailable, None))?;
-            if !self.trusted(Some(sent)) {
+            if !self.trusted(&c.key, Some(sent)) {
                 return Err(reject(Reason::LockServiceUnavailable, None));
             }
             c.read_at = Some(sent);
@@ -154,12 +154,12 @@ impl Fencer {
         }
     }
 
-    /// Whether the watch's knowledge (or a read of the key sent at
-    /// `read_at`) may be trusted now, within `max_staleness`.
-    fn trusted(&self, read_at: Option<Instant>) -> bool {
+    /// Whether what is known of `key` (the watch's knowledge, or a read of
+    /// the key sent at `read_at`) may be trusted now, within `max_staleness`.
+    fn trusted(&self, key: &str, read_at: Option<Instant>) -> bool {
         let Some(view) = &self.view else { return true };
         let now = Instant::now();
-        view.trusted(now) || read_at.is_some_and(|at| view.read_trusted(at, now))
+        view.trusted(key, now) || read_at.is_some_and(|at| view.read_trusted(at, now))
     }
 
     fn count_stale(&self, route: &str) {

@@ -86,6 +86,21 @@ impl Freshness {
     }
 }
 
+/// Whether what is known of one key may be trusted at `now`: the watch's
+/// knowledge proven at `proven`, if the stream covers the key (`watched`),
+/// or the latest read of the key, sent at `read_at`, within `max_staleness`.
+/// A key the stream never told of (the sidecar may read it but not watch
+/// it) is not covered by the probes' proof.
+pub fn key_trusted(
+    watched: bool,
+    proven: Option<Instant>,
+    read_at: Option<Instant>,
+    now: Instant,
+    max_staleness: Duration,
+) -> bool {
+    (watched && trusted(proven, now, max_staleness)) || trusted(read_at, now, max_staleness)
+}
+
 /// How long the stream may stay short of a probe's revision before it is
 /// taken for stuck behind the leader (and reopened on another endpoint):
 /// four times `max_staleness`, at least 1 s (a loaded node's normal lag is
@@ -208,6 +223,19 @@ mod tests {
         assert!(behind(f.oldest_waiting(), t0 + patience, patience));
         f.delivered(13);
         assert!(!behind(f.oldest_waiting(), t0 + ms(5000), patience), "caught up: nothing waits");
+    }
+
+    /// A key the stream never told of is trusted only until its read's
+    /// send time plus `max_staleness`, however fresh the proof.
+    #[test]
+    fn an_unwatched_key_is_trusted_only_as_long_as_its_read() {
+        let t0 = Instant::now();
+        let fresh = Some(t0 + ms(1000));
+        assert!(key_trusted(true, fresh, None, t0 + ms(1100), MAX));
+        assert!(!key_trusted(false, fresh, None, t0 + ms(1100), MAX), "no read: nothing vouches");
+        assert!(key_trusted(false, fresh, Some(t0 + ms(900)), t0 + ms(1100), MAX));
+        assert!(!key_trusted(false, fresh, Some(t0 + ms(800)), t0 + ms(1100), MAX), "the read is too old");
+        assert!(key_trusted(true, None, Some(t0 + ms(900)), t0 + ms(1100), MAX), "a recent read vouches too");
     }
 
     #[test]

@@ -20,7 +20,9 @@
 //! The service forgets idle keys (compaction). A key it no longer has is
 //! ended: a read says so with `compacted_below`, and a state dump (at the
 //! start of a stream, or after a resync) that does not list a known key
-//! says so too. That needs the `watch` right on every key the routes use.
+//! says so too. That needs the `watch` right on every key the routes use; a
+//! key only reads told of is trusted only as long as its latest read
+//! (`freshness::key_trusted`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +55,12 @@ struct Known {
     live: bool,
     /// `live` was cleared only by a state dump that did not list the key.
     presumed_ended: bool,
+    /// The watch stream has told of the key (a state line or an event): the
+    /// probes' proof covers it. A key only reads told of (one this sidecar
+    /// may read but not watch) is vouched for by its latest read alone.
+    watched: bool,
+    /// When the latest read of the key that answered was sent.
+    read_at: Option<Instant>,
 }
 
 impl Known {
@@ -151,10 +159,15 @@ impl LockView {
         self.freshness.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a `cached` route may still decide from what it knows at
-    /// `now` without asking the lock service.
-    pub fn trusted(&self, now: Instant) -> bool {
-        freshness::trusted(self.freshness().proven(), now, self.max_staleness)
+    /// Whether a route may still decide from what it knows of `key` at
+    /// `now` without asking the lock service: the watch's knowledge, proven
+    /// current less than `max_staleness` ago, if the stream has told of the
+    /// key (or of none: nothing granted is then known); a read of the key
+    /// sent that recently, if not.
+    pub fn trusted(&self, key: &str, now: Instant) -> bool {
+        let proven = self.freshness().proven();
+        let (watched, read_at) = self.keys.get(key).map_or((true, None), |k| (k.watched, k.read_at));
+        freshness::key_trusted(watched, proven, read_at, now, self.max_staleness)
     }
 
     /// Whether a read of one key that started at `read_at` still vouches for
@@ -211,22 +224,29 @@ impl LockView {
             // inventing paths to make the sidecar remember).
             return;
         }
-        self.keys.entry(key.to_string()).or_default().merge(token, held);
+        let mut k = self.keys.entry(key.to_string()).or_default();
+        k.merge(token, held);
+        k.watched = true;
     }
 
-    /// What a linearizable read said of `key`.
-    fn learn_read(&self, key: &str, info: &wire::LockInfo) {
-        match info.compacted_below {
+    /// What a linearizable read of `key`, sent at `sent`, said.
+    fn learn_read(&self, key: &str, info: &wire::LockInfo, sent: Instant) {
+        let mut k = match info.compacted_below {
             // Forgotten by the service: only what we knew can have ended.
             Some(below) if info.token == 0 => {
                 self.compacted_below.fetch_max(below, Ordering::Relaxed);
-                if let Some(mut k) = self.keys.get_mut(key) {
-                    k.merge_absent(below);
-                }
+                let Some(mut k) = self.keys.get_mut(key) else { return };
+                k.merge_absent(below);
+                k
             }
-            _ if info.token == 0 => {}
-            _ => self.keys.entry(key.to_string()).or_default().merge_read(info.token, info.held),
-        }
+            _ if info.token == 0 => return,
+            _ => {
+                let mut k = self.keys.entry(key.to_string()).or_default();
+                k.merge_read(info.token, info.held);
+                k
+            }
+        };
+        k.read_at = k.read_at.max(Some(sent));
     }
 
     /// A complete state dump of the table at revision `rev` listed only
@@ -260,7 +280,7 @@ impl LockView {
                         let outcome = client.read(&key).await;
                         let Some(v) = view.upgrade() else { return };
                         if let Ok(info) = &outcome {
-                            v.learn_read(&key, info);
+                            v.learn_read(&key, info, started);
                         }
                         {
                             // Only this read's entry: a newer one may have replaced it.
@@ -577,19 +597,50 @@ mod tests {
             expires_in_ms: None,
             compacted_below,
         };
-        view.learn_read("rack/listed", &info(0, Some(30)));
+        view.learn_read("rack/listed", &info(0, Some(30)), Instant::now());
         assert!(view.get("rack/listed").live, "a watermark below its grant says nothing of it");
-        view.learn_read("rack/listed", &info(0, Some(36)));
+        view.learn_read("rack/listed", &info(0, Some(36)), Instant::now());
         assert!(!view.get("rack/listed").live, "read as forgotten: ended");
         assert_eq!(view.get("rack/other").compacted_below, 36);
         // A presumption is undone by a read that finds the lease live (a key
         // the sidecar may read but not watch), a read's end is final.
         let gone = wire::LockInfo { key: "rack/gone".into(), held: true, token: 30, ..info(30, None) };
-        view.learn_read("rack/gone", &gone);
+        view.learn_read("rack/gone", &gone, Instant::now());
         assert!(view.get("rack/gone").live);
         view.learn("rack/gone", 30, true);
-        view.learn_read("rack/listed", &wire::LockInfo { held: true, ..info(35, None) });
+        view.learn_read("rack/listed", &wire::LockInfo { held: true, ..info(35, None) }, Instant::now());
         assert!(!view.get("rack/listed").live, "an end a read saw stays");
+    }
+
+    /// A key the stream never told of (readable, not watchable) is trusted
+    /// only until its read's send time plus `max_staleness`, however fresh
+    /// the probes' proof; a key the stream told of, and one nobody knows,
+    /// as long as the proof.
+    #[tokio::test]
+    async fn a_key_only_reads_told_of_is_trusted_no_longer_than_its_read() {
+        let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
+        let url = slow_reads(Arc::default()).await;
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), false);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        view.freshness().answered(t0, 0);
+        view.learn("rack/watched", 5, true);
+        let info = wire::LockInfo {
+            key: "rack/read".into(),
+            held: true,
+            token: 7,
+            holder: None,
+            expires_in_ms: None,
+            compacted_below: None,
+        };
+        view.learn_read("rack/read", &info, t0);
+        assert!(view.trusted("rack/watched", t0 + ms(100)) && view.trusted("rack/read", t0 + ms(100)));
+        view.freshness().answered(t0 + ms(300), 0);
+        assert!(view.trusted("rack/watched", t0 + ms(400)));
+        assert!(view.trusted("rack/unknown", t0 + ms(400)));
+        assert!(!view.trusted("rack/read", t0 + ms(400)), "its read is 400 ms old");
+        view.learn_read("rack/read", &info, t0 + ms(350));
+        assert!(view.trusted("rack/read", t0 + ms(400)));
     }
 
     #[test]
