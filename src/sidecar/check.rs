@@ -200,3 +200,56 @@ fn floor_key(mode: FenceMode, key: &str) -> String {
         FenceMode::Strict | FenceMode::Monotonic => key.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fencegate_client::Client;
+
+    use super::*;
+    use crate::metrics::SidecarMetrics;
+    use crate::sidecar::knowledge::tests::slow_reads;
+    use crate::sidecar::store::Store;
+
+    /// A fencer whose lock service answers reads of `rack/1` (token 34,
+    /// held) 150 ms after they are sent, and whose watch never proves
+    /// anything (the stand-in has no stream).
+    async fn fencer(dir: &std::path::Path, max_staleness: Duration) -> Fencer {
+        let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
+        let client = Client::new(vec![slow_reads(Arc::default()).await]).unwrap();
+        let (store, loaded) = Store::open(dir).unwrap();
+        Fencer {
+            view: Some(LockView::start(client, metrics, max_staleness, false)),
+            floors: Floors::new(Arc::new(store), loaded.floors),
+            order: Arc::default(),
+        }
+    }
+
+    async fn vouched(f: &Fencer) -> Result<(), Answer> {
+        let permit = f.order.enter("rack/1", 34).await.unwrap();
+        let mut c = Cleared {
+            permit,
+            mode: FenceMode::Strict,
+            token: 34,
+            key: "rack/1".into(),
+            route: "r".into(),
+            read_at: None,
+        };
+        f.vouch(&mut c).await
+    }
+
+    /// A read answered `max_staleness` or more after it was sent vouches for
+    /// nothing by then: 503, not a forward on what it said.
+    #[tokio::test]
+    async fn a_read_answered_after_max_staleness_vouches_for_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let slow = fencer(&dir.path().join("a"), Duration::from_millis(100)).await;
+        match vouched(&slow).await {
+            Err(Answer::Rejected(r)) => assert_eq!(r.reason, Reason::LockServiceUnavailable),
+            other => panic!("a 150 ms read under a 100 ms bound: {:?}", other.map_err(|a| a.to_string())),
+        }
+        let ok = fencer(&dir.path().join("b"), Duration::from_secs(1)).await;
+        assert!(vouched(&ok).await.is_ok(), "the same read within a 1 s bound vouches");
+    }
+}

@@ -503,7 +503,7 @@ async fn follow(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::convert::Infallible;
     use std::sync::atomic::AtomicUsize;
 
@@ -515,7 +515,7 @@ mod tests {
     use super::*;
 
     /// A stand-in lock service that answers key reads slowly and counts them.
-    async fn slow_reads(reads: Arc<AtomicUsize>) -> String {
+    pub(in crate::sidecar) async fn slow_reads(reads: Arc<AtomicUsize>) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move {
