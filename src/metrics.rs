@@ -235,6 +235,8 @@ pub struct SidecarMetrics {
     /// Checks on `cached` routes that read the lock service because the
     /// knowledge was older than `max_staleness`, by route.
     pub stale_knowledge_reads: IntCounterVec,
+    /// Probes (`GET /v1/revision`) that failed or were answered too late to prove anything.
+    pub freshness_probe_failures: IntCounter,
     /// result: `KeyResult`
     pub idempotency: IntCounterVec,
     /// Idempotency records held.
@@ -321,6 +323,13 @@ impl SidecarMetrics {
                         "Checks on cached routes that read the lock service because the knowledge was older than max_staleness",
                     ),
                     &["route"],
+                )?,
+            )?,
+            freshness_probe_failures: register(
+                r,
+                IntCounter::new(
+                    "fencegate_sidecar_freshness_probe_failures_total",
+                    "Freshness probes (GET /v1/revision) that failed, or were answered max_staleness or more after they were sent",
                 )?,
             )?,
             config_reloads: config_reloads(r, "fencegate_sidecar_config_reloads_total")?,

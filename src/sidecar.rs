@@ -104,7 +104,8 @@ impl Sidecar {
         let view = match (&settings.lock_service, tls.lock_service, needs_service) {
             (Some(service), Some(options), true) => {
                 let client = Client::with_options(service.endpoints.clone(), options)?;
-                Some(LockView::start(client, metrics.clone(), service.max_staleness))
+                let probing = settings.routes.iter().any(|r| r.fence.trusts_the_watch());
+                Some(LockView::start(client, metrics.clone(), service.max_staleness, probing))
             }
             _ => None,
         };
@@ -190,7 +191,7 @@ impl Sidecar {
         };
         let route = matched.route;
         let name = route.name.as_str();
-        let permit = match &matched.key {
+        let mut cleared = match &matched.key {
             Some(key) => {
                 let checked = self.fencer.check(route, key, req.headers(), arrived).await;
                 self.metrics.fence_wait.with_label_values(&[name]).observe(arrived.elapsed().as_secs_f64());
@@ -249,12 +250,26 @@ impl Sidecar {
             } else {
                 Limited::new(body, limits.max_body as usize).map_err(|e| -> BoxError { e }).boxed()
             };
+        // Decided again here, after the floor's fsync, a buffered body and
+        // an idempotency record: those may take longer than the knowledge
+        // the check stood on stays vouched for (`max_staleness`).
+        let dispatched = match &mut cleared {
+            Some(c) => self.fencer.dispatch(c).await,
+            None => Ok(()),
+        };
         let started = Instant::now();
         let tls = live.settings.tls.is_some();
         let req = Request::from_parts(parts, body);
-        let result = live.upstream.forward(&route.upstream, req, peer, tls, route.timeout, limits.send_timeout).await;
-        self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
-        match (&result, permit) {
+        let result = match dispatched {
+            Ok(()) => {
+                let r =
+                    live.upstream.forward(&route.upstream, req, peer, tls, route.timeout, limits.send_timeout).await;
+                self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
+                r
+            }
+            Err(a) => Err(a),
+        };
+        match (&result, cleared.map(|c| c.permit)) {
             // The exchange broke after the request may have reached the
             // upstream, which may still apply it: keep higher tokens waiting
             // until the route's timeout, as if it had never answered (S1).
@@ -471,7 +486,7 @@ fn start_at_zero(metrics: &SidecarMetrics, settings: &SidecarSettings) {
     metrics.start_at_zero("-", answer::refusals(Phase::Unrouted), false);
     for r in settings.routes.iter() {
         metrics.start_at_zero(&r.name, answer::refusals(Phase::Routed), r.idempotency.is_some());
-        if r.fence.trusts_the_watch() {
+        if r.fence.needs_lock_service() {
             metrics.stale_knowledge_reads.with_label_values(&[&r.name]);
         }
     }

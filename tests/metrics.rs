@@ -83,9 +83,17 @@ async fn series_exist_at_zero_and_every_refusal_is_counted() {
         assert_eq!(metric(&before, series), Some(0.0), "{series}\n{before}");
     }
     // The age of the sidecar's proof of freshness (max_staleness) is there
-    // from the start; a linearizable route never falls back for staleness.
+    // from the start; reads for staleness are counted per strict or
+    // monotonic route (a linearizable one re-reads at dispatch too), exactly
+    // those, at 0; probe failures at 0 (this sidecar has no cached route,
+    // so it sends no probes at all).
     assert!(metric(&before, "fencegate_sidecar_knowledge_age_seconds").is_some(), "{before}");
-    assert!(!before.contains("fencegate_sidecar_stale_knowledge_reads_total{route=\"rack-writes\"}"));
+    const STALE: &str = "fencegate_sidecar_stale_knowledge_reads_total";
+    let stale_series: Vec<String> = series_of(&before, STALE).into_iter().collect();
+    assert_eq!(stale_series, [format!("{STALE}{{route=\"rack-writes\"}}")], "{before}");
+    assert_eq!(metric(&before, &stale_series[0]), Some(0.0), "{before}");
+    const PROBE_FAILURES: &str = "fencegate_sidecar_freshness_probe_failures_total";
+    assert_eq!(metric(&before, PROBE_FAILURES), Some(0.0), "{before}");
     // A route without idempotency counts no keys.
     assert!(!before.contains(r#"fencegate_sidecar_idempotency_total{result="stored",route="reads"}"#));
     assert_eq!(metric(&node, r#"fencegate_config_reloads_total{result="refused"}"#), Some(0.0), "{node}");
@@ -148,4 +156,5 @@ async fn series_exist_at_zero_and_every_refusal_is_counted() {
     assert_eq!(sum(&after, "fencegate_sidecar_rejections_total{", ""), rejected, "{after}");
     assert!(up.seen().is_empty(), "a refusal reached the upstream");
     promtool_check("sidecar", &after);
+    assert_eq!(metric(&after, PROBE_FAILURES), Some(0.0), "no cached route, no probe: {after}");
 }

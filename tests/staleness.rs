@@ -15,18 +15,42 @@ use tokio::time::Instant;
 
 const MAX_STALENESS: Duration = Duration::from_millis(500);
 
-fn routes() -> String {
-    table(&[rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"]), everything_else()])
+const CACHED: &str = "{ mode: strict, consistency: cached }";
+const LINEARIZABLE: &str = "{ mode: strict, consistency: linearizable }";
+
+fn routes(fence: &str) -> String {
+    table(&[rack_writes(fence).methods(&["PUT"]), everything_else()])
 }
 
 async fn sidecar(c: &Cluster, name: &str, up: &Upstream, endpoints: &[String], max_staleness: &str) -> Sidecar {
+    sidecar_fenced(c, name, up, endpoints, max_staleness, CACHED).await
+}
+
+async fn sidecar_fenced(
+    c: &Cluster,
+    name: &str,
+    up: &Upstream,
+    endpoints: &[String],
+    max_staleness: &str,
+    fence: &str,
+) -> Sidecar {
     let o = SidecarOptions {
         lock_service: endpoints.to_vec(),
         lock_service_yaml: format!("  max_staleness: {max_staleness}\n"),
-        yaml: routes(),
+        yaml: routes(fence),
         ..Default::default()
     };
     Sidecar::start_with(c.bin(), c.dir().join(name), &up.url(), o).await
+}
+
+/// Refused for B's grant, or (while the read waits on the silent node)
+/// unavailable; never forwarded.
+fn assert_refused(status: u16, v: &serde_json::Value, b: u64, what: &str) {
+    match status {
+        409 => assert_eq!((v["error"].as_str(), v["current"].as_u64()), (Some("stale_token"), Some(b)), "{what}: {v}"),
+        503 => assert_eq!(v["error"].as_str(), Some("lock_service_unavailable"), "{what}: {v}"),
+        other => panic!("{what}: {other} {v}"),
+    }
 }
 
 /// Acquire through node 1's own API (no keepalives).
@@ -159,11 +183,15 @@ async fn a_watch_on_a_node_cut_from_its_leader_is_trusted_no_longer_than_max_sta
     let mut ids = vec![cut];
     ids.extend(c.ids().into_iter().filter(|id| *id != cut));
     let endpoints: Vec<String> = ids.iter().map(|id| c.url(*id)).collect();
-    let up = Upstream::start().await;
+    let (up, control_up) = (Upstream::start().await, Upstream::start().await);
     let sc = Arc::new(sidecar(&c, "sc", &up, &endpoints, "500ms").await);
+    // Control: the same watch, trusted for 10 s, still forwards A's write a
+    // second after B's grant: the cut node's stream does stay blind.
+    let control = Arc::new(sidecar(&c, "control", &control_up, &endpoints, "10s").await);
     let (path, key) = ("/racks/q", "rack/q");
     let (a, lease) = take(&c, key).await;
     assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
+    assert_eq!(control.send("PUT", path, Some(a), &[]).await.0, 200);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
 
@@ -177,6 +205,116 @@ async fn a_watch_on_a_node_cut_from_its_leader_is_trusted_no_longer_than_max_sta
     let b = v["token"].as_u64().unwrap();
     let (granted, granted_std) = (Instant::now(), std::time::Instant::now());
     let before = up.tokens(path).len();
+    let control_write = tokio::spawn(async move {
+        tokio::time::sleep_until(granted + Duration::from_secs(1)).await;
+        control.send("PUT", path, Some(a), &[]).await
+    });
     stale_writes_stop_within_the_bound(&sc, &up, path, (a, b), granted, granted_std, before).await;
+    let (status, v) = control_write.await.unwrap();
+    assert_eq!(
+        status, 200,
+        "the control did not forward A's write a second after B's grant: its watch was not blind ({v})"
+    );
     c.isolate(cut, false);
+}
+
+/// A fenced write whose request passed the check, then waited at the
+/// ordering barrier behind a slow write of an older token while the watch
+/// went silent and B was granted the key: it is decided again when it
+/// leaves the barrier, from knowledge vouched for less than `max_staleness`
+/// ago, and refused. Both a `cached` route and a `linearizable` one (whose
+/// read on arrival is 1.5 s old by then). Fails without the re-check at
+/// dispatch for linearizable routes (`Fencer::vouch` returning `Ok` for
+/// them: A's write forwarded with 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_held_at_the_barrier_is_decided_again_when_it_leaves() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let mut relays = vec![];
+    for id in c.ids() {
+        relays.push(Relay::start(c.port(id)).await);
+    }
+    let endpoints: Vec<String> = relays.iter().map(Relay::url).collect();
+    let up = Upstream::start().await;
+    let cached = Arc::new(sidecar_fenced(&c, "cached", &up, &endpoints, "500ms", CACHED).await);
+    let lin = Arc::new(sidecar_fenced(&c, "lin", &up, &endpoints, "500ms", LINEARIZABLE).await);
+    let key = "rack/w";
+    let (x, lease_x) = take(&c, key).await;
+    for sc in [&cached, &lin] {
+        assert_eq!(sc.send("PUT", "/racks/w", Some(x), &[]).await.0, 200);
+    }
+    // X's slow writes hold each sidecar's barrier for 2 s.
+    let delay = [(fencegate_testkit::upstream::DELAY_HEADER, "2000")];
+    let slow: Vec<_> = [&cached, &lin]
+        .map(|sc| {
+            let sc = sc.clone();
+            tokio::spawn(async move { sc.send("PUT", "/racks/w", Some(x), &delay).await })
+        })
+        .into();
+    up.wait_for_arrivals(4, Duration::from_secs(5)).await;
+    assert_eq!(raw("DELETE", &format!("{}/v1/leases/{lease_x}", c.url(1)), None).await.0, 200);
+    let (a, lease_a) = take(&c, key).await;
+    // A's writes pass the check (A holds the key) and wait behind X's.
+    let waiting: Vec<_> = [&cached, &lin]
+        .map(|sc| {
+            let sc = sc.clone();
+            tokio::spawn(async move { sc.send("PUT", "/racks/w", Some(a), &[]).await })
+        })
+        .into();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relays[0].set_black_hole(true);
+    assert_eq!(raw("DELETE", &format!("{}/v1/leases/{lease_a}", c.url(2)), None).await.0, 200);
+    let (b, _) = take(&c, key).await;
+    for s in slow {
+        assert_eq!(s.await.unwrap().0, 200);
+    }
+    for (w, what) in waiting.into_iter().zip(["cached", "linearizable"]) {
+        let (status, v) = w.await.unwrap();
+        assert_refused(status, &v, b, &format!("{what}: A's write that waited at the barrier"));
+    }
+    assert!(!up.tokens("/racks/w").contains(&Some(a)), "A's write reached the upstream: {:?}", up.tokens("/racks/w"));
+}
+
+/// A chunked write is read whole before it is forwarded; its head passed
+/// the check, then its body took a second to come while the watch went
+/// silent and B was granted the key. It is decided again after the body,
+/// immediately before dispatch, and refused. Fails without the check at
+/// dispatch (`Fencer::dispatch` returning `Ok`: 200, and the upstream
+/// applies A's write a second after B's grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_outlasts_max_staleness_is_decided_again_at_dispatch() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let mut relays = vec![];
+    for id in c.ids() {
+        relays.push(Relay::start(c.port(id)).await);
+    }
+    let endpoints: Vec<String> = relays.iter().map(Relay::url).collect();
+    let up = Upstream::start().await;
+    let sc = sidecar(&c, "sc", &up, &endpoints, "500ms").await;
+    let (path, key) = ("/racks/c", "rack/c");
+    let (a, lease) = take(&c, key).await;
+    assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let port: u16 = sc.url().rsplit(':').next().unwrap().parse().unwrap();
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let head = format!(
+        "PUT {path} HTTP/1.1\r\nHost: x\r\nx-fence-token: {a}\r\ncontent-type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{{}}\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    // The head is checked at once (A holds the key, proven within the
+    // bound); the sidecar now waits for the rest of the body.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    relays[0].set_black_hole(true);
+    assert_eq!(raw("DELETE", &format!("{}/v1/leases/{lease}", c.url(2)), None).await.0, 200);
+    let (b, _) = take(&c, key).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    conn.write_all(b"0\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(15), conn.read_to_string(&mut out)).await.unwrap().unwrap();
+    let status: u16 = out.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    assert_refused(status, &v, b, &format!("A's write whose body ended 1 s after B's grant ({out})"));
+    assert_eq!(up.tokens(path).len(), 1, "A's late write reached the upstream");
 }

@@ -56,8 +56,16 @@ const NODE_YAML: &str =
 const LIVENESS_BOUND_MS: f64 = 10_000.0;
 
 /// The sidecar's `lock_service.max_staleness` (its default): how long after
-/// a newer grant completed an older token's write may still be applied.
-const MAX_STALENESS_MS: f64 = 250.0;
+/// a newer grant completed an older token's write may still be dispatched.
+const MAX_STALENESS_MS: f64 = 1000.0;
+
+/// What the checker allows on top of `MAX_STALENESS_MS`: it measures when
+/// the upstream *applied* a write, which follows the sidecar's last decision
+/// by the request's transfer, the upstream's reading of the small body and
+/// the scheduling of both on a loaded 2-core runner. Not part of the bound
+/// the sidecar promises (to dispatch); a sidecar that ignored the bound
+/// would exceed it by seconds (the stream is blind until its 12 s silence).
+const APPLY_MARGIN_MS: f64 = 250.0;
 
 struct Arm {
     name: &'static str,
@@ -146,7 +154,8 @@ async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
         }
     }
     let ops = history.ops();
-    let (window, window_ms) = checker::stale_window(&ops, &applied_at(&up, &w, &history), MAX_STALENESS_MS);
+    let (window, window_ms) =
+        checker::stale_window(&ops, &applied_at(&up, &w, &history), MAX_STALENESS_MS + APPLY_MARGIN_MS);
     let reports = vec![
         checker::upstream_order(&applied(&up, &w, "")),
         checker::token_order(&ops),
@@ -228,7 +237,7 @@ fn summary(arms: &[&Arm], seed: u64) -> String {
         let longest = arm.window_ms.map_or("none".into(), |ms| format!("{ms:.0} ms"));
         t.put(
             i,
-            format!("stale write applied after a newer grant, longest (max_staleness {MAX_STALENESS_MS:.0} ms)"),
+            format!("stale write applied after a newer grant, longest (max_staleness {MAX_STALENESS_MS:.0} ms + {APPLY_MARGIN_MS:.0} ms margin)"),
             longest,
         );
     }

@@ -62,7 +62,7 @@ pub struct SidecarConfig {
 /// How long a `cached` route trusts its knowledge after it was last proven
 /// current, by default: half the lock service's default shortest TTL
 /// (`lease.min_ttl`, 500 ms).
-pub const DEFAULT_MAX_STALENESS: Duration = Duration::from_millis(250);
+pub const DEFAULT_MAX_STALENESS: Duration = Duration::from_secs(1);
 /// Probes go out every third of it: below this they would be a load of
 /// their own on the leader.
 const MIN_MAX_STALENESS: Duration = Duration::from_millis(50);

@@ -127,6 +127,7 @@ async fn stopping_ends_watch_streams_and_parked_acquires_so_the_drain_is_quick()
     let mut lines =
         fencegate_client::http::LineReader::new(http.open(&watch, Duration::from_secs(5)).await.unwrap().into_body());
     lines.next_line(1 << 16).await.unwrap().expect("the state line");
+    lines.next_line(1 << 16).await.unwrap().expect("the heartbeat that ends the dump");
     let waiting = {
         let (http, url) = (http.clone(), format!("{}{}stop/k", n.url, wire::LOCKS_PATH));
         tokio::spawn(async move {
@@ -456,6 +457,12 @@ async fn the_api_description_is_served_and_generated_clients_spellings_are_under
     node.shutdown().await;
 }
 
+/// The next watch line within `ms` milliseconds (`None`: none came).
+async fn next_line_within(lines: &mut fencegate_client::http::LineReader, ms: u64) -> Option<WatchLine> {
+    let line = tokio::time::timeout(Duration::from_millis(ms), lines.next_line(1 << 16)).await;
+    line.ok().map(|l| decode::<WatchLine>(&l.unwrap().unwrap()))
+}
+
 /// `GET /v1/revision` answers the applied revision to whoever may watch
 /// something (403 otherwise), and a watcher's stream keeps up with it: events
 /// it may not see are followed at once by a heartbeat at their revision, not
@@ -475,14 +482,32 @@ async fn the_revision_is_read_linearizably_and_invisible_events_move_a_watch_on(
     let as_ = |id: &str| HttpClient::new(1 << 20).with_bearer(id).unwrap();
     let options = fencegate_client::ClientOptions { token: Some("admin".into()), ..Default::default() };
     let admin = Client::with_options(vec![url.clone()], options).unwrap();
-    let watch = format!("{url}{}?prefix=", wire::WATCH_PATH);
-    let mut lines = fencegate_client::http::LineReader::new(as_("watcher").open(&watch, t).await.unwrap().into_body());
-    let lease = admin.acquire("other/k", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
-    let line = tokio::time::timeout(Duration::from_secs(2), lines.next_line(1 << 16)).await;
-    match line.map(|l| decode::<WatchLine>(&l.unwrap().unwrap())) {
-        Ok(WatchLine::Heartbeat { rev }) => assert_eq!(rev, lease.token()),
-        other => panic!("expected a heartbeat at once, got {other:?}"),
+    let first = admin.acquire("other/first", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    let open = |query: &'static str| {
+        let (watch, client) = (format!("{url}{}?prefix={query}", wire::WATCH_PATH), as_("watcher"));
+        async move { fencegate_client::http::LineReader::new(client.open(&watch, t).await.unwrap().into_body()) }
+    };
+    // Both streams: the (empty) dump is followed at once by a heartbeat at
+    // the revision it reflects, not 5 s later.
+    let mut plain = open("").await;
+    let mut progress = open("&progress=1").await;
+    for lines in [&mut plain, &mut progress] {
+        match next_line_within(lines, 2000).await {
+            Some(WatchLine::Heartbeat { rev }) => assert_eq!(rev, first.token()),
+            other => panic!("expected a heartbeat right after the dump, got {other:?}"),
+        }
     }
+    let lease = admin.acquire("other/k", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    match next_line_within(&mut progress, 2000).await {
+        Some(WatchLine::Heartbeat { rev }) => assert_eq!(rev, lease.token()),
+        other => panic!("expected a heartbeat at once with progress=1, got {other:?}"),
+    }
+    // Without `progress=1`, nothing tells the watcher when events it may
+    // not see happen.
+    assert_eq!(next_line_within(&mut plain, 1000).await, None, "a line after an invisible event without progress=1");
+    let bad = format!("{url}{}?prefix=&progress=yes", wire::WATCH_PATH);
+    assert_eq!(as_("watcher").call(Method::GET, &bad, None, t).await.unwrap().status, StatusCode::BAD_REQUEST);
+    drop(first);
     let revision = format!("{url}{}", wire::REVISION_PATH);
     let a = as_("watcher").call(Method::GET, &revision, None, t).await.unwrap();
     assert_eq!(decode::<wire::Revision>(&a.body), wire::Revision { rev: lease.token() });

@@ -8,10 +8,13 @@
 //! client that reconnects with `after=<last rev>` gets exactly the events it
 //! missed, or, if the node no longer remembers them
 //! (or restarted from a snapshot), a `{"event":"resync"}` line followed by the
-//! current state again. A `heartbeat` line every few seconds lets the client
-//! notice a dead stream, and one follows applied events the watcher may not
-//! see, so that its position keeps up with the revision; a node that knows
-//! no leader ends its streams.
+//! current state again. A `heartbeat` line follows every state dump (so the
+//! client knows the dump is complete without waiting for an event), and one
+//! every few seconds lets the client notice a dead stream. With
+//! `progress=1`, one also follows at once applied events the stream does
+//! not show, so that its position keeps up with the revision (opt-in: it
+//! tells the watcher when events on keys it cannot see happen). A node that
+//! knows no leader ends its streams.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +58,7 @@ pub struct WatchParams {
 pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
     let mut prefix = String::new();
     let mut after = None;
+    let mut progress = false;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         // Values are percent-decoded once, as every HTTP client encodes
         // them (`prefix=rack%2F`); what they decode to is checked below.
@@ -64,6 +68,13 @@ pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
         };
         match pair.split_once('=') {
             Some(("prefix", p)) => prefix = value(p)?,
+            Some(("progress", v)) => {
+                progress = match value(v)?.as_str() {
+                    "1" => true,
+                    "0" => false,
+                    other => return Err(ApiError::BadRequest(format!("progress={other:?} is not 0 or 1"))),
+                }
+            }
             Some(("after", n)) => {
                 let n = value(n)?;
                 after = Some(n.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("after={n:?} is not a u64")))?)
@@ -94,7 +105,7 @@ pub fn stream(
     let WatchParams { prefix, after } = params(query)?;
     may_open(&prefix)?;
     let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(run(node, prefix, visible, after, tx));
+    tokio::spawn(run(node, prefix, visible, after, progress, tx));
     let mut resp = Response::new(channel_body(rx));
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
     Ok(resp)
@@ -126,7 +137,14 @@ fn state_lines(s: &AppliedState, prefix: &str, visible: &Visible, out: &mut Vec<
     }
 }
 
-async fn run(node: Arc<Node>, prefix: String, visible: Visible, after: Option<u64>, tx: mpsc::Sender<Bytes>) {
+async fn run(
+    node: Arc<Node>,
+    prefix: String,
+    visible: Visible,
+    after: Option<u64>,
+    progress: bool,
+    tx: mpsc::Sender<Bytes>,
+) {
     let mut applied = node.applied.subscribe();
     let mut cursor = after;
     // Where the stream is complete up to: what a heartbeat reports.
@@ -151,10 +169,13 @@ async fn run(node: Arc<Node>, prefix: String, visible: Visible, after: Option<u6
             let before = complete;
             complete = complete.max(s.locks.revision());
             cursor = Some(complete);
-            if lines.is_empty() && complete > before {
-                // Events it may not see moved the table on: say so at once,
-                // so that its position follows the revision (a sidecar
-                // proving its knowledge current waits for it).
+            if resumed.is_none() || (progress && lines.is_empty() && complete > before) {
+                // After a dump: it is complete at `complete` (a client would
+                // otherwise wait for the next event or heartbeat to know).
+                // With `progress`: events it does not see moved the table
+                // on; say so at once, so that its position follows the
+                // revision (a sidecar proving its knowledge current waits
+                // for it).
                 lines.push(line(&WatchLine::Heartbeat { rev: complete }));
             }
         }

@@ -4,17 +4,21 @@
 //!  token header ──parse (S6)──▶ decide from knowledge ──AskService──▶ linearizable read (S3)
 //!                                   │  (linearizable route: read first, S5)      │
 //!                                   ▼                                           ▼
-//!                               Forward ──▶ ordering barrier (S1) ──▶ re-decide ──▶ raise floor (fsync, S2) ──▶ dispatch
+//!                               Forward ──▶ ordering barrier (S1) ──▶ vouch ──▶ raise floor (fsync, S2)
+//!   (sidecar.rs: buffered body, idempotency record's fsync) ──▶ dispatch: vouch ──▶ upstream
 //! ```
 //!
-//! The decision is re-taken after the barrier because a newer grant may have
-//! been learnt while the request waited; what counts is what is known when it
-//! is dispatched.
+//! The decision is re-taken after the barrier, and again immediately before
+//! the request is sent upstream, because a newer grant may have been learnt
+//! meanwhile, or the proof the decision stood on may have lapsed: what
+//! counts is what is known when it is dispatched.
 //!
-//! A `cached` route decides from the watch stream alone only while that
-//! knowledge was proven current less than `max_staleness` ago (see
-//! `freshness`), both before and after the barrier; past it, it reads the
-//! key first, as while the watch is down.
+//! `vouch`: every route of the lock service (`cached` or `linearizable`)
+//! decides from knowledge proven current less than `max_staleness` ago —
+//! the watch's (see `freshness`), or a read of the key sent that recently —
+//! and otherwise reads the key first; a read answered `max_staleness` or
+//! more after it was sent vouches for nothing (503). Before the barrier, a
+//! `cached` route decides from the watch alone while it is proven fresh.
 
 use std::sync::Arc;
 
@@ -29,6 +33,18 @@ use super::order::{Order, Permit};
 use super::routes::Route;
 use crate::lock::state::Token;
 
+/// A fenced request that passed the check: its place in the order, and
+/// what `dispatch` needs to decide again.
+pub struct Cleared {
+    pub permit: Permit,
+    mode: FenceMode,
+    token: Token,
+    key: String,
+    route: String,
+    /// When the latest read of the key that vouches for it was sent.
+    read_at: Option<Instant>,
+}
+
 pub struct Fencer {
     /// `None` when no route needs the lock service (observed mode only).
     pub view: Option<Arc<LockView>>,
@@ -38,15 +54,15 @@ pub struct Fencer {
 
 impl Fencer {
     /// Check a request on `route` for `key`. `Ok(None)`: forward unfenced;
-    /// `Ok(Some(permit))`: forward, holding the permit until the upstream
-    /// answers.
+    /// `Ok(Some(cleared))`: forward once `dispatch` agrees, holding
+    /// `cleared.permit` until the upstream answers.
     pub async fn check(
         &self,
         route: &Route,
         key: &str,
         headers: &HeaderMap,
         arrived: Instant,
-    ) -> Result<Option<Permit>, Answer> {
+    ) -> Result<Option<Cleared>, Answer> {
         let Fence::On { mode, consistency } = route.fence else { return Ok(None) };
         let reject =
             |reason, token, current| Answer::Rejected(Rejection { reason, key: key.to_string(), token, current });
@@ -66,7 +82,7 @@ impl Fencer {
         // ended unseen would still look live).
         let watch_down = self.view.as_ref().is_some_and(|v| !v.is_up());
         let cached = mode != FenceMode::Observed && consistency == Consistency::Cached;
-        let stale = cached && !watch_down && !self.trusted(None);
+        let stale = cached && !watch_down && !self.trusted(key, None);
         let needs_read =
             mode != FenceMode::Observed && (consistency == Consistency::Linearizable || watch_down || stale);
         // The send time of a read of this key that vouches for it (it
@@ -94,27 +110,56 @@ impl Fencer {
             .enter(&floor, token)
             .await
             .map_err(|higher| reject(Reason::StaleToken, Some(token), Some(higher)))?;
-        // The wait may have outlasted the proof the first decision stood on:
-        // a cached route decides at dispatch time from knowledge proven less
-        // than `max_staleness` ago, or reads again.
-        if cached && !self.trusted(read_at) {
-            self.count_stale(&route.name);
-            let now = Instant::now();
-            self.read(key, now).await.map_err(unavailable)?;
-        }
-        if let Verdict::Reject { reason, current } = decide(mode, token, &self.knowledge(mode, key), true) {
-            return Err(reject(reason, Some(token), Some(current)));
-        }
+        let mut cleared = Cleared { permit, mode, token, key: key.to_string(), route: route.name.clone(), read_at };
+        // The wait may have outlasted the proof (or the read) the first
+        // decision stood on: re-decide, reading again if it lapsed, before
+        // the floor records the token as forwarded.
+        self.vouch(&mut cleared).await?;
         self.floors.raise(&floor, token).await.map_err(|e| Answer::Internal(e.to_string()))?;
-        Ok(Some(permit))
+        Ok(Some(cleared))
     }
 
-    /// Whether the watch's knowledge (or a read of the key sent at
-    /// `read_at`) may be trusted now, within `max_staleness`.
-    fn trusted(&self, read_at: Option<Instant>) -> bool {
+    /// The last check, immediately before the request is sent upstream
+    /// (after the floor's fsync, a buffered body, an idempotency record's
+    /// fsync), still holding the order permit: what decides is what is known
+    /// when it is dispatched, proven less than `max_staleness` ago.
+    pub async fn dispatch(&self, cleared: &mut Cleared) -> Result<(), Answer> {
+        self.vouch(cleared).await
+    }
+
+    /// Decide `cleared` again from knowledge that is vouched for now: the
+    /// watch's, proven current less than `max_staleness` ago, or a read of
+    /// the key sent less than `max_staleness` ago; otherwise read the key
+    /// first. A read answered `max_staleness` or more after it was sent
+    /// vouches for nothing by then: 503. Every route of the lock service,
+    /// `cached` or `linearizable` (whose read on arrival may be old by now).
+    async fn vouch(&self, c: &mut Cleared) -> Result<(), Answer> {
+        if c.mode == FenceMode::Observed {
+            return Ok(());
+        }
+        let reject =
+            |reason, current| Answer::Rejected(Rejection { reason, key: c.key.clone(), token: Some(c.token), current });
+        if !self.trusted(&c.key, c.read_at) {
+            self.count_stale(&c.route);
+            let sent = Instant::now();
+            self.read(&c.key, sent).await.map_err(|_| reject(Reason::LockServiceUnavailable, None))?;
+            if !self.trusted(&c.key, Some(sent)) {
+                return Err(reject(Reason::LockServiceUnavailable, None));
+            }
+            c.read_at = Some(sent);
+        }
+        match decide(c.mode, c.token, &self.knowledge(c.mode, &c.key), true) {
+            Verdict::Reject { reason, current } => Err(reject(reason, Some(current))),
+            Verdict::Forward | Verdict::AskService => Ok(()),
+        }
+    }
+
+    /// Whether what is known of `key` (the watch's knowledge, or a read of
+    /// the key sent at `read_at`) may be trusted now, within `max_staleness`.
+    fn trusted(&self, key: &str, read_at: Option<Instant>) -> bool {
         let Some(view) = &self.view else { return true };
         let now = Instant::now();
-        view.trusted(now) || read_at.is_some_and(|at| view.read_trusted(at, now))
+        view.trusted(key, now) || read_at.is_some_and(|at| view.read_trusted(at, now))
     }
 
     fn count_stale(&self, route: &str) {
@@ -153,5 +198,58 @@ fn floor_key(mode: FenceMode, key: &str) -> String {
     match mode {
         FenceMode::Observed => format!("@observed/{key}"),
         FenceMode::Strict | FenceMode::Monotonic => key.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fencegate_client::Client;
+
+    use super::*;
+    use crate::metrics::SidecarMetrics;
+    use crate::sidecar::knowledge::tests::slow_reads;
+    use crate::sidecar::store::Store;
+
+    /// A fencer whose lock service answers reads of `rack/1` (token 34,
+    /// held) 150 ms after they are sent, and whose watch never proves
+    /// anything (the stand-in has no stream).
+    async fn fencer(dir: &std::path::Path, max_staleness: Duration) -> Fencer {
+        let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
+        let client = Client::new(vec![slow_reads(Arc::default()).await]).unwrap();
+        let (store, loaded) = Store::open(dir).unwrap();
+        Fencer {
+            view: Some(LockView::start(client, metrics, max_staleness, false)),
+            floors: Floors::new(Arc::new(store), loaded.floors),
+            order: Arc::default(),
+        }
+    }
+
+    async fn vouched(f: &Fencer) -> Result<(), Answer> {
+        let permit = f.order.enter("rack/1", 34).await.unwrap();
+        let mut c = Cleared {
+            permit,
+            mode: FenceMode::Strict,
+            token: 34,
+            key: "rack/1".into(),
+            route: "r".into(),
+            read_at: None,
+        };
+        f.vouch(&mut c).await
+    }
+
+    /// A read answered `max_staleness` or more after it was sent vouches for
+    /// nothing by then: 503, not a forward on what it said.
+    #[tokio::test]
+    async fn a_read_answered_after_max_staleness_vouches_for_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let slow = fencer(&dir.path().join("a"), Duration::from_millis(100)).await;
+        match vouched(&slow).await {
+            Err(Answer::Rejected(r)) => assert_eq!(r.reason, Reason::LockServiceUnavailable),
+            other => panic!("a 150 ms read under a 100 ms bound: {:?}", other.map_err(|a| a.to_string())),
+        }
+        let ok = fencer(&dir.path().join("b"), Duration::from_secs(1)).await;
+        assert!(vouched(&ok).await.is_ok(), "the same read within a 1 s bound vouches");
     }
 }

@@ -73,6 +73,46 @@ impl Freshness {
     pub fn position(&self) -> u64 {
         self.delivered
     }
+
+    /// The send time of the oldest answered probe whose revision the stream
+    /// has not delivered yet.
+    pub fn oldest_waiting(&self) -> Option<Instant> {
+        self.waiting.iter().map(|&(sent, _)| sent).min()
+    }
+
+    /// The highest revision an answered probe waits for (0: none).
+    pub fn awaited(&self) -> u64 {
+        self.waiting.iter().map(|&(_, rev)| rev).max().unwrap_or(0)
+    }
+}
+
+/// Whether what is known of one key may be trusted at `now`: the watch's
+/// knowledge proven at `proven`, if the stream covers the key (`watched`),
+/// or the latest read of the key, sent at `read_at`, within `max_staleness`.
+/// A key the stream never told of (the sidecar may read it but not watch
+/// it) is not covered by the probes' proof.
+pub fn key_trusted(
+    watched: bool,
+    proven: Option<Instant>,
+    read_at: Option<Instant>,
+    now: Instant,
+    max_staleness: Duration,
+) -> bool {
+    (watched && trusted(proven, now, max_staleness)) || trusted(read_at, now, max_staleness)
+}
+
+/// How long the stream may stay short of a probe's revision before it is
+/// taken for stuck behind the leader (and reopened on another endpoint):
+/// four times `max_staleness`, at least 1 s (a loaded node's normal lag is
+/// not a reason to reconnect).
+pub fn behind_patience(max_staleness: Duration) -> Duration {
+    (max_staleness * 4).max(Duration::from_secs(1))
+}
+
+/// Whether a stream still short of a revision answered to a probe sent at
+/// `oldest_waiting` is behind for good at `now`.
+pub fn behind(oldest_waiting: Option<Instant>, now: Instant, patience: Duration) -> bool {
+    oldest_waiting.is_some_and(|sent| now.saturating_duration_since(sent) >= patience)
 }
 
 /// Whether knowledge proven current at `proven` may still be trusted at
@@ -163,6 +203,39 @@ mod tests {
         assert_eq!(f.proven(), None, "that answer was dropped");
         f.delivered(1099);
         assert_eq!(f.proven(), Some(t0 + ms(99)));
+    }
+
+    /// A stream that does not reach a probe's revision within the patience
+    /// is behind; one that reaches it is not.
+    #[test]
+    fn a_stream_short_of_a_probe_for_long_is_behind() {
+        let t0 = Instant::now();
+        let mut f = Freshness::default();
+        let patience = behind_patience(MAX);
+        assert_eq!(patience, ms(1200), "four times max_staleness");
+        assert_eq!(behind_patience(ms(100)), Duration::from_secs(1), "at least 1 s");
+        assert_eq!(behind_patience(Duration::from_secs(2)), Duration::from_secs(8));
+        f.delivered(10);
+        f.answered(t0, 12);
+        f.answered(t0 + ms(300), 13);
+        assert_eq!((f.oldest_waiting(), f.awaited()), (Some(t0), 13));
+        assert!(!behind(f.oldest_waiting(), t0 + ms(999), patience));
+        assert!(behind(f.oldest_waiting(), t0 + patience, patience));
+        f.delivered(13);
+        assert!(!behind(f.oldest_waiting(), t0 + ms(5000), patience), "caught up: nothing waits");
+    }
+
+    /// A key the stream never told of is trusted only until its read's
+    /// send time plus `max_staleness`, however fresh the proof.
+    #[test]
+    fn an_unwatched_key_is_trusted_only_as_long_as_its_read() {
+        let t0 = Instant::now();
+        let fresh = Some(t0 + ms(1000));
+        assert!(key_trusted(true, fresh, None, t0 + ms(1100), MAX));
+        assert!(!key_trusted(false, fresh, None, t0 + ms(1100), MAX), "no read: nothing vouches");
+        assert!(key_trusted(false, fresh, Some(t0 + ms(900)), t0 + ms(1100), MAX));
+        assert!(!key_trusted(false, fresh, Some(t0 + ms(800)), t0 + ms(1100), MAX), "the read is too old");
+        assert!(key_trusted(true, None, Some(t0 + ms(900)), t0 + ms(1100), MAX), "a recent read vouches too");
     }
 
     #[test]

@@ -20,7 +20,9 @@
 //! The service forgets idle keys (compaction). A key it no longer has is
 //! ended: a read says so with `compacted_below`, and a state dump (at the
 //! start of a stream, or after a resync) that does not list a known key
-//! says so too. That needs the `watch` right on every key the routes use.
+//! says so too. That needs the `watch` right on every key the routes use; a
+//! key only reads told of is trusted only as long as its latest read
+//! (`freshness::key_trusted`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +45,8 @@ use crate::metrics::SidecarMetrics;
 /// sends a heartbeat every 5 s).
 const STREAM_SILENCE: Duration = Duration::from_secs(12);
 const MAX_LINE: usize = 64 << 10;
+/// How often a quiet stream is checked for being behind the probes.
+const BEHIND_TICK: Duration = Duration::from_millis(100);
 
 /// What is known of one key from the lock service.
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,6 +55,12 @@ struct Known {
     live: bool,
     /// `live` was cleared only by a state dump that did not list the key.
     presumed_ended: bool,
+    /// The watch stream has told of the key (a state line or an event): the
+    /// probes' proof covers it. A key only reads told of (one this sidecar
+    /// may read but not watch) is vouched for by its latest read alone.
+    watched: bool,
+    /// When the latest read of the key that answered was sent.
+    read_at: Option<Instant>,
 }
 
 impl Known {
@@ -100,13 +110,16 @@ pub struct LockView {
     freshness: Mutex<Freshness>,
     max_staleness: Duration,
     started: Instant,
+    /// Whether some route is `cached` (only they use the proof): no probes
+    /// otherwise. Set again by a reload.
+    probing: AtomicBool,
 }
 
 impl LockView {
     /// Start watching the lock service behind `client`, whose endpoints are
     /// also used for the stream, and probing it so that `cached` routes may
     /// trust the stream for `max_staleness` after each proof.
-    pub fn start(client: Client, metrics: SidecarMetrics, max_staleness: Duration) -> Arc<Self> {
+    pub fn start(client: Client, metrics: SidecarMetrics, max_staleness: Duration, probing: bool) -> Arc<Self> {
         let endpoints = client.endpoints().to_vec();
         // The stream's own client: same TLS and token, but lines, not bodies, are bounded.
         let http = client.options().http_client(MAX_LINE).expect("the client was built from these options");
@@ -120,20 +133,41 @@ impl LockView {
             freshness: Mutex::default(),
             max_staleness,
             started: Instant::now(),
+            probing: AtomicBool::new(probing),
         });
         tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints, http));
         tokio::spawn(probe_forever(Arc::downgrade(&view)));
         view
     }
 
+    /// Probe (or stop probing) as routes that trust the watch come and go.
+    pub fn set_probing(&self, probing: bool) {
+        self.probing.store(probing, Ordering::Relaxed);
+    }
+
+    /// Why the stream should be dropped for another endpoint's: a probe's
+    /// revision it has not reached for `behind_patience` (its node lags the
+    /// leader, or lost it and streams nothing).
+    fn behind(&self, now: Instant) -> Option<String> {
+        let patience = freshness::behind_patience(self.max_staleness);
+        let f = self.freshness();
+        freshness::behind(f.oldest_waiting(), now, patience)
+            .then(|| format!("the stream has not reached revision {} (a probe's) within {patience:?}", f.awaited()))
+    }
+
     fn freshness(&self) -> std::sync::MutexGuard<'_, Freshness> {
         self.freshness.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a `cached` route may still decide from what it knows at
-    /// `now` without asking the lock service.
-    pub fn trusted(&self, now: Instant) -> bool {
-        freshness::trusted(self.freshness().proven(), now, self.max_staleness)
+    /// Whether a route may still decide from what it knows of `key` at
+    /// `now` without asking the lock service: the watch's knowledge, proven
+    /// current less than `max_staleness` ago, if the stream has told of the
+    /// key (or of none: nothing granted is then known); a read of the key
+    /// sent that recently, if not.
+    pub fn trusted(&self, key: &str, now: Instant) -> bool {
+        let proven = self.freshness().proven();
+        let (watched, read_at) = self.keys.get(key).map_or((true, None), |k| (k.watched, k.read_at));
+        freshness::key_trusted(watched, proven, read_at, now, self.max_staleness)
     }
 
     /// Whether a read of one key that started at `read_at` still vouches for
@@ -190,22 +224,29 @@ impl LockView {
             // inventing paths to make the sidecar remember).
             return;
         }
-        self.keys.entry(key.to_string()).or_default().merge(token, held);
+        let mut k = self.keys.entry(key.to_string()).or_default();
+        k.merge(token, held);
+        k.watched = true;
     }
 
-    /// What a linearizable read said of `key`.
-    fn learn_read(&self, key: &str, info: &wire::LockInfo) {
-        match info.compacted_below {
+    /// What a linearizable read of `key`, sent at `sent`, said.
+    fn learn_read(&self, key: &str, info: &wire::LockInfo, sent: Instant) {
+        let mut k = match info.compacted_below {
             // Forgotten by the service: only what we knew can have ended.
             Some(below) if info.token == 0 => {
                 self.compacted_below.fetch_max(below, Ordering::Relaxed);
-                if let Some(mut k) = self.keys.get_mut(key) {
-                    k.merge_absent(below);
-                }
+                let Some(mut k) = self.keys.get_mut(key) else { return };
+                k.merge_absent(below);
+                k
             }
-            _ if info.token == 0 => {}
-            _ => self.keys.entry(key.to_string()).or_default().merge_read(info.token, info.held),
-        }
+            _ if info.token == 0 => return,
+            _ => {
+                let mut k = self.keys.entry(key.to_string()).or_default();
+                k.merge_read(info.token, info.held);
+                k
+            }
+        };
+        k.read_at = k.read_at.max(Some(sent));
     }
 
     /// A complete state dump of the table at revision `rev` listed only
@@ -239,7 +280,7 @@ impl LockView {
                         let outcome = client.read(&key).await;
                         let Some(v) = view.upgrade() else { return };
                         if let Ok(info) = &outcome {
-                            v.learn_read(&key, info);
+                            v.learn_read(&key, info, started);
                         }
                         {
                             // Only this read's entry: a newer one may have replaced it.
@@ -270,10 +311,14 @@ async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>, 
     // A lock service that stays down fails every attempt: one line per
     // interval, not one per attempt.
     let mut failures = crate::log_limit::Window::new(crate::log_limit::EVERY);
+    // `progress=1` keeps the stream's position up with the revision (what
+    // the probes' proof waits for); a node older than it answers 400, and
+    // is watched without it (the proof then waits for its heartbeats).
+    let mut progress = true;
     for endpoint in endpoints.iter().cycle() {
         let Some(v) = view.upgrade() else { return };
         let mut delivered = 0u64;
-        match follow(&v, &http, endpoint, &mut after, &mut delivered).await {
+        match follow(&v, &http, endpoint, &mut after, &mut progress, &mut delivered).await {
             Ok(()) => tracing::info!(%endpoint, "watch stream ended; reconnecting"),
             Err(e) => {
                 if let Some(more) = failures.hit(std::time::Instant::now()) {
@@ -301,8 +346,12 @@ async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>, 
 async fn probe_forever(view: std::sync::Weak<LockView>) {
     const PROBES: usize = 4;
     let Some(v) = view.upgrade() else { return };
-    let (every, client) = (v.max_staleness / 3, v.client.clone());
+    let (every, client, max_staleness) = (v.max_staleness / 3, v.client.clone(), v.max_staleness);
     drop(v);
+    // A probe that fails fails every third of `max_staleness`: one line per
+    // interval, naming the cause (403: no `watch` right; 404: a node
+    // without `GET /v1/revision`; TLS), not one per probe.
+    let failures = Arc::new(Mutex::new(crate::log_limit::Window::new(crate::log_limit::EVERY)));
     let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -310,18 +359,36 @@ async fn probe_forever(view: std::sync::Weak<LockView>) {
         tick.tick().await;
         let Some(v) = view.upgrade() else { return };
         v.metrics.knowledge_age.set(v.age(Instant::now()).as_secs_f64());
+        let probing = v.probing.load(Ordering::Relaxed);
         drop(v);
+        if !probing {
+            continue;
+        }
         if in_flight.fetch_add(1, Ordering::AcqRel) >= PROBES {
             in_flight.fetch_sub(1, Ordering::AcqRel);
             continue;
         }
-        let (view, client, in_flight) = (view.clone(), client.clone(), in_flight.clone());
+        let (view, client, in_flight, failures) = (view.clone(), client.clone(), in_flight.clone(), failures.clone());
         tokio::spawn(async move {
             let sent = Instant::now();
             let answer = client.revision().await;
             in_flight.fetch_sub(1, Ordering::AcqRel);
-            if let (Ok(rev), Some(v)) = (answer, view.upgrade()) {
-                v.freshness().answered(sent, rev);
+            let Some(v) = view.upgrade() else { return };
+            // Not cut short (the client's failover needs its own deadlines),
+            // but an answer `max_staleness` or more after the send proves
+            // nothing still usable: counted as a failure.
+            let failed = match answer {
+                Ok(rev) if freshness::trusted(Some(sent), Instant::now(), max_staleness) => {
+                    v.freshness().answered(sent, rev);
+                    return;
+                }
+                Ok(_) => format!("answered {:?} after it was sent", sent.elapsed()),
+                Err(e) => e.to_string(),
+            };
+            v.metrics.freshness_probe_failures.inc();
+            let more = failures.lock().unwrap_or_else(|p| p.into_inner()).hit(std::time::Instant::now());
+            if let Some(more) = more {
+                tracing::warn!("freshness probe (GET /v1/revision) failed: {failed}{more}");
             }
         });
     }
@@ -334,13 +401,21 @@ async fn follow(
     http: &HttpClient,
     endpoint: &str,
     after: &mut Option<u64>,
+    progress: &mut bool,
     delivered: &mut u64,
 ) -> Result<(), String> {
-    let url = match after {
-        Some(rev) => format!("{endpoint}{}?prefix=&after={rev}", wire::WATCH_PATH),
-        None => format!("{endpoint}{}?prefix=", wire::WATCH_PATH),
-    };
+    let mut url = format!("{endpoint}{}?prefix=", wire::WATCH_PATH);
+    if let Some(rev) = after {
+        url.push_str(&format!("&after={rev}"));
+    }
+    if *progress {
+        url.push_str("&progress=1");
+    }
     let resp = http.open(&url, Duration::from_secs(3)).await.map_err(|e| e.to_string())?;
+    if resp.status() == hyper::StatusCode::BAD_REQUEST && *progress {
+        *progress = false;
+        return Err(format!("{url} answered 400 (a node without progress=1?); watching without it"));
+    }
     if !resp.status().is_success() {
         return Err(format!("{url} answered {}", resp.status()));
     }
@@ -349,10 +424,26 @@ async fn follow(
     // one comes first without `after`, and after a `resync` line.
     let mut dump = after.is_none().then(|| (std::collections::HashSet::new(), None));
     loop {
-        let line = tokio::time::timeout(STREAM_SILENCE, lines.next_line(MAX_LINE))
-            .await
-            .map_err(|_| format!("no line for {STREAM_SILENCE:?}"))?
-            .map_err(|e| e.to_string())?;
+        let line = {
+            // Not cancelled between ticks (a line half read stays read).
+            let next = lines.next_line(MAX_LINE);
+            tokio::pin!(next);
+            let silent_until = Instant::now() + STREAM_SILENCE;
+            loop {
+                tokio::select! {
+                    line = &mut next => break line.map_err(|e| e.to_string())?,
+                    () = tokio::time::sleep(BEHIND_TICK) => {
+                        let now = Instant::now();
+                        if now >= silent_until {
+                            return Err(format!("no line for {STREAM_SILENCE:?}"));
+                        }
+                        if let Some(why) = view.behind(now) {
+                            return Err(why);
+                        }
+                    }
+                }
+            }
+        };
         let Some(line) = line else { return Ok(()) };
         let l: WatchLine = serde_json::from_slice(&line).map_err(|e| format!("bad watch line: {e}"))?;
         match (&l, &mut dump) {
@@ -403,11 +494,16 @@ async fn follow(
         }
         *delivered += 1;
         view.set_up(true);
+        // A node behind its leader may stream lines (heartbeats of its old
+        // revision) that never reach what the probes answered.
+        if let Some(why) = view.behind(Instant::now()) {
+            return Err(why);
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::convert::Infallible;
     use std::sync::atomic::AtomicUsize;
 
@@ -419,7 +515,7 @@ mod tests {
     use super::*;
 
     /// A stand-in lock service that answers key reads slowly and counts them.
-    async fn slow_reads(reads: Arc<AtomicUsize>) -> String {
+    pub(in crate::sidecar) async fn slow_reads(reads: Arc<AtomicUsize>) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move {
@@ -457,7 +553,7 @@ mod tests {
         let count = Arc::new(AtomicUsize::new(0));
         let url = slow_reads(count.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250));
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), true);
         let arrived = Instant::now();
         let readers: Vec<_> = (0..10)
             .map(|_| {
@@ -484,7 +580,7 @@ mod tests {
     async fn a_state_dump_ends_the_keys_it_no_longer_lists() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250));
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), true);
         for (key, token) in [("rack/gone", 30), ("rack/listed", 35), ("rack/later", 45)] {
             view.learn(key, token, true);
         }
@@ -501,19 +597,50 @@ mod tests {
             expires_in_ms: None,
             compacted_below,
         };
-        view.learn_read("rack/listed", &info(0, Some(30)));
+        view.learn_read("rack/listed", &info(0, Some(30)), Instant::now());
         assert!(view.get("rack/listed").live, "a watermark below its grant says nothing of it");
-        view.learn_read("rack/listed", &info(0, Some(36)));
+        view.learn_read("rack/listed", &info(0, Some(36)), Instant::now());
         assert!(!view.get("rack/listed").live, "read as forgotten: ended");
         assert_eq!(view.get("rack/other").compacted_below, 36);
         // A presumption is undone by a read that finds the lease live (a key
         // the sidecar may read but not watch), a read's end is final.
         let gone = wire::LockInfo { key: "rack/gone".into(), held: true, token: 30, ..info(30, None) };
-        view.learn_read("rack/gone", &gone);
+        view.learn_read("rack/gone", &gone, Instant::now());
         assert!(view.get("rack/gone").live);
         view.learn("rack/gone", 30, true);
-        view.learn_read("rack/listed", &wire::LockInfo { held: true, ..info(35, None) });
+        view.learn_read("rack/listed", &wire::LockInfo { held: true, ..info(35, None) }, Instant::now());
         assert!(!view.get("rack/listed").live, "an end a read saw stays");
+    }
+
+    /// A key the stream never told of (readable, not watchable) is trusted
+    /// only until its read's send time plus `max_staleness`, however fresh
+    /// the probes' proof; a key the stream told of, and one nobody knows,
+    /// as long as the proof.
+    #[tokio::test]
+    async fn a_key_only_reads_told_of_is_trusted_no_longer_than_its_read() {
+        let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
+        let url = slow_reads(Arc::default()).await;
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), false);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        view.freshness().answered(t0, 0);
+        view.learn("rack/watched", 5, true);
+        let info = wire::LockInfo {
+            key: "rack/read".into(),
+            held: true,
+            token: 7,
+            holder: None,
+            expires_in_ms: None,
+            compacted_below: None,
+        };
+        view.learn_read("rack/read", &info, t0);
+        assert!(view.trusted("rack/watched", t0 + ms(100)) && view.trusted("rack/read", t0 + ms(100)));
+        view.freshness().answered(t0 + ms(300), 0);
+        assert!(view.trusted("rack/watched", t0 + ms(400)));
+        assert!(view.trusted("rack/unknown", t0 + ms(400)));
+        assert!(!view.trusted("rack/read", t0 + ms(400)), "its read is 400 ms old");
+        view.learn_read("rack/read", &info, t0 + ms(350));
+        assert!(view.trusted("rack/read", t0 + ms(400)));
     }
 
     #[test]

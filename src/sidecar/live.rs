@@ -45,6 +45,9 @@ impl Sidecar {
         self.note_route_timeouts(&settings);
         self.listener.store(Arc::new(super::listener_options(&settings, acceptor, &self.metrics)));
         super::start_at_zero(&self.metrics, &settings);
+        if let Some(view) = &self.fencer.view {
+            view.set_probing(settings.routes.iter().any(|r| r.fence.trusts_the_watch()));
+        }
         self.live.store(Arc::new(Live { settings, upstream: Upstream::new(tls.upstream) }));
         Ok(())
     }
