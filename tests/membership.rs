@@ -15,6 +15,7 @@ mod checker;
 #[path = "torture/history.rs"]
 mod history;
 #[path = "torture/workload.rs"]
+#[allow(dead_code)] // the workers only; the upstream readers are the suites'
 mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -25,10 +25,12 @@ mod faults;
 mod history;
 #[path = "partitions/net.rs"]
 mod net;
+#[path = "torture/summary.rs"]
+mod summary;
 #[path = "partitions/worker.rs"]
 mod worker;
 #[path = "torture/workload.rs"]
-#[allow(dead_code)] // the in-process workers: only `path_of` here
+#[allow(dead_code)] // the in-process workers: not here (worker.rs runs processes)
 mod workload;
 
 use std::collections::BTreeMap;
@@ -37,14 +39,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use checker::Report;
+use checker::{Report, APPLY_MARGIN_MS, MAX_STALENESS_MS};
 use faults::Fault;
 use fencegate_client::AcquireOptions;
 use fencegate_testkit::netns::{self, monotonic_ns, Lab};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::{bin, Proc, Upstream};
-use history::{History, Kind, Op, Outcome};
+use history::History;
 use net::{Net, CTL, UPSTREAM_PORT, WORKERS};
+use summary::Columns;
 use tokio::time::Instant;
 
 const NODE_YAML: &str =
@@ -65,9 +68,8 @@ struct Arm {
     history: Arc<History>,
     faults: BTreeMap<Fault, usize>,
     reports: Vec<Report>,
-    /// Writes the upstream applied with an older token than a grant that
-    /// had completed when they arrived: (key, token, ms after that grant).
-    late: Vec<(String, u64, f64)>,
+    /// The longest cached window measured (`checker::stale_window`).
+    window_ms: Option<f64>,
 }
 
 /// Start the worker processes in their namespace, writing to `target`,
@@ -119,38 +121,8 @@ async fn collect(workers: Vec<(Proc, PathBuf)>, history: &History) {
     }
 }
 
-fn applied(up: &Upstream) -> BTreeMap<String, Vec<u64>> {
-    (0..KEYS)
-        .map(|k| {
-            let key = format!("rack/{k}");
-            (key.clone(), up.tokens(&workload::path_of(&key)).into_iter().flatten().collect())
-        })
-        .collect()
-}
-
-/// For each write the upstream applied, its arrival on the history's
-/// timeline; those that arrived after a grant of a newer token had
-/// completed, and by how much (the "cached window" the sidecar allows).
-fn late_writes(up: &Upstream, history: &History) -> Vec<(String, u64, f64)> {
-    let ops = history.ops();
-    let mut late = vec![];
-    for s in up.seen().into_iter().filter(|s| s.method != "GET") {
-        let Some(token) = s.token else { continue };
-        let key = format!("rack/{}", s.path.trim_start_matches("/racks/"));
-        let arrived = history.ms(Instant::from_std(s.at));
-        let newer = ops
-            .iter()
-            .filter_map(|op| match (&op.kind, &op.outcome) {
-                (Kind::Acquire { key: k, token: Some(t) }, Outcome::Ok) if *k == key && *t > token => Some(op.end_ms),
-                _ => None,
-            })
-            .filter(|end| *end < arrived)
-            .fold(f64::INFINITY, f64::min);
-        if newer.is_finite() {
-            late.push((key, token, arrived - newer));
-        }
-    }
-    late
+fn keys() -> Vec<String> {
+    (0..KEYS).map(|k| format!("rack/{k}")).collect()
 }
 
 async fn sidecar_arm(lab: &Lab, nodes: u64, seconds: u64, seed: u64) -> Arm {
@@ -187,15 +159,17 @@ async fn sidecar_arm(lab: &Lab, nodes: u64, seconds: u64, seed: u64) -> Arm {
     }
     drop(sidecar);
     let ops = history.ops();
+    let (window, window_ms) =
+        checker::stale_window(&ops, &workload::applied_at(&up, &keys(), &history), MAX_STALENESS_MS + APPLY_MARGIN_MS);
     let reports = vec![
-        checker::upstream_order(&applied(&up)),
+        checker::upstream_order(&workload::applied(&up, &keys())),
         checker::token_order(&ops),
         checker::durability(&ops, &latest),
         checker::exclusion(&ops),
         checker::liveness(recovered, LIVENESS_BOUND_MS),
+        window,
     ];
-    let late = late_writes(&up, &history);
-    Arm { name: "sidecar", history, faults, reports, late }
+    Arm { name: "sidecar", history, faults, reports, window_ms }
 }
 
 /// The same worker processes and pauses, no network faults, straight to the upstream.
@@ -208,64 +182,29 @@ async fn control_arm(lab: &Lab, seconds: u64, seed: u64) -> Arm {
     let pids: Vec<(u32, PathBuf)> = workers.iter().map(|(p, h)| (p.pid(), h.clone())).collect();
     let paused = faults::pauses(&pids, TTL, seed, until).await;
     collect(workers, &history).await;
-    let reports = vec![checker::upstream_order(&applied(&up))];
-    let late = late_writes(&up, &history);
-    Arm { name: "control (no sidecar)", history, faults: BTreeMap::from([(Fault::PauseWorker, paused)]), reports, late }
+    let reports = vec![checker::upstream_order(&workload::applied(&up, &keys()))];
+    let (_, window_ms) =
+        checker::stale_window(&history.ops(), &workload::applied_at(&up, &keys(), &history), MAX_STALENESS_MS);
+    let faults = BTreeMap::from([(Fault::PauseWorker, paused)]);
+    Arm { name: "control (no sidecar)", history, faults, reports, window_ms }
 }
 
 fn summary(arms: &[&Arm], seed: u64) -> String {
-    let mut rows: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut put = |arm: usize, row: String, value: String| {
-        rows.entry(row).or_insert_with(|| vec!["".into(); arms.len()])[arm] = value;
-    };
+    let mut t = Columns::new(arms.iter().map(|a| a.name).collect());
     for (i, arm) in arms.iter().enumerate() {
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        for op in arm.history.ops() {
-            let kind = match &op.kind {
-                Kind::Acquire { .. } => "acquire",
-                Kind::Write { stale: false, .. } => "write",
-                Kind::Write { stale: true, .. } => "write after a pause",
-                Kind::Release { .. } => "release",
-                Kind::ValidUntil { .. } => continue,
-            };
-            let outcome = match &op.outcome {
-                Outcome::Ok => "ok".to_string(),
-                Outcome::Refused { status, error } => format!("refused {status} {error}").trim().to_string(),
-                Outcome::Unknown { .. } => "unknown".to_string(),
-            };
-            *counts.entry(format!("ops: {kind} {outcome}")).or_default() += 1;
-        }
-        for (k, v) in counts {
-            put(i, k, v.to_string());
-        }
-        for (f, n) in &arm.faults {
-            put(i, format!("fault: {f:?}"), n.to_string());
-        }
-        for r in &arm.reports {
-            put(i, format!("violations: {}", r.name), r.violations.len().to_string());
-        }
-        let max = arm.late.iter().map(|l| l.2).fold(0.0, f64::max);
-        put(i, "upstream: writes older than a completed grant".into(), arm.late.len().to_string());
-        put(i, "upstream: the latest of them, ms after the grant".into(), format!("{max:.0}"));
+        t.put_arm(i, &arm.history.ops(), &arm.faults, &arm.reports);
+        let longest = arm.window_ms.map_or("none".into(), |ms| format!("{ms:.0} ms"));
+        t.put(
+            i,
+            format!("stale write applied after a newer grant, longest (max_staleness {MAX_STALENESS_MS:.0} ms + {APPLY_MARGIN_MS:.0} ms margin)"),
+            longest,
+        );
     }
-    let names: Vec<&str> = arms.iter().map(|a| a.name).collect();
-    let mut out = format!(
-        "\npartitions summary (seed {seed})\n\n| | {} |\n|---|{}\n",
-        names.join(" | "),
-        "---|".repeat(names.len())
-    );
-    for (row, values) in rows {
-        out.push_str(&format!("| {row} | {} |\n", values.join(" | ")));
-    }
-    out
+    format!("\npartitions summary (seed {seed})\n\n{}", t.markdown())
 }
 
 fn keep_history(arm: &Arm, seed: u64) -> String {
-    let name = arm.name.split_whitespace().next().unwrap_or("arm");
-    let path = format!("{}/partitions-{name}-seed-{seed}.json", env!("CARGO_TARGET_TMPDIR"));
-    let ops: Vec<Op> = arm.history.ops();
-    std::fs::write(&path, serde_json::to_vec_pretty(&ops).unwrap()).unwrap();
-    format!("history: {path}; replay the schedule with PARTITIONS_SEED={seed}")
+    summary::keep_history("partitions", arm.name, &arm.history.ops(), seed, "PARTITIONS_SEED")
 }
 
 async fn profile(lab: &Lab, nodes: u64, seconds: u64, control_seconds: u64, seed: u64) {

@@ -26,6 +26,8 @@ mod history;
 mod nemesis;
 #[path = "torture/retries.rs"]
 mod retries;
+#[path = "torture/summary.rs"]
+mod summary;
 #[path = "torture/workload.rs"]
 mod workload;
 
@@ -33,7 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use checker::Report;
+use checker::{Report, APPLY_MARGIN_MS, MAX_STALENESS_MS};
 use fencegate_client::AcquireOptions;
 use fencegate_testkit::cluster::{ClusterOptions, Security};
 use fencegate_testkit::powerloss::{fuse_skipped, Mode, PowerLossFs};
@@ -41,6 +43,7 @@ use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::{bin, Cluster, Upstream};
 use history::{History, Kind, Outcome};
 use nemesis::Fault;
+use summary::Columns;
 use tokio::time::Instant;
 use workload::Workload;
 
@@ -55,18 +58,6 @@ const NODE_YAML: &str =
 
 const LIVENESS_BOUND_MS: f64 = 10_000.0;
 
-/// The sidecar's `lock_service.max_staleness` (its default): how long after
-/// a newer grant completed an older token's write may still be dispatched.
-const MAX_STALENESS_MS: f64 = 1000.0;
-
-/// What the checker allows on top of `MAX_STALENESS_MS`: it measures when
-/// the upstream *applied* a write, which follows the sidecar's last decision
-/// by the request's transfer, the upstream's reading of the small body and
-/// the scheduling of both on a loaded 2-core runner. Not part of the bound
-/// the sidecar promises (to dispatch); a sidecar that ignored the bound
-/// would exceed it by seconds (the stream is blind until its 12 s silence).
-const APPLY_MARGIN_MS: f64 = 250.0;
-
 struct Arm {
     name: &'static str,
     history: Arc<History>,
@@ -76,36 +67,12 @@ struct Arm {
     window_ms: Option<f64>,
 }
 
+fn keys(w: &Workload, prefix: &str) -> Vec<String> {
+    (0..w.keys).map(|k| format!("rack/{prefix}{k}")).collect()
+}
+
 fn workload() -> Workload {
     Workload { workers: 6, keys: 3, writes: 3, ttl: Duration::from_millis(1500), pause_probability: 0.15 }
-}
-
-fn applied(up: &Upstream, w: &Workload, prefix: &str) -> BTreeMap<String, Vec<u64>> {
-    (0..w.keys)
-        .map(|k| {
-            let key = format!("rack/{prefix}{k}");
-            let tokens = up.tokens(&workload::path_of(&key)).into_iter().flatten().collect();
-            (key, tokens)
-        })
-        .collect()
-}
-
-/// Each key's writes as the upstream applied them: token and when, on the
-/// history's clock (the upstream runs in this process).
-fn applied_at(up: &Upstream, w: &Workload, history: &History) -> BTreeMap<String, Vec<(u64, f64)>> {
-    let seen = up.seen();
-    (0..w.keys)
-        .map(|k| {
-            let key = format!("rack/{k}");
-            let path = workload::path_of(&key);
-            let writes = seen
-                .iter()
-                .filter(|s| s.path == path && s.method != "GET")
-                .filter_map(|s| Some((s.token?, history.ms(Instant::from_std(s.at)))))
-                .collect();
-            (key, writes)
-        })
-        .collect()
 }
 
 /// The cluster runs as in production: TLS on the peer and client planes,
@@ -154,10 +121,13 @@ async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
         }
     }
     let ops = history.ops();
-    let (window, window_ms) =
-        checker::stale_window(&ops, &applied_at(&up, &w, &history), MAX_STALENESS_MS + APPLY_MARGIN_MS);
+    let (window, window_ms) = checker::stale_window(
+        &ops,
+        &workload::applied_at(&up, &keys(&w, ""), &history),
+        MAX_STALENESS_MS + APPLY_MARGIN_MS,
+    );
     let reports = vec![
-        checker::upstream_order(&applied(&up, &w, "")),
+        checker::upstream_order(&workload::applied(&up, &keys(&w, ""))),
         checker::token_order(&ops),
         checker::durability(&ops, &latest),
         checker::exclusion(&ops),
@@ -175,65 +145,17 @@ async fn control_arm(seconds: u64, seed: u64) -> Arm {
     let history = Arc::new(History::new());
     let until = Instant::now() + Duration::from_secs(seconds);
     workload::run(w, history.clone(), c.client(), up.url(), seed, "", until).await;
-    let reports = vec![checker::upstream_order(&applied(&up, &w, ""))];
+    let reports = vec![checker::upstream_order(&workload::applied(&up, &keys(&w, "")))];
     // Measured, not checked: without a sidecar, nothing bounds it.
-    let (_, window_ms) = checker::stale_window(&history.ops(), &applied_at(&up, &w, &history), MAX_STALENESS_MS);
+    let (_, window_ms) =
+        checker::stale_window(&history.ops(), &workload::applied_at(&up, &keys(&w, ""), &history), MAX_STALENESS_MS);
     Arm { name: "control (no sidecar)", history, faults: BTreeMap::new(), reports, window_ms }
-}
-
-/// A Markdown table: a column per arm, the rows any arm filled in, sorted.
-struct Columns {
-    names: Vec<&'static str>,
-    rows: BTreeMap<String, Vec<String>>,
-}
-
-impl Columns {
-    fn new(names: Vec<&'static str>) -> Columns {
-        Columns { names, rows: BTreeMap::new() }
-    }
-
-    fn put(&mut self, arm: usize, row: String, value: String) {
-        let n = self.names.len();
-        self.rows.entry(row).or_insert_with(|| vec!["".into(); n])[arm] = value;
-    }
-
-    fn markdown(&self) -> String {
-        let mut out = format!("| | {} |\n|---|{}\n", self.names.join(" | "), "---|".repeat(self.names.len()));
-        for (row, values) in &self.rows {
-            out.push_str(&format!("| {row} | {} |\n", values.join(" | ")));
-        }
-        out
-    }
 }
 
 fn summary(arms: &[&Arm], seed: u64) -> String {
     let mut t = Columns::new(arms.iter().map(|a| a.name).collect());
     for (i, arm) in arms.iter().enumerate() {
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        for op in arm.history.ops() {
-            let kind = match &op.kind {
-                Kind::Acquire { .. } => "acquire",
-                Kind::Write { stale: false, .. } => "write",
-                Kind::Write { stale: true, .. } => "write after a pause",
-                Kind::Release { .. } => "release",
-                Kind::ValidUntil { .. } => continue,
-            };
-            let outcome = match &op.outcome {
-                Outcome::Ok => "ok".to_string(),
-                Outcome::Refused { status, error } => format!("refused {status} {error}").trim().to_string(),
-                Outcome::Unknown { .. } => "unknown".to_string(),
-            };
-            *counts.entry(format!("ops: {kind} {outcome}")).or_default() += 1;
-        }
-        for (k, v) in counts {
-            t.put(i, k, v.to_string());
-        }
-        for (f, n) in &arm.faults {
-            t.put(i, format!("fault: {f:?}"), n.to_string());
-        }
-        for r in &arm.reports {
-            t.put(i, format!("violations: {}", r.name), r.violations.len().to_string());
-        }
+        t.put_arm(i, &arm.history.ops(), &arm.faults, &arm.reports);
         let longest = arm.window_ms.map_or("none".into(), |ms| format!("{ms:.0} ms"));
         t.put(
             i,
@@ -244,12 +166,8 @@ fn summary(arms: &[&Arm], seed: u64) -> String {
     format!("\ntorture summary (seed {seed})\n\n{}", t.markdown())
 }
 
-/// Keep the history of a failing arm, and say how to replay it.
 fn keep_history(arm: &Arm, seed: u64) -> String {
-    let name = arm.name.split_whitespace().next().unwrap_or("arm");
-    let path = format!("{}/torture-{name}-seed-{seed}.json", env!("CARGO_TARGET_TMPDIR"));
-    std::fs::write(&path, serde_json::to_vec_pretty(&arm.history.ops()).unwrap()).unwrap();
-    format!("history: {path}; replay the schedule with TORTURE_SEED={seed}")
+    summary::keep_history("torture", arm.name, &arm.history.ops(), seed, "TORTURE_SEED")
 }
 
 fn retry_summary(arms: &[&retries::RetryArm]) -> String {

@@ -46,15 +46,18 @@ async fn deliver(tx: &mpsc::Sender<Bytes>, line: Bytes) -> bool {
 /// Which keys a watcher may see (its identity's `watch` right).
 pub type Visible = Box<dyn Fn(&str) -> bool + Send + Sync>;
 
-/// A watch's query: the key prefix (empty: every key) and the revision to
-/// resume after.
+/// A watch's query: the key prefix (empty: every key), the revision to
+/// resume after, and whether the watcher asked for a heartbeat at once
+/// after events it cannot see (`progress=1`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchParams {
     pub prefix: String,
     pub after: Option<u64>,
+    pub progress: bool,
 }
 
-/// Read `prefix=P[&after=REV]`, each value percent-decoded once and checked.
+/// Read `prefix=P[&after=REV][&progress=0|1]`, each value percent-decoded
+/// once and checked.
 pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
     let mut prefix = String::new();
     let mut after = None;
@@ -91,7 +94,7 @@ pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
         }
         crate::lock::validate::key(probe)?;
     }
-    Ok(WatchParams { prefix, after })
+    Ok(WatchParams { prefix, after, progress })
 }
 
 /// Open a stream of `query`'s prefix. `may_open` says whether the watcher
@@ -102,7 +105,7 @@ pub fn stream(
     may_open: impl FnOnce(&str) -> Result<(), ApiError>,
     visible: Visible,
 ) -> Result<Response<Body>, ApiError> {
-    let WatchParams { prefix, after } = params(query)?;
+    let WatchParams { prefix, after, progress } = params(query)?;
     may_open(&prefix)?;
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(run(node, prefix, visible, after, progress, tx));

@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::history::{Kind, Op, Outcome};
-use super::workload::path_of;
+use super::workload::send_write;
 
 /// The variable holding a worker's spec (JSON).
 pub const ENV: &str = "FGP_WORKER";
@@ -133,25 +133,7 @@ async fn round(s: &Spec, rec: &mut Recorder, client: &Client, http: &HttpClient,
 
 async fn write(s: &Spec, rec: &mut Recorder, http: &HttpClient, key: &str, token: u64, stale: bool) {
     let start = rec.now();
-    let req = hyper::Request::put(format!("{}{}", s.target, path_of(key)))
-        .header("x-fence-token", token.to_string())
-        .body(http_body_util::Full::new(bytes::Bytes::from(format!("{{\"state\":\"w{}@{token}\"}}", s.worker))))
-        .unwrap();
-    let outcome = match http.send(req, Duration::from_secs(10)).await {
-        Ok(a) if a.status == 200 => Outcome::Ok,
-        Ok(a) => {
-            let v: serde_json::Value = serde_json::from_slice(&a.body).unwrap_or_default();
-            let error = v["error"].as_str().unwrap_or("").to_string();
-            // 503 is the sidecar refusing to judge (never forwarded); a
-            // 502/504 may or may not have reached the upstream.
-            if a.status.is_server_error() && a.status != 503 {
-                Outcome::Unknown { why: format!("{} {error}", a.status) }
-            } else {
-                Outcome::Refused { status: a.status.as_u16(), error }
-            }
-        }
-        Err(e) => Outcome::Unknown { why: e.to_string() },
-    };
+    let outcome = send_write(http, &s.target, s.worker, key, token).await;
     rec.record(start, Kind::Write { key: key.into(), token, stale }, outcome);
 }
 

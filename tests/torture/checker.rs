@@ -6,6 +6,18 @@ use std::collections::BTreeMap;
 
 use super::history::{Kind, Op, Outcome};
 
+/// The sidecar's `lock_service.max_staleness` (its default): how long after
+/// a newer grant completed an older token's write may still be dispatched.
+pub const MAX_STALENESS_MS: f64 = 1000.0;
+
+/// What the checker allows on top of `MAX_STALENESS_MS`: it measures when
+/// the upstream *applied* a write, which follows the sidecar's last decision
+/// by the request's transfer, the upstream's reading of the small body and
+/// the scheduling of both on a loaded 2-core runner. Not part of the bound
+/// the sidecar promises (to dispatch); a sidecar that ignored the bound
+/// would exceed it by seconds (the stream is blind until its 12 s silence).
+pub const APPLY_MARGIN_MS: f64 = 250.0;
+
 pub struct Report {
     pub name: &'static str,
     pub violations: Vec<String>,

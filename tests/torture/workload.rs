@@ -3,11 +3,13 @@
 //! SIGSTOPped: keepalives stop too) for longer than its TTL and then carries
 //! on writing with its old token, exactly as a GC-paused holder would.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fencegate_client::http::HttpClient;
 use fencegate_client::{AcquireOptions, Client, ClientError};
+use fencegate_testkit::Upstream;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -120,11 +122,18 @@ async fn one_round(
 
 async fn write(worker: usize, history: &History, http: &HttpClient, target: &str, key: &str, token: u64, stale: bool) {
     let start = Instant::now();
+    let outcome = send_write(http, target, worker, key, token).await;
+    history.record(worker, start, Kind::Write { key: key.into(), token, stale }, outcome);
+}
+
+/// One fenced write of `key` with `token` to `target` (a sidecar, or the
+/// upstream itself in a control arm), and what its answer means.
+pub async fn send_write(http: &HttpClient, target: &str, worker: usize, key: &str, token: u64) -> Outcome {
     let req = hyper::Request::put(format!("{target}{}", path_of(key)))
         .header("x-fence-token", token.to_string())
         .body(http_body_util::Full::new(bytes::Bytes::from(format!("{{\"state\":\"w{worker}@{token}\"}}"))))
         .unwrap();
-    let outcome = match http.send(req, Duration::from_secs(10)).await {
+    match http.send(req, Duration::from_secs(10)).await {
         Ok(a) if a.status == 200 => Outcome::Ok,
         Ok(a) => {
             let v: serde_json::Value = serde_json::from_slice(&a.body).unwrap_or_default();
@@ -138,6 +147,27 @@ async fn write(worker: usize, history: &History, http: &HttpClient, target: &str
             }
         }
         Err(e) => Outcome::Unknown { why: e.to_string() },
-    };
-    history.record(worker, start, Kind::Write { key: key.into(), token, stale }, outcome);
+    }
+}
+
+/// Each key's tokens in the order the upstream applied its writes.
+pub fn applied(up: &Upstream, keys: &[String]) -> BTreeMap<String, Vec<u64>> {
+    keys.iter().map(|key| (key.clone(), up.tokens(&path_of(key)).into_iter().flatten().collect())).collect()
+}
+
+/// Each key's writes as the upstream applied them: token and when, on the
+/// history's clock (the upstream runs in this process).
+pub fn applied_at(up: &Upstream, keys: &[String], history: &History) -> BTreeMap<String, Vec<(u64, f64)>> {
+    let seen = up.seen();
+    keys.iter()
+        .map(|key| {
+            let path = path_of(key);
+            let writes = seen
+                .iter()
+                .filter(|s| s.path == path && s.method != "GET")
+                .filter_map(|s| Some((s.token?, history.ms(Instant::from_std(s.at)))))
+                .collect();
+            (key.clone(), writes)
+        })
+        .collect()
 }
