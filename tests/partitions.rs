@@ -39,15 +39,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use checker::{Report, APPLY_MARGIN_MS, MAX_STALENESS_MS};
+use checker::{APPLY_MARGIN_MS, MAX_STALENESS_MS};
 use faults::Fault;
-use fencegate_client::AcquireOptions;
 use fencegate_testkit::netns::{self, monotonic_ns, Lab};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::{bin, Proc, Upstream};
 use history::History;
 use net::{Net, CTL, UPSTREAM_PORT, WORKERS};
-use summary::Columns;
 use tokio::time::Instant;
 
 const NODE_YAML: &str =
@@ -63,14 +61,7 @@ fn routes() -> String {
     table(&[rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"]).timeout("5s"), everything_else()])
 }
 
-struct Arm {
-    name: &'static str,
-    history: Arc<History>,
-    faults: BTreeMap<Fault, usize>,
-    reports: Vec<Report>,
-    /// The longest cached window measured (`checker::stale_window`).
-    window_ms: Option<f64>,
-}
+type Arm = summary::Arm<Fault>;
 
 /// Start the worker processes in their namespace, writing to `target`,
 /// until `until`; their processes and history files.
@@ -139,24 +130,9 @@ async fn sidecar_arm(lab: &Lab, nodes: u64, seconds: u64, seed: u64) -> Arm {
     faults::heal(&net);
     collect(workers, &history).await;
 
-    let healed = Instant::now();
     let client = net.client();
-    let mut recovered = None;
-    while healed.elapsed().as_secs_f64() * 1000.0 < LIVENESS_BOUND_MS {
-        if let Ok(l) = client.acquire("rack/liveness", AcquireOptions::new(Duration::from_secs(5))).await {
-            recovered = Some(healed.elapsed().as_secs_f64() * 1000.0);
-            let _ = l.release().await;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut latest = BTreeMap::new();
-    for k in 0..KEYS {
-        let key = format!("rack/{k}");
-        if let Ok(info) = client.read(&key).await {
-            latest.insert(key, info.token);
-        }
-    }
+    let recovered = workload::recovery(&client, LIVENESS_BOUND_MS).await;
+    let latest = workload::latest(&client, &keys()).await;
     drop(sidecar);
     let ops = history.ops();
     let (window, window_ms) =
@@ -190,21 +166,7 @@ async fn control_arm(lab: &Lab, seconds: u64, seed: u64) -> Arm {
 }
 
 fn summary(arms: &[&Arm], seed: u64) -> String {
-    let mut t = Columns::new(arms.iter().map(|a| a.name).collect());
-    for (i, arm) in arms.iter().enumerate() {
-        t.put_arm(i, &arm.history.ops(), &arm.faults, &arm.reports);
-        let longest = arm.window_ms.map_or("none".into(), |ms| format!("{ms:.0} ms"));
-        t.put(
-            i,
-            format!("stale write applied after a newer grant, longest (max_staleness {MAX_STALENESS_MS:.0} ms + {APPLY_MARGIN_MS:.0} ms margin)"),
-            longest,
-        );
-    }
-    format!("\npartitions summary (seed {seed})\n\n{}", t.markdown())
-}
-
-fn keep_history(arm: &Arm, seed: u64) -> String {
-    summary::keep_history("partitions", arm.name, &arm.history.ops(), seed, "PARTITIONS_SEED")
+    summary::table("partitions", arms, seed)
 }
 
 async fn profile(lab: &Lab, nodes: u64, seconds: u64, control_seconds: u64, seed: u64) {
@@ -212,20 +174,7 @@ async fn profile(lab: &Lab, nodes: u64, seconds: u64, control_seconds: u64, seed
     let without = control_arm(lab, control_seconds, seed).await;
     println!("{}", summary(&[&with, &without], seed));
     let mut failures = vec![];
-    for r in &with.reports {
-        for v in r.violations.iter().take(5) {
-            failures.push(format!("{}: {v}", r.name));
-        }
-    }
-    if !failures.is_empty() {
-        failures.push(keep_history(&with, seed));
-    }
-    if without.reports[0].violations.is_empty() {
-        failures.push(format!(
-            "the control arm found no out-of-order write: the checker could not fail ({})",
-            keep_history(&without, seed)
-        ));
-    }
+    failures.extend(summary::failures("partitions", &with, &without, seed, "PARTITIONS_SEED"));
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 

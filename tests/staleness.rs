@@ -54,6 +54,18 @@ fn assert_refused(status: u16, v: &serde_json::Value, b: u64, what: &str) {
 }
 
 /// Acquire through node 1's own API (no keepalives).
+/// Three nodes, each client port behind a relay the test can black-hole;
+/// the relays' URLs are the sidecars' endpoints.
+async fn relayed_cluster() -> (Cluster, Vec<Relay>, Vec<String>) {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let mut relays = vec![];
+    for id in c.ids() {
+        relays.push(Relay::start(c.port(id)).await);
+    }
+    let endpoints = relays.iter().map(Relay::url).collect();
+    (c, relays, endpoints)
+}
+
 async fn take(c: &Cluster, key: &str) -> (u64, String) {
     let (status, v) = raw("POST", &format!("{}/v1/locks/{key}", c.url(1)), Some(r#"{"ttl_ms":30000}"#)).await;
     assert_eq!(status, 200, "{v}");
@@ -121,13 +133,8 @@ async fn stale_writes_stop_within_the_bound(
 /// writes for the whole run and the test fails.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_cut_watch_is_trusted_no_longer_than_max_staleness() {
-    let c = Cluster::start(&bin!(), 3, "").await;
-    let mut relays = vec![];
-    for id in c.ids() {
-        relays.push(Relay::start(c.port(id)).await);
-    }
     // The watch streams from the first endpoint: node 1, through relays[0].
-    let endpoints: Vec<String> = relays.iter().map(Relay::url).collect();
+    let (c, relays, endpoints) = relayed_cluster().await;
     let (up, control_up) = (Upstream::start().await, Upstream::start().await);
     let sc = Arc::new(sidecar(&c, "sc", &up, &endpoints, "500ms").await);
     let control = Arc::new(sidecar(&c, "control", &control_up, &endpoints, "10s").await);
@@ -228,12 +235,7 @@ async fn a_watch_on_a_node_cut_from_its_leader_is_trusted_no_longer_than_max_sta
 /// them: A's write forwarded with 200).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_held_at_the_barrier_is_decided_again_when_it_leaves() {
-    let c = Cluster::start(&bin!(), 3, "").await;
-    let mut relays = vec![];
-    for id in c.ids() {
-        relays.push(Relay::start(c.port(id)).await);
-    }
-    let endpoints: Vec<String> = relays.iter().map(Relay::url).collect();
+    let (c, relays, endpoints) = relayed_cluster().await;
     let up = Upstream::start().await;
     let cached = Arc::new(sidecar_fenced(&c, "cached", &up, &endpoints, "500ms", CACHED).await);
     let lin = Arc::new(sidecar_fenced(&c, "lin", &up, &endpoints, "500ms", LINEARIZABLE).await);
@@ -283,12 +285,7 @@ async fn a_write_held_at_the_barrier_is_decided_again_when_it_leaves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_outlasts_max_staleness_is_decided_again_at_dispatch() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let c = Cluster::start(&bin!(), 3, "").await;
-    let mut relays = vec![];
-    for id in c.ids() {
-        relays.push(Relay::start(c.port(id)).await);
-    }
-    let endpoints: Vec<String> = relays.iter().map(Relay::url).collect();
+    let (c, relays, endpoints) = relayed_cluster().await;
     let up = Upstream::start().await;
     let sc = sidecar(&c, "sc", &up, &endpoints, "500ms").await;
     let (path, key) = ("/racks/c", "rack/c");

@@ -35,8 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use checker::{Report, APPLY_MARGIN_MS, MAX_STALENESS_MS};
-use fencegate_client::AcquireOptions;
+use checker::{APPLY_MARGIN_MS, MAX_STALENESS_MS};
 use fencegate_testkit::cluster::{ClusterOptions, Security};
 use fencegate_testkit::powerloss::{fuse_skipped, Mode, PowerLossFs};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
@@ -58,14 +57,7 @@ const NODE_YAML: &str =
 
 const LIVENESS_BOUND_MS: f64 = 10_000.0;
 
-struct Arm {
-    name: &'static str,
-    history: Arc<History>,
-    faults: BTreeMap<Fault, usize>,
-    reports: Vec<Report>,
-    /// The longest cached window measured (`checker::stale_window`).
-    window_ms: Option<f64>,
-}
+type Arm = summary::Arm<Fault>;
 
 fn keys(w: &Workload, prefix: &str) -> Vec<String> {
     (0..w.keys).map(|k| format!("rack/{prefix}{k}")).collect()
@@ -102,24 +94,9 @@ async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
     work.await.unwrap();
 
     nemesis::heal(&mut c);
-    let healed = Instant::now();
     let client = c.client();
-    let mut recovered = None;
-    while healed.elapsed().as_secs_f64() * 1000.0 < LIVENESS_BOUND_MS {
-        if let Ok(l) = client.acquire("rack/liveness", AcquireOptions::new(Duration::from_secs(5))).await {
-            recovered = Some(healed.elapsed().as_secs_f64() * 1000.0);
-            let _ = l.release().await;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut latest = BTreeMap::new();
-    for k in 0..w.keys {
-        let key = format!("rack/{k}");
-        if let Ok(info) = client.read(&key).await {
-            latest.insert(key, info.token);
-        }
-    }
+    let recovered = workload::recovery(&client, LIVENESS_BOUND_MS).await;
+    let latest = workload::latest(&client, &keys(&w, "")).await;
     let ops = history.ops();
     let (window, window_ms) = checker::stale_window(
         &ops,
@@ -153,21 +130,7 @@ async fn control_arm(seconds: u64, seed: u64) -> Arm {
 }
 
 fn summary(arms: &[&Arm], seed: u64) -> String {
-    let mut t = Columns::new(arms.iter().map(|a| a.name).collect());
-    for (i, arm) in arms.iter().enumerate() {
-        t.put_arm(i, &arm.history.ops(), &arm.faults, &arm.reports);
-        let longest = arm.window_ms.map_or("none".into(), |ms| format!("{ms:.0} ms"));
-        t.put(
-            i,
-            format!("stale write applied after a newer grant, longest (max_staleness {MAX_STALENESS_MS:.0} ms + {APPLY_MARGIN_MS:.0} ms margin)"),
-            longest,
-        );
-    }
-    format!("\ntorture summary (seed {seed})\n\n{}", t.markdown())
-}
-
-fn keep_history(arm: &Arm, seed: u64) -> String {
-    summary::keep_history("torture", arm.name, &arm.history.ops(), seed, "TORTURE_SEED")
+    summary::table("torture", arms, seed)
 }
 
 fn retry_summary(arms: &[&retries::RetryArm]) -> String {
@@ -198,20 +161,7 @@ async fn profile(nodes: u64, seconds: u64, control_seconds: u64, seed: u64) {
     if unkeyed.report.violations.is_empty() {
         failures.push("the retry control arm applied no write twice: the duplicate check could not fail".into());
     }
-    for r in &with.reports {
-        for v in r.violations.iter().take(5) {
-            failures.push(format!("{}: {v}", r.name));
-        }
-    }
-    if !failures.is_empty() {
-        failures.push(keep_history(&with, seed));
-    }
-    if without.reports[0].violations.is_empty() {
-        failures.push(format!(
-            "the control arm found no out-of-order write: the checker could not fail ({})",
-            keep_history(&without, seed)
-        ));
-    }
+    failures.extend(summary::failures("torture", &with, &without, seed, "TORTURE_SEED"));
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 

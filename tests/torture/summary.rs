@@ -4,9 +4,74 @@
 //! reuse the torture modules (`torture.rs`, `partitions.rs`).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use super::checker::Report;
-use super::history::{Kind, Op, Outcome};
+use super::checker::{Report, APPLY_MARGIN_MS, MAX_STALENESS_MS};
+use super::history::{History, Kind, Op, Outcome};
+
+/// One arm of a run: what it did, the faults it saw (`F`: the suite's
+/// fault kinds), what the checks found, and the longest cached window
+/// measured (`checker::stale_window`).
+pub struct Arm<F> {
+    pub name: &'static str,
+    pub history: Arc<History>,
+    pub faults: BTreeMap<F, usize>,
+    pub reports: Vec<Report>,
+    pub window_ms: Option<f64>,
+}
+
+impl<F: std::fmt::Debug> Arm<F> {
+    /// Keep this arm's history as `target/tmp/<suite>-<arm>-seed-<seed>.json`;
+    /// the line saying where, and how to replay its schedule (`seed_var`).
+    pub fn keep_history(&self, suite: &str, seed: u64, seed_var: &str) -> String {
+        let name = self.name.split_whitespace().next().unwrap_or("arm");
+        let path = format!("{}/{suite}-{name}-seed-{seed}.json", env!("CARGO_TARGET_TMPDIR"));
+        std::fs::write(&path, serde_json::to_vec_pretty(&self.history.ops()).unwrap()).unwrap();
+        format!("history: {path}; replay the schedule with {seed_var}={seed}")
+    }
+}
+
+/// What fails a run: any violation in the sidecar arm (its history kept),
+/// or a control arm that found no out-of-order write (the checker could not
+/// fail).
+pub fn failures<F: std::fmt::Debug>(
+    suite: &str,
+    with: &Arm<F>,
+    without: &Arm<F>,
+    seed: u64,
+    seed_var: &str,
+) -> Vec<String> {
+    let mut failures = vec![];
+    for r in &with.reports {
+        for v in r.violations.iter().take(5) {
+            failures.push(format!("{}: {v}", r.name));
+        }
+    }
+    if !failures.is_empty() {
+        failures.push(with.keep_history(suite, seed, seed_var));
+    }
+    if without.reports[0].violations.is_empty() {
+        failures.push(format!(
+            "the control arm found no out-of-order write: the checker could not fail ({})",
+            without.keep_history(suite, seed, seed_var)
+        ));
+    }
+    failures
+}
+
+/// The run's table, a column per arm.
+pub fn table<F: std::fmt::Debug>(suite: &str, arms: &[&Arm<F>], seed: u64) -> String {
+    let mut t = Columns::new(arms.iter().map(|a| a.name).collect());
+    for (i, arm) in arms.iter().enumerate() {
+        t.put_arm(i, &arm.history.ops(), &arm.faults, &arm.reports);
+        let longest = arm.window_ms.map_or("none".into(), |ms| format!("{ms:.0} ms"));
+        let row = format!(
+            "stale write applied after a newer grant, longest (max_staleness {MAX_STALENESS_MS:.0} ms + {APPLY_MARGIN_MS:.0} ms margin)"
+        );
+        t.put(i, row, longest);
+    }
+    format!("\n{suite} summary (seed {seed})\n\n{}", t.markdown())
+}
 
 /// A Markdown table: a column per arm, the rows any arm filled in, sorted.
 pub struct Columns {
@@ -26,13 +91,7 @@ impl Columns {
 
     /// An arm's operations counted by kind and outcome, its faults and its
     /// violations per check.
-    pub fn put_arm<F: std::fmt::Debug>(
-        &mut self,
-        arm: usize,
-        ops: &[Op],
-        faults: &BTreeMap<F, usize>,
-        reports: &[Report],
-    ) {
+    fn put_arm<F: std::fmt::Debug>(&mut self, arm: usize, ops: &[Op], faults: &BTreeMap<F, usize>, reports: &[Report]) {
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for op in ops {
             let kind = match &op.kind {
@@ -67,13 +126,4 @@ impl Columns {
         }
         out
     }
-}
-
-/// Keep a failing arm's history as `target/tmp/<suite>-<arm>-seed-<seed>.json`;
-/// the line saying where, and how to replay its schedule (`seed_var`).
-pub fn keep_history(suite: &str, arm: &str, ops: &[Op], seed: u64, seed_var: &str) -> String {
-    let name = arm.split_whitespace().next().unwrap_or("arm");
-    let path = format!("{}/{suite}-{name}-seed-{seed}.json", env!("CARGO_TARGET_TMPDIR"));
-    std::fs::write(&path, serde_json::to_vec_pretty(ops).unwrap()).unwrap();
-    format!("history: {path}; replay the schedule with {seed_var}={seed}")
 }

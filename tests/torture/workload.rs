@@ -171,3 +171,28 @@ pub fn applied_at(up: &Upstream, keys: &[String], history: &History) -> BTreeMap
         })
         .collect()
 }
+
+/// After healing: how long until an acquire succeeds again (ms; `None`
+/// if none did within `bound_ms`).
+pub async fn recovery(client: &Client, bound_ms: f64) -> Option<f64> {
+    let healed = Instant::now();
+    while healed.elapsed().as_secs_f64() * 1000.0 < bound_ms {
+        if let Ok(l) = client.acquire("rack/liveness", AcquireOptions::new(Duration::from_secs(5))).await {
+            let _ = l.release().await;
+            return Some(healed.elapsed().as_secs_f64() * 1000.0);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Each key's latest token as the service reads it now (keys it cannot read are left out).
+pub async fn latest(client: &Client, keys: &[String]) -> BTreeMap<String, u64> {
+    let mut latest = BTreeMap::new();
+    for key in keys {
+        if let Ok(info) = client.read(key).await {
+            latest.insert(key.clone(), info.token);
+        }
+    }
+    latest
+}
