@@ -165,10 +165,16 @@ impl Sidecar {
 
     /// SIGKILL, then start again on the same config (and ports) and state.
     pub async fn restart(&mut self) {
-        self.kill();
-        if let Err(log) = self.spawn().await {
+        if let Err(log) = self.try_restart().await {
             panic!("the restarted sidecar exited before serving:\n{log}");
         }
+    }
+
+    /// [`Sidecar::restart`], or the log of a sidecar that exited before
+    /// serving (a state directory it refuses, say).
+    pub async fn try_restart(&mut self) -> Result<(), String> {
+        self.kill();
+        self.spawn().await
     }
 
     /// Its stderr, across restarts.
