@@ -76,6 +76,29 @@ async fn take(c: &Cluster, key: &str) -> (u64, String) {
 /// 2 s, each on its own: none sent `MAX_STALENESS` or more after B's grant
 /// is forwarded, and none that was forwarded reached the upstream that late
 /// (the decision and the floor's fsync included).
+/// The control sidecar (a `max_staleness` of 10 s) writes with A's token
+/// a second after B's grant...
+fn control_writes_late(
+    control: Arc<Sidecar>,
+    path: &'static str,
+    a: u64,
+    granted: Instant,
+) -> tokio::task::JoinHandle<(u16, serde_json::Value)> {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(granted + Duration::from_secs(1)).await;
+        control.send("PUT", path, Some(a), &[]).await
+    })
+}
+
+/// ...and must have forwarded it: its watch really was blind that long.
+async fn control_forwarded(write: tokio::task::JoinHandle<(u16, serde_json::Value)>) {
+    let (status, v) = write.await.unwrap();
+    assert_eq!(
+        status, 200,
+        "the control did not forward A's write a second after B's grant: its watch was not blind ({v})"
+    );
+}
+
 async fn stale_writes_stop_within_the_bound(
     sc: &Arc<Sidecar>,
     up: &Upstream,
@@ -158,21 +181,14 @@ async fn a_silently_cut_watch_is_trusted_no_longer_than_max_staleness() {
     let (granted, granted_std) = (Instant::now(), std::time::Instant::now());
     let before = up.tokens(path).len();
 
-    let control_write = tokio::spawn(async move {
-        tokio::time::sleep_until(granted + Duration::from_secs(1)).await;
-        control.send("PUT", path, Some(a), &[]).await
-    });
+    let control_write = control_writes_late(control, path, a, granted);
     stale_writes_stop_within_the_bound(&sc, &up, path, (a, b), granted, granted_std, before).await;
     let (status, v) = sc.send("PUT", path, Some(a), &[]).await;
     assert_eq!((status, v["error"].as_str()), (409, Some("stale_token")), "{v}");
     let metrics = sc.metrics().await;
     assert!(fallbacks(&metrics).is_some_and(|n| n >= 1.0), "no fallback counted:\n{metrics}");
 
-    let (status, v) = control_write.await.unwrap();
-    assert_eq!(
-        status, 200,
-        "the control did not forward A's write a second after B's grant: its watch was not blind ({v})"
-    );
+    control_forwarded(control_write).await;
 }
 
 /// The node the sidecar's watch streams from is cut from its peers but not
@@ -212,16 +228,9 @@ async fn a_watch_on_a_node_cut_from_its_leader_is_trusted_no_longer_than_max_sta
     let b = v["token"].as_u64().unwrap();
     let (granted, granted_std) = (Instant::now(), std::time::Instant::now());
     let before = up.tokens(path).len();
-    let control_write = tokio::spawn(async move {
-        tokio::time::sleep_until(granted + Duration::from_secs(1)).await;
-        control.send("PUT", path, Some(a), &[]).await
-    });
+    let control_write = control_writes_late(control, path, a, granted);
     stale_writes_stop_within_the_bound(&sc, &up, path, (a, b), granted, granted_std, before).await;
-    let (status, v) = control_write.await.unwrap();
-    assert_eq!(
-        status, 200,
-        "the control did not forward A's write a second after B's grant: its watch was not blind ({v})"
-    );
+    control_forwarded(control_write).await;
     c.isolate(cut, false);
 }
 
