@@ -31,9 +31,16 @@ use serde::{Deserialize, Serialize};
 /// over all grants of all keys.
 pub use fencegate_client::wire::Token;
 
-/// How many acquire request ids are remembered for deduplicating retries.
-/// Deterministic (part of the replicated state), so every replica agrees.
-pub const REQUEST_ID_MEMORY: usize = 65_536;
+/// How many request ids of *ended* leases are remembered for deduplicating
+/// retries (the request id of a live lease is always remembered, until it
+/// ends). A retry comes within its client's acquire call, seconds after the
+/// attempt it repeats; the ended ones are kept only so that a retry that
+/// comes after its lease ended still gets that grant back rather than a
+/// second one. Evicted oldest-ended first, on applied commands only, so
+/// every replica agrees. (It was 65,536 request ids of any lease, about
+/// 190 bytes of snapshot and 1 KB of memory per acquire: nodes grew by
+/// some 60 MB before it was full.)
+pub const REQUEST_ID_MEMORY: usize = 4_096;
 
 /// A replicated command. Entries of the Raft log carry exactly one of these.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,6 +143,11 @@ pub struct Lease {
     pub holder: String,
     pub ttl_ms: u64,
     pub lock_delay_ms: u64,
+    /// The request id of the acquire that granted it, remembered (in
+    /// `LockState::requests`) while the lease lives. Absent without one, and
+    /// in snapshots written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 /// Per-key state. A key that was ever granted stays in the table so that its
@@ -168,9 +180,13 @@ pub struct LockState {
     revision: u64,
     keys: BTreeMap<String, KeyState>,
     leases: HashMap<String, Lease>,
-    /// Grants by owner and client request id (`request_key`), oldest first,
-    /// bounded by `REQUEST_ID_MEMORY`.
+    /// Grants by owner and client request id (`request_key`): those of
+    /// every live lease, and of the last `REQUEST_ID_MEMORY` leases that
+    /// ended.
     requests: HashMap<String, Grant>,
+    /// The `requests` to forget first: those of ended leases, in the order
+    /// they ended. (In snapshots written before `Lease::request_id`, those
+    /// of every grant, in grant order: they are forgotten in that order.)
     request_order: VecDeque<String>,
     /// Live leases per owner (owners with none are not listed).
     #[serde(default)]
@@ -279,11 +295,14 @@ impl LockState {
             holder: a.holder.clone(),
             ttl_ms: a.ttl_ms,
             lock_delay_ms: a.lock_delay_ms,
+            request_id: a.request_id.clone(),
         };
         self.leases.insert(a.lease_id.clone(), lease);
         let grant = Grant { key: a.key.clone(), token, lease_id: a.lease_id.clone(), ttl_ms: a.ttl_ms };
         if let Some(r) = &a.request_id {
-            self.remember_request(request_key(&a.owner, r), grant.clone());
+            // Remembered as long as the lease lives; queued for forgetting
+            // once it ends (`end`).
+            self.requests.insert(request_key(&a.owner, r), grant.clone());
         }
         let event = Event {
             rev: token,
@@ -295,14 +314,21 @@ impl LockState {
         (Outcome::Granted(grant), Some(event))
     }
 
-    fn remember_request(&mut self, id: String, grant: Grant) {
-        if self.request_order.len() >= REQUEST_ID_MEMORY {
+    /// The lease granted for `request_key` ended: its request id is kept
+    /// among the last `REQUEST_ID_MEMORY` ended ones. Also trims a queue
+    /// from an older snapshot (which held every grant's) down to the bound.
+    fn forget_later(&mut self, request_key: String) {
+        self.request_order.push_back(request_key);
+        while self.request_order.len() > REQUEST_ID_MEMORY {
             if let Some(old) = self.request_order.pop_front() {
                 self.requests.remove(&old);
             }
         }
-        self.request_order.push_back(id.clone());
-        self.requests.insert(id, grant);
+    }
+
+    /// Request ids remembered (of live leases and of recently ended ones).
+    pub fn remembered_requests(&self) -> usize {
+        self.requests.len()
     }
 
     fn end(&mut self, lease_id: &str, expired: bool) -> (Outcome, Option<Event>) {
@@ -314,6 +340,9 @@ impl LockState {
             if *n == 0 {
                 self.owned.remove(&lease.owner);
             }
+        }
+        if let Some(r) = &lease.request_id {
+            self.forget_later(request_key(&lease.owner, r));
         }
         let k = self.keys.get_mut(&lease.key).expect("a live lease always has its key entry");
         k.lease_id = None;

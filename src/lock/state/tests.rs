@@ -61,15 +61,100 @@ fn retried_request_id_returns_the_original_grant() {
     assert_eq!(s.lease_count(), 1);
 }
 
+fn release(lease: &str) -> Command {
+    Command::Release { lease_id: lease.into(), by: "owner".into() }
+}
+
+/// `n` acquire+release cycles on 4 keys, each with a request id of its own
+/// (what the client library sends), numbered from `from`.
+fn cycles(s: &mut LockState, from: usize, n: usize) {
+    for i in from..from + n {
+        let lease = format!("{i:032x}");
+        let (o, _) = s.apply(&acquire(&format!("soak/k{}", i % 4), &lease, 3000, 0, Some(&format!("{:032x}", i + 1))));
+        assert!(granted(&o).is_some());
+        s.apply(&release(&lease));
+    }
+}
+
 #[test]
 fn request_id_memory_is_bounded() {
     let mut s = LockState::default();
-    for i in 0..(REQUEST_ID_MEMORY as u64 + 10) {
-        s.apply(&acquire(&format!("k{i}"), &format!("L{i}"), 1000, 0, Some(&format!("r{i}"))));
-    }
+    cycles(&mut s, 0, 2 * REQUEST_ID_MEMORY + 10);
     assert_eq!(s.requests.len(), REQUEST_ID_MEMORY);
     assert_eq!(s.request_order.len(), REQUEST_ID_MEMORY);
-    assert!(!s.requests.contains_key("r0"));
+    assert!(!s.requests.contains_key(&request_key("owner", &format!("{:032x}", 1))));
+}
+
+#[test]
+fn a_steady_load_on_a_few_keys_leaves_the_snapshot_flat() {
+    // The soak's pattern: acquire+release on a few keys, a fresh request id
+    // per acquire. With 65,536 request ids of any lease remembered, the
+    // snapshot grew by ~190 bytes per acquire (3.8 MB after 20,000) and the
+    // nodes' memory with it.
+    let mut s = LockState::default();
+    cycles(&mut s, 0, 5_000);
+    let early = serde_json::to_vec(&s).unwrap().len();
+    cycles(&mut s, 5_000, 15_000);
+    let late = serde_json::to_vec(&s).unwrap().len();
+    assert!(late <= early + early / 10, "the snapshot grew from {early} to {late} bytes");
+    assert!(late < 1 << 20, "{late} bytes of snapshot for 4 keys");
+    assert!(s.remembered_requests() <= REQUEST_ID_MEMORY);
+}
+
+#[test]
+fn a_live_lease_keeps_its_request_id_however_many_end_after_it() {
+    let mut s = LockState::default();
+    let (first, _) = s.apply(&acquire("long", "LIVE", 60_000, 0, Some("live")));
+    cycles(&mut s, 0, 2 * REQUEST_ID_MEMORY);
+    let (again, ev) = s.apply(&acquire("long", "OTHER", 60_000, 0, Some("live")));
+    assert_eq!(first, again, "a retry of a live lease's acquire gets it back");
+    assert!(ev.is_none());
+    assert_eq!(s.remembered_requests(), REQUEST_ID_MEMORY + 1);
+    // Once it ends, it is remembered among the recently ended ones.
+    s.apply(&release("LIVE"));
+    let (ended, ev) = s.apply(&acquire("long", "OTHER", 60_000, 0, Some("live")));
+    assert_eq!(first, ended, "a retry after the lease ended still gets the original grant");
+    assert!(ev.is_none());
+    cycles(&mut s, 1 << 20, REQUEST_ID_MEMORY);
+    let (later, ev) = s.apply(&acquire("long", "OTHER", 60_000, 0, Some("live")));
+    assert!(ev.is_some() && later != first, "forgotten {} ends later: {later:?}", REQUEST_ID_MEMORY);
+}
+
+#[test]
+fn a_snapshot_from_before_request_ids_were_kept_per_lease_loads_and_is_trimmed() {
+    // Before: `request_order` queued every grant's request id, and a lease
+    // did not record its own. Make such a snapshot: 10,000 grants (the
+    // last one live), every one queued.
+    let mut s = LockState::default();
+    cycles(&mut s, 0, 9_999);
+    s.apply(&acquire("live", "LIVE", 60_000, 0, Some("live")));
+    let mut v = serde_json::to_value(&s).unwrap();
+    for lease in v["leases"].as_object_mut().unwrap().values_mut() {
+        lease.as_object_mut().unwrap().remove("request_id");
+    }
+    let all: Vec<String> = (1..=9_999).map(|i| request_key("owner", &format!("{i:032x}"))).collect();
+    let mut old_requests = v["requests"].as_object().unwrap().clone();
+    for (i, k) in all.iter().enumerate() {
+        let lease = format!("{i:032x}");
+        old_requests.insert(
+            k.clone(),
+            serde_json::json!({"key": format!("soak/k{}", i % 4), "token": 2 * i + 1, "lease_id": lease, "ttl_ms": 3000}),
+        );
+    }
+    v["requests"] = serde_json::Value::Object(old_requests);
+    let mut order = all.clone();
+    order.push(request_key("owner", "live"));
+    v["request_order"] = serde_json::json!(order);
+    let mut old: LockState = serde_json::from_value(v).unwrap();
+    assert_eq!(old.remembered_requests(), 10_000);
+    assert!(old.lease("LIVE").unwrap().request_id.is_none());
+    // Its live lease's request id is still there until trimmed.
+    let (o, ev) = old.apply(&acquire("live", "OTHER", 60_000, 0, Some("live")));
+    assert!(ev.is_none() && granted(&o).is_some_and(|g| g.lease_id == "LIVE"));
+    // The first lease that ends trims the old queue to the bound.
+    cycles(&mut old, 1 << 20, 1);
+    assert_eq!(old.remembered_requests(), REQUEST_ID_MEMORY);
+    assert_eq!(old.request_order.len(), REQUEST_ID_MEMORY);
 }
 
 #[test]
