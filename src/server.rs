@@ -48,6 +48,7 @@ use crate::raft::network::{Directory, Network, Peer};
 use crate::raft::snapshot_file::SnapshotFile;
 use crate::raft::state_machine::{Applied, StateMachineStore};
 use crate::raft::types::{Member, NodeId, Raft};
+use crate::raft::upgrade::Protocols;
 use crate::tls::NodeTls;
 use fencegate_client::wire::{self, ClusterInfo};
 
@@ -108,7 +109,8 @@ impl Node {
         crate::metrics::process(&registry)?;
         let log_store = LogStore::new(db.clone(), raft_metrics.clone());
         let snapshots = SnapshotFile::new(config.data_dir.clone(), db.clone());
-        let sm = StateMachineStore::open(snapshots, lock_metrics.clone())?;
+        let protocols = Arc::new(Protocols::default());
+        let sm = StateMachineStore::open(snapshots, lock_metrics.clone(), protocols.clone())?;
         let applied = sm.applied();
 
         let r = &config.raft;
@@ -128,7 +130,8 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let directory = Directory::new(config.peers.clone(), tls.as_ref().map(|t| &t.peer_links), MAX_PEER_BODY);
+        let directory =
+            Directory::new(config.peers.clone(), tls.as_ref().map(|t| &t.peer_links), MAX_PEER_BODY, protocols);
         let network = Network::new(directory.clone());
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log_store, sm).await?;
 

@@ -162,6 +162,62 @@ async fn sigterm_on_the_leader_hands_over_first() {
     tokio::time::timeout(Duration::from_secs(5), lease).await.unwrap().unwrap();
 }
 
+/// A cluster moves its table to the newest rules (DESIGN, "Versions and
+/// upgrades") only once every member has answered that it speaks them: with
+/// node 3 cut off from its start, nodes 1 and 2 grant under rules 0 and stay
+/// there; once 3 is reached, all three move, and the grants made before
+/// are still remembered by their request ids.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rules_move_only_once_every_member_speaks_them() {
+    use fencegate_testkit::cluster::ClusterOptions;
+    let o = ClusterOptions { yaml: NODE_YAML.into(), isolated: vec![3], ..Default::default() };
+    let c = Cluster::start_with(&bin!(), o).await;
+    let leader = c.wait_for_leader_among(&[1, 2], Duration::from_secs(10)).await;
+    let http = c.client_options().http_client(1 << 20).unwrap();
+    // An acquire with a request id, as a retrying client sends it.
+    let acquire = |key: &str, request_id: &str| {
+        let url = format!("{}{}{key}", c.url(leader), fencegate_client::wire::LOCKS_PATH);
+        let body = serde_json::json!({ "ttl_ms": 30_000, "request_id": request_id });
+        let http = http.clone();
+        async move {
+            let a = http.call(hyper::Method::POST, &url, Some(body.to_string().into_bytes()), Duration::from_secs(5));
+            let a = a.await.unwrap();
+            assert_eq!(a.status, hyper::StatusCode::OK, "{}", String::from_utf8_lossy(&a.body));
+            serde_json::from_slice::<fencegate_client::wire::Granted>(&a.body).unwrap()
+        }
+    };
+    let first = acquire("rack/rules", "before-the-move").await;
+    // Several keeper rounds (every applied entry and every second).
+    let until = Instant::now() + Duration::from_secs(3);
+    for i in 0.. {
+        for id in [1, 2] {
+            let info = c.cluster_info(id).await.unwrap();
+            assert_eq!(info.rules, 0, "node {id} moved on while node 3 was not heard from");
+        }
+        if Instant::now() > until {
+            break;
+        }
+        acquire(&format!("rack/churn-{i}"), &format!("churn-{i}")).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.isolate(3, false);
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut rules = vec![];
+        for id in c.ids() {
+            rules.push(c.cluster_info(id).await.map(|i| i.rules));
+        }
+        if rules.iter().all(|r| *r == Some(1)) {
+            break;
+        }
+        assert!(Instant::now() < until, "not every node moved to rules 1: {rules:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(c.log_of(leader).contains("every member speaks rules 1"), "{}", c.log_of(leader));
+    // The retry of a grant made under rules 0 still gets it back.
+    assert_eq!(acquire("rack/rules", "before-the-move").await, first);
+}
+
 /// Over TLS on both planes: a member added later is certified by the
 /// cluster CA as `fencegate-node-4`, and the others accept its certificate
 /// once the membership names it.

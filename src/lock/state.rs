@@ -31,16 +31,32 @@ use serde::{Deserialize, Serialize};
 /// over all grants of all keys.
 pub use fencegate_client::wire::Token;
 
-/// How many request ids of *ended* leases are remembered for deduplicating
-/// retries (the request id of a live lease is always remembered, until it
-/// ends). A retry comes within its client's acquire call, seconds after the
-/// attempt it repeats; the ended ones are kept only so that a retry that
-/// comes after its lease ended still gets that grant back rather than a
-/// second one. Evicted oldest-ended first, on applied commands only, so
-/// every replica agrees. (It was 65,536 request ids of any lease, about
-/// 190 bytes of snapshot and 1 KB of memory per acquire: nodes grew by
-/// some 60 MB before it was full.)
+/// The newest rules of applying commands this build knows. A table starts
+/// under rules 0 (what every build before rules were numbered applied) and
+/// moves to a newer version only by a committed `Command::Rules`, which the
+/// leader proposes once every member has said it speaks them
+/// (`raft::upgrade`): replicas of different builds never apply different
+/// rules to the same command.
+///
+/// - 0: the last `LEGACY_REQUEST_ID_MEMORY` request ids of any lease are
+///   remembered, oldest grant forgotten first.
+/// - 1: the request id of every live lease, and those of the last
+///   `REQUEST_ID_MEMORY` leases that ended, oldest end forgotten first.
+pub const RULES: u32 = 1;
+
+/// Under rules 1: how many request ids of *ended* leases are remembered for
+/// deduplicating retries (the request id of a live lease is always
+/// remembered, until it ends). A retry comes within its client's acquire
+/// call, seconds after the attempt it repeats; the ended ones are kept only
+/// so that a retry that comes after its lease ended still gets that grant
+/// back rather than a second one. Evicted on applied commands only, so
+/// every replica agrees.
 pub const REQUEST_ID_MEMORY: usize = 4_096;
+
+/// Under rules 0: how many request ids of any lease are remembered. About
+/// 190 bytes of snapshot and 1 KB of each node's memory per acquire: a
+/// steady load filled it for an hour.
+pub const LEGACY_REQUEST_ID_MEMORY: usize = 65_536;
 
 /// A replicated command. Entries of the Raft log carry exactly one of these.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +78,10 @@ pub enum Command {
     /// Drop every free key whose latest event is at revision `through` or
     /// earlier (the leader proposes it for what went idle a retention ago).
     Compact { through: u64 },
+    /// Apply the rules of `version` (at most `RULES`) from the next command
+    /// on; never back to older ones. (An older build cannot read this
+    /// entry, and refuses it rather than apply it wrongly.)
+    Rules { version: u32 },
 }
 
 /// Everything a grant needs, decided by the leader before proposing so that
@@ -180,13 +200,16 @@ pub struct LockState {
     revision: u64,
     keys: BTreeMap<String, KeyState>,
     leases: HashMap<String, Lease>,
-    /// Grants by owner and client request id (`request_key`): those of
-    /// every live lease, and of the last `REQUEST_ID_MEMORY` leases that
-    /// ended.
+    /// The rules commands are applied by (`RULES`); 0 in snapshots written
+    /// before they were numbered.
+    #[serde(default)]
+    rules: u32,
+    /// Grants by owner and client request id (`request_key`). Rules 0: the
+    /// last `LEGACY_REQUEST_ID_MEMORY` grants'. Rules 1: those of every live
+    /// lease, and of the last `REQUEST_ID_MEMORY` leases that ended.
     requests: HashMap<String, Grant>,
-    /// The `requests` to forget first: those of ended leases, in the order
-    /// they ended. (In snapshots written before `Lease::request_id`, those
-    /// of every grant, in grant order: they are forgotten in that order.)
+    /// The `requests` to forget first. Rules 0: every grant's, in grant
+    /// order. Rules 1: those of ended leases, in the order they ended.
     request_order: VecDeque<String>,
     /// Live leases per owner (owners with none are not listed).
     #[serde(default)]
@@ -222,7 +245,39 @@ impl LockState {
                 self.compacted_below = self.compacted_below.max(through);
                 (Outcome::Nothing, None)
             }
+            Command::Rules { version } => {
+                if *version >= 1 && self.rules < 1 {
+                    self.move_to_rules_1();
+                }
+                self.rules = self.rules.max(*version);
+                (Outcome::Nothing, None)
+            }
         }
+    }
+
+    /// The rules this table is applied by.
+    pub fn rules(&self) -> u32 {
+        self.rules
+    }
+
+    /// From rules 0 to 1: the remembered request ids of live leases stay,
+    /// recorded in their lease (out of the queue: they are queued when
+    /// their lease ends); of the others, the last `REQUEST_ID_MEMORY`
+    /// granted stay, in grant order.
+    fn move_to_rules_1(&mut self) {
+        for (id, grant) in &self.requests {
+            if let Some(lease) = self.leases.get_mut(&grant.lease_id) {
+                lease.request_id = id.split_once('\n').map(|(_, r)| r.to_string());
+            }
+        }
+        let (leases, requests) = (&self.leases, &self.requests);
+        let live = |id: &String| requests.get(id).is_some_and(|g| leases.contains_key(&g.lease_id));
+        let ended: Vec<String> = self.request_order.drain(..).filter(|id| !live(id)).collect();
+        let forget = ended.len().saturating_sub(REQUEST_ID_MEMORY);
+        for id in &ended[..forget] {
+            self.requests.remove(id);
+        }
+        self.request_order = ended[forget..].iter().cloned().collect();
     }
 
     /// Every token up to this of a key absent from the table has ended
@@ -295,14 +350,21 @@ impl LockState {
             holder: a.holder.clone(),
             ttl_ms: a.ttl_ms,
             lock_delay_ms: a.lock_delay_ms,
-            request_id: a.request_id.clone(),
+            // Under rules 0 a lease records none, as before rules were
+            // numbered (`move_to_rules_1` fills them in).
+            request_id: a.request_id.clone().filter(|_| self.rules >= 1),
         };
         self.leases.insert(a.lease_id.clone(), lease);
         let grant = Grant { key: a.key.clone(), token, lease_id: a.lease_id.clone(), ttl_ms: a.ttl_ms };
         if let Some(r) = &a.request_id {
-            // Remembered as long as the lease lives; queued for forgetting
-            // once it ends (`end`).
-            self.requests.insert(request_key(&a.owner, r), grant.clone());
+            let id = request_key(&a.owner, r);
+            if self.rules == 0 {
+                self.remember_request(id, grant.clone());
+            } else {
+                // Remembered as long as the lease lives; queued for
+                // forgetting once it ends (`end`).
+                self.requests.insert(id, grant.clone());
+            }
         }
         let event = Event {
             rev: token,
@@ -314,14 +376,27 @@ impl LockState {
         (Outcome::Granted(grant), Some(event))
     }
 
-    /// The lease granted for `request_key` ended: its request id is kept
-    /// among the last `REQUEST_ID_MEMORY` ended ones. Also trims a queue
-    /// from an older snapshot (which held every grant's) down to the bound.
+    /// Rules 0: remember a grant's request id, forgetting the oldest grant's.
+    fn remember_request(&mut self, id: String, grant: Grant) {
+        if self.request_order.len() >= LEGACY_REQUEST_ID_MEMORY {
+            if let Some(old) = self.request_order.pop_front() {
+                self.requests.remove(&old);
+            }
+        }
+        self.request_order.push_back(id.clone());
+        self.requests.insert(id, grant);
+    }
+
+    /// Rules 1: the lease granted for `request_key` ended; its request id is
+    /// kept among the last `REQUEST_ID_MEMORY` ended ones. (A request id
+    /// reused since for a live lease is not forgotten with the old one.)
     fn forget_later(&mut self, request_key: String) {
         self.request_order.push_back(request_key);
         while self.request_order.len() > REQUEST_ID_MEMORY {
             if let Some(old) = self.request_order.pop_front() {
-                self.requests.remove(&old);
+                if self.requests.get(&old).is_some_and(|g| !self.leases.contains_key(&g.lease_id)) {
+                    self.requests.remove(&old);
+                }
             }
         }
     }
@@ -341,7 +416,7 @@ impl LockState {
                 self.owned.remove(&lease.owner);
             }
         }
-        if let Some(r) = &lease.request_id {
+        if let (Some(r), 1..) = (&lease.request_id, self.rules) {
             self.forget_later(request_key(&lease.owner, r));
         }
         let k = self.keys.get_mut(&lease.key).expect("a live lease always has its key entry");

@@ -13,7 +13,7 @@
 use openraft::{EntryPayload, Membership};
 
 use super::types::{Entry, LogId, Member, NodeId, TypeConfig, Vote};
-use crate::lock::state::Command;
+use crate::lock::state::{Command, RULES};
 use crate::lock::validate;
 
 /// The largest term or log index accepted: far beyond any real cluster's
@@ -107,6 +107,14 @@ fn commands(cmds: &[Command]) -> Result<(), String> {
             Command::EndDelay { key, .. } => validate::key(key),
             // `through` is capped at the table's revision when applied.
             Command::Release { .. } | Command::Expire { .. } | Command::Compact { .. } => Ok(()),
+            // Rules this build does not know would be applied wrongly: the
+            // entry is refused, and this node stays behind until upgraded.
+            Command::Rules { version } if *version > RULES => {
+                return Err(format!(
+                    "an entry moves to rules {version}, newer than this build's ({RULES}): upgrade this node"
+                ))
+            }
+            Command::Rules { .. } => Ok(()),
         };
         checked.map_err(|e| format!("an entry carries a bad command: {e}"))?;
     }

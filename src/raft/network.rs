@@ -32,14 +32,14 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::types::{Member, NodeId, TypeConfig};
+use super::upgrade::Protocols;
 use crate::log_limit::Window;
 use fencegate_client::http::{HttpClient, HttpError};
 
-/// The peer protocol this build speaks, sent on every peer RPC: a node
-/// refuses a newer one it cannot read (`server::api`), instead of
-/// misreading it. A request without it is from a build before protocols
-/// were numbered: protocol 1.
-pub const PROTOCOL: u32 = 1;
+/// The peer protocol (`raft::upgrade`), on every peer RPC and its answer: a
+/// node refuses a newer one than its build's (`server::api`), instead of
+/// misreading it. A request or answer without it is from a build before
+/// protocols were numbered: protocol 1.
 pub const PROTOCOL_HEADER: &str = "x-fencegate-peer-protocol";
 
 pub const APPEND_PATH: &str = "/raft/append";
@@ -66,6 +66,8 @@ pub struct Directory {
     /// Per member whose RPCs fail: one log line per interval, not one per
     /// heartbeat or vote (a peer not started yet, or down).
     failing: Mutex<HashMap<NodeId, Window>>,
+    /// What this node speaks and what its peers answered they speak.
+    pub protocols: Arc<Protocols>,
 }
 
 /// The peer-link TLS config and the clients made with it.
@@ -77,9 +79,14 @@ struct Links {
 impl Directory {
     /// Members reached with `tls` (this node's peer-link config) or in
     /// plain HTTP; answers above `max_body` are refused.
-    pub fn new(config: BTreeMap<NodeId, String>, tls: Option<&rustls::ClientConfig>, max_body: usize) -> Arc<Self> {
+    pub fn new(
+        config: BTreeMap<NodeId, String>,
+        tls: Option<&rustls::ClientConfig>,
+        max_body: usize,
+        protocols: Arc<Protocols>,
+    ) -> Arc<Self> {
         let links = Links { tls: tls.cloned(), clients: HashMap::new() };
-        Arc::new(Directory { config, max_body, links: Mutex::new(links), failing: Mutex::default() })
+        Arc::new(Directory { config, max_body, links: Mutex::new(links), failing: Mutex::default(), protocols })
     }
 
     /// Reach members with `tls` from now on: the clients made with the old
@@ -91,6 +98,7 @@ impl Directory {
 
     /// An RPC to member `id` failed: log it, at most once per interval.
     fn note_failure(&self, id: NodeId, path: &str, error: &str) {
+        self.protocols.lost(id);
         let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
         let window = failing.entry(id).or_insert_with(|| Window::new(crate::log_limit::EVERY));
         if let Some(more) = window.hit(std::time::Instant::now()) {
@@ -98,8 +106,10 @@ impl Directory {
         }
     }
 
-    /// An RPC to member `id` was answered: its next failure is logged at once.
-    fn note_answer(&self, id: NodeId) {
+    /// An RPC to member `id` was answered, by a build of `protocol`: its
+    /// next failure is logged at once.
+    fn note_answer(&self, id: NodeId, protocol: u32) {
+        self.protocols.heard(id, protocol);
         let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
         if failing.remove(&id).is_some() {
             tracing::info!(peer = id, "node {id} answers again");
@@ -171,8 +181,8 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         match self.exchange(path, req, option).await {
-            Ok(result) => {
-                self.directory.note_answer(self.target);
+            Ok((protocol, result)) => {
+                self.directory.note_answer(self.target, protocol);
                 result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
             Err(Failure::Unreachable(msg)) => {
@@ -186,13 +196,14 @@ impl PeerClient {
         }
     }
 
-    /// The exchange itself: the peer's Raft answer, or why there is none.
+    /// The exchange itself: the protocol the peer's build speaks and its
+    /// Raft answer, or why there is none.
     async fn exchange<Req, Resp, E>(
         &self,
         path: &str,
         req: &Req,
         option: &RPCOption,
-    ) -> Result<Result<Resp, RaftError<NodeId, E>>, Failure>
+    ) -> Result<(u32, Result<Resp, RaftError<NodeId, E>>), Failure>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -205,7 +216,7 @@ impl PeerClient {
         let url = format!("{}{path}", peer.url);
         let req = hyper::Request::post(&url)
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(PROTOCOL_HEADER, PROTOCOL)
+            .header(PROTOCOL_HEADER, self.directory.protocols.speaking())
             .body(http_body_util::Full::new(bytes::Bytes::from(body)))
             .map_err(|e| Failure::Unreachable(format!("{url}: {e}")))?;
         let answer = peer.http.send(req, option.hard_ttl()).await.map_err(|e| match e {
@@ -215,7 +226,9 @@ impl PeerClient {
         if answer.status != StatusCode::OK {
             return Err(Failure::Unreachable(format!("{path} answered {}", answer.status)));
         }
-        serde_json::from_slice(&answer.body).map_err(|e| Failure::Network(format!("{url}: {e}")))
+        let protocol = answer.headers.get(PROTOCOL_HEADER).and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1);
+        let result = serde_json::from_slice(&answer.body).map_err(|e| Failure::Network(format!("{url}: {e}")))?;
+        Ok((protocol, result))
     }
 }
 

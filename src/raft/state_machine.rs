@@ -19,14 +19,20 @@ use super::snapshot_file::{SnapshotFile, StoredSnapshot};
 use super::types::{
     Entry, LogId, Member, Membership, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
+use super::upgrade::Protocols;
 use crate::audit;
 use crate::lock::clock::LeaseClock;
 use crate::lock::state::{Command, Event, EventKind, LockState, Outcome};
 use crate::metrics::LockMetrics;
 
 /// How many recent events are kept for watchers that reconnect (fewer once
-/// compaction passed them: see `EventLog::forget_through`).
-pub const EVENT_MEMORY: usize = 65_536;
+/// compaction passed them: see `EventLog::forget_through`). About 0.3 KB
+/// each: 16,384 are some 5 MB of a node's memory, and minutes of history
+/// at a steady load (the soak's 1,500 events a minute: 11 minutes), a few
+/// seconds at the benchmarks' peak; a watcher that comes back later
+/// resyncs from a state dump instead of resuming. (It was 65,536: the
+/// soak's nodes kept growing for 44 minutes while it filled.)
+pub const EVENT_MEMORY: usize = 16_384;
 
 /// Recent events in log order, so that a watcher can resume after a reconnect.
 #[derive(Debug, Default)]
@@ -90,6 +96,8 @@ pub struct Applied {
     /// The last applied index; wakes watch streams and waiting acquires.
     index: watch::Sender<u64>,
     metrics: LockMetrics,
+    /// Told the rules of the applied table: they set the peer protocol.
+    protocols: Arc<Protocols>,
 }
 
 impl Applied {
@@ -99,6 +107,12 @@ impl Applied {
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.index.subscribe()
+    }
+
+    /// The table changed (applied commands, or a snapshot installed).
+    fn table_changed(&self, locks: &LockState) {
+        self.metrics.set_table(locks);
+        self.protocols.applied(locks.rules());
     }
 }
 
@@ -110,7 +124,11 @@ pub struct StateMachineStore {
 
 impl StateMachineStore {
     /// Open the state machine, restoring the last stored snapshot if any.
-    pub fn open(snapshots: SnapshotFile, metrics: LockMetrics) -> Result<Self, StorageError> {
+    pub fn open(
+        snapshots: SnapshotFile,
+        metrics: LockMetrics,
+        protocols: Arc<Protocols>,
+    ) -> Result<Self, StorageError> {
         let mut state = AppliedState {
             last_applied: None,
             membership: StoredMembership::default(),
@@ -121,9 +139,10 @@ impl StateMachineStore {
         if let Some(snap) = snapshots.read()? {
             restore(&mut state, &snap)?;
         }
-        metrics.set_table(&state.locks);
         let index = watch::Sender::new(state.applied_index());
-        Ok(Self { applied: Arc::new(Applied { state: Mutex::new(state), index, metrics }), snapshots })
+        let applied = Applied { state: Mutex::new(state), index, metrics, protocols };
+        applied.table_changed(&applied.lock().locks);
+        Ok(Self { applied: Arc::new(applied), snapshots })
     }
 
     pub fn applied(&self) -> Arc<Applied> {
@@ -223,6 +242,9 @@ fn apply_one(
     match cmd {
         Command::EndDelay { key, token } => s.clock.delay_ended(key, *token),
         Command::Compact { .. } => s.events.forget_through(s.locks.compacted_below()),
+        Command::Rules { version } => {
+            tracing::info!("the lock table is applied by rules {} from here on (asked: {version})", s.locks.rules())
+        }
         _ => {}
     }
     if let Some(e) = event {
@@ -271,7 +293,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 };
                 out.push(outcomes);
             }
-            metrics.set_table(&s.locks);
+            self.applied.table_changed(&s.locks);
             s.applied_index()
         };
         for change in &changes {
@@ -298,7 +320,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let last = {
             let mut s = self.applied.lock();
             restore(&mut s, &stored)?;
-            self.applied.metrics.set_table(&s.locks);
+            self.applied.table_changed(&s.locks);
             s.applied_index()
         };
         let snapshots = self.snapshots.clone();

@@ -119,7 +119,8 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
 /// Refuse a peer RPC of a newer protocol than this build's (an upgrade
 /// half done the wrong way round: the newer nodes must not be misread).
 fn peer_protocol(headers: &hyper::HeaderMap) -> Result<(), ApiError> {
-    use crate::raft::network::{PROTOCOL, PROTOCOL_HEADER};
+    use crate::raft::network::PROTOCOL_HEADER;
+    use crate::raft::upgrade::PROTOCOL;
     let Some(v) = headers.get(PROTOCOL_HEADER) else { return Ok(()) };
     match v.to_str().ok().and_then(|v| v.parse::<u32>().ok()) {
         Some(v) if v <= PROTOCOL => Ok(()),
@@ -377,6 +378,7 @@ fn cluster(node: &Node) -> Response<Body> {
         last_log_index: m.last_log_index.unwrap_or(0),
         snapshot_index: m.snapshot.map(|l| l.index),
         purged_index: m.purged.map(|l| l.index),
+        rules: node.applied.lock().locks.rules(),
     };
     json(StatusCode::OK, &info)
 }

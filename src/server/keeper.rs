@@ -1,7 +1,7 @@
 //! The lease keeper: one task per node that, while the node is leader,
 //! proposes `Expire` / `EndDelay` when the lease clock says they are due,
-//! `Compact` for keys idle longer than `limits.idle_key_retention`, and
-//! keeps the Raft gauges current.
+//! `Compact` for keys idle longer than `limits.idle_key_retention`, `Rules`
+//! once every member speaks newer ones, and keeps the Raft gauges current.
 //!
 //! On becoming leader it first commits an empty entry of its own and waits
 //! until its state machine has applied everything before it, then resets the
@@ -84,6 +84,10 @@ pub async fn run(node: Arc<Node>) {
             if let Some(through) = idle_keys.compact_through(&node, now) {
                 due.push(Command::Compact { through });
             }
+            if let Some(version) = rules_due(&node) {
+                tracing::info!("every member speaks rules {version}: proposing them");
+                due.push(Command::Rules { version });
+            }
             if !due.is_empty() {
                 // If a proposal is lost the clock re-arms it (`clock::RETRY`);
                 // a lost compaction is proposed again at the next sample.
@@ -105,6 +109,15 @@ pub async fn run(node: Arc<Node>) {
             _ = tokio::time::sleep_until(wake) => {}
         }
     }
+}
+
+/// Newer rules for the table, once every member (voters and learners of the
+/// latest membership, committed or not) has said it speaks them
+/// (`raft::upgrade`).
+fn rules_due(node: &Node) -> Option<u32> {
+    let members = node.raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect();
+    let rules = node.applied.lock().locks.rules();
+    node.directory.protocols.due(node.id, &members, rules)
 }
 
 /// What the table's revision was at times past, sampled by this leader: a

@@ -10,7 +10,9 @@ use super::error::ApiError;
 use super::Node;
 use crate::http::{json, Body, Conn};
 use crate::raft::guard::{self, Peers};
+use crate::raft::network::PROTOCOL_HEADER;
 use crate::raft::types::{NodeId, TypeConfig, Vote};
+use crate::raft::upgrade::PROTOCOL;
 
 /// A decoded peer RPC, not yet checked.
 #[derive(Debug)]
@@ -93,15 +95,19 @@ pub async fn handle(
         tracing::warn!(rpc = rpc_name, "refused raft rpc: {e}");
         ApiError::BadRequest(format!("refused raft rpc: {e}"))
     })?;
-    match rpc {
-        PeerRpc::Append(req) => Ok(json(StatusCode::OK, &raft.append_entries(req).await)),
-        PeerRpc::Vote(req) => Ok(json(StatusCode::OK, &raft.vote(req).await)),
-        PeerRpc::Snapshot(req) => Ok(json(StatusCode::OK, &raft.install_snapshot(req).await)),
+    let mut answer = match rpc {
+        PeerRpc::Append(req) => json(StatusCode::OK, &raft.append_entries(req).await),
+        PeerRpc::Vote(req) => json(StatusCode::OK, &raft.vote(req).await),
+        PeerRpc::Snapshot(req) => json(StatusCode::OK, &raft.install_snapshot(req).await),
         PeerRpc::Campaign { leader } => {
             super::members::campaign(node, leader, member).await?;
-            Ok(json(StatusCode::OK, &serde_json::json!({ "campaigning": true })))
+            json(StatusCode::OK, &serde_json::json!({ "campaigning": true }))
         }
-    }
+    };
+    // What this build speaks: the leader moves the table to newer rules
+    // only once every member has said so (`raft::upgrade`).
+    answer.headers_mut().insert(PROTOCOL_HEADER, PROTOCOL.into());
+    Ok(answer)
 }
 
 fn json_of<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {

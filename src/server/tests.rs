@@ -343,6 +343,12 @@ async fn the_data_dir_fixtures_are_read() {
         let opts = AcquireOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(10));
         let lease = client.acquire("fixture/held", opts).await.unwrap();
         assert!(lease.token() > 3, "format {format}: above every token the fixture granted: {}", lease.token());
+        // Written under rules 0; a lone node has no one else to wait for.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while n.node.applied.lock().locks.rules() != crate::lock::state::RULES {
+            assert!(std::time::Instant::now() < until, "format {format}: still on rules 0");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let _ = n.stop.send(());
         n.node.shutdown().await;
     }

@@ -154,6 +154,10 @@ pub struct ClusterInfo {
     pub snapshot_index: Option<u64>,
     /// The highest purged log index, if any.
     pub purged_index: Option<u64>,
+    /// The rules the node's lock table is applied by (DESIGN, "Versions and
+    /// upgrades"); 0 from a build before they were numbered.
+    #[serde(default)]
+    pub rules: u32,
 }
 
 /// A voter, with its URL as the answering node's `peers` names it.
@@ -640,10 +644,12 @@ mod tests {
                 last_log_index: 9,
                 snapshot_index: None,
                 purged_index: Some(3),
+                rules: 1,
             },
             json!({"id": 2, "leader": 1, "term": 4, "state": "Follower",
                    "members": [{"id": 1, "url": "http://127.0.0.1:7401"}],
-                   "commit_index": 9, "last_log_index": 9, "snapshot_index": null, "purged_index": 3}),
+                   "commit_index": 9, "last_log_index": 9, "snapshot_index": null, "purged_index": 3,
+                   "rules": 1}),
         );
     }
 

@@ -93,6 +93,9 @@ pub struct ClusterOptions {
     pub data_roots: BTreeMap<u64, PathBuf>,
     /// TLS, authentication and an ACL; `None`: plain HTTP, everyone anonymous.
     pub security: Option<Security>,
+    /// Nodes whose peer links are cut before they start (`isolate`); the
+    /// cluster is ready once the others are.
+    pub isolated: Vec<u64>,
 }
 
 impl Default for ClusterOptions {
@@ -105,6 +108,7 @@ impl Default for ClusterOptions {
             log_filter: "info,openraft=warn".into(),
             data_roots: BTreeMap::new(),
             security: None,
+            isolated: Vec::new(),
         }
     }
 }
@@ -120,7 +124,7 @@ impl Cluster {
     /// the logs if a node exits meanwhile.
     pub async fn start_with(bin: &Bin, o: ClusterOptions) -> Cluster {
         let mut c = Self::spawn_all(bin, &o).await;
-        match c.ready(Duration::from_secs(20)).await {
+        match c.ready(&o.isolated, Duration::from_secs(20)).await {
             Ok(()) => c,
             Err(Startup::Exited(id)) => panic!("node {id} exited while the cluster started"),
             Err(Startup::NotReady(why)) => panic!("cluster not ready within 20 s: {why}"),
@@ -173,16 +177,20 @@ impl Cluster {
             options,
             http,
         };
+        for id in &o.isolated {
+            c.isolate(*id, true);
+        }
         c.start_all();
         c
     }
 
-    /// Until every node agrees on a leader and a linearizable read succeeds
-    /// (the leader has committed its first entry), or a node exits.
-    async fn ready(&mut self, within: Duration) -> Result<(), Startup> {
+    /// Until every node but the `isolated` agrees on a leader and a
+    /// linearizable read succeeds (the leader has committed its first
+    /// entry), or a node exits.
+    async fn ready(&mut self, isolated: &[u64], within: Duration) -> Result<(), Startup> {
         let deadline = Instant::now() + within;
         let client = self.client();
-        let ids = self.ids();
+        let ids: Vec<u64> = self.ids().into_iter().filter(|id| !isolated.contains(id)).collect();
         loop {
             for (id, p) in self.nodes.iter_mut() {
                 if p.exited().is_some() {

@@ -76,9 +76,34 @@ fn cycles(s: &mut LockState, from: usize, n: usize) {
     }
 }
 
+/// A table under the newest rules, as a cluster of this build has it once
+/// its leader proposed them.
+fn current() -> LockState {
+    let mut s = LockState::default();
+    s.apply(&Command::Rules { version: RULES });
+    s
+}
+
+#[test]
+fn under_rules_0_the_last_65536_request_ids_of_any_lease_are_remembered() {
+    let mut s = LockState::default();
+    assert_eq!(s.rules(), 0);
+    cycles(&mut s, 0, LEGACY_REQUEST_ID_MEMORY + 10);
+    assert_eq!(s.requests.len(), LEGACY_REQUEST_ID_MEMORY);
+    assert_eq!(s.request_order.len(), LEGACY_REQUEST_ID_MEMORY);
+    assert!(!s.requests.contains_key(&request_key("owner", &format!("{:032x}", 10))));
+    assert!(s.requests.contains_key(&request_key("owner", &format!("{:032x}", 11))));
+    // Byte for byte what a build before rules were numbered wrote: no
+    // `rules`, no request id in a lease.
+    s.apply(&acquire("live", "LIVE", 60_000, 0, Some("live")));
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["rules"], 0);
+    assert!(json["leases"]["LIVE"].get("request_id").is_none());
+}
+
 #[test]
 fn request_id_memory_is_bounded() {
-    let mut s = LockState::default();
+    let mut s = current();
     cycles(&mut s, 0, 2 * REQUEST_ID_MEMORY + 10);
     assert_eq!(s.requests.len(), REQUEST_ID_MEMORY);
     assert_eq!(s.request_order.len(), REQUEST_ID_MEMORY);
@@ -88,10 +113,9 @@ fn request_id_memory_is_bounded() {
 #[test]
 fn a_steady_load_on_a_few_keys_leaves_the_snapshot_flat() {
     // The soak's pattern: acquire+release on a few keys, a fresh request id
-    // per acquire. With 65,536 request ids of any lease remembered, the
-    // snapshot grew by ~190 bytes per acquire (3.8 MB after 20,000) and the
-    // nodes' memory with it.
-    let mut s = LockState::default();
+    // per acquire. Under rules 0 the snapshot grew by ~190 bytes per
+    // acquire (3.8 MB after 20,000) and the nodes' memory with it.
+    let mut s = current();
     cycles(&mut s, 0, 5_000);
     let early = serde_json::to_vec(&s).unwrap().len();
     cycles(&mut s, 5_000, 15_000);
@@ -103,7 +127,7 @@ fn a_steady_load_on_a_few_keys_leaves_the_snapshot_flat() {
 
 #[test]
 fn a_live_lease_keeps_its_request_id_however_many_end_after_it() {
-    let mut s = LockState::default();
+    let mut s = current();
     let (first, _) = s.apply(&acquire("long", "LIVE", 60_000, 0, Some("live")));
     cycles(&mut s, 0, 2 * REQUEST_ID_MEMORY);
     let (again, ev) = s.apply(&acquire("long", "OTHER", 60_000, 0, Some("live")));
@@ -121,40 +145,64 @@ fn a_live_lease_keeps_its_request_id_however_many_end_after_it() {
 }
 
 #[test]
-fn a_snapshot_from_before_request_ids_were_kept_per_lease_loads_and_is_trimmed() {
-    // Before: `request_order` queued every grant's request id, and a lease
-    // did not record its own. Make such a snapshot: 10,000 grants (the
-    // last one live), every one queued.
+fn a_request_id_reused_for_a_live_lease_is_not_forgotten_with_the_ended_one() {
+    let mut s = current();
+    s.apply(&acquire("a", "L1", 60_000, 0, Some("again")));
+    s.apply(&release("L1"));
+    // Forgotten among the ended ones, then granted anew under the same id.
+    cycles(&mut s, 0, REQUEST_ID_MEMORY);
+    let (second, ev) = s.apply(&acquire("a", "L2", 60_000, 0, Some("again")));
+    assert!(ev.is_some());
+    s.apply(&release("L2"));
+    let (_, ev) = s.apply(&acquire("a", "L3", 60_000, 0, Some("again")));
+    assert!(ev.is_none(), "L2's grant is remembered after it ended");
+    // L1's place in the queue came and went long ago; L3's own retry is
+    // the one after this: still remembered while its lease (L2's grant) is.
+    cycles(&mut s, 1 << 20, REQUEST_ID_MEMORY - 1);
+    let (o, ev) = s.apply(&acquire("a", "L4", 60_000, 0, Some("again")));
+    assert_eq!((o, ev), (second, None));
+}
+
+#[test]
+fn moving_move_to_rules_1_keeps_live_leases_ids_and_the_last_ended_ones() {
+    // A table of rules 0 (as an older build leaves it): 10,000 grants with a
+    // request id each, the last one live, every one in the queue.
     let mut s = LockState::default();
     cycles(&mut s, 0, 9_999);
-    s.apply(&acquire("live", "LIVE", 60_000, 0, Some("live")));
+    let (live, _) = s.apply(&acquire("live", "LIVE", 60_000, 0, Some("live")));
+    assert_eq!(s.remembered_requests(), 10_000);
+    assert!(s.lease("LIVE").unwrap().request_id.is_none());
+    s.apply(&Command::Rules { version: 1 });
+    assert_eq!(s.rules(), 1);
+    // The live lease's id now rides in its lease, out of the queue; of the
+    // ended ones, the last 4,096 granted stay.
+    assert_eq!(s.lease("LIVE").unwrap().request_id.as_deref(), Some("live"));
+    assert_eq!(s.request_order.len(), REQUEST_ID_MEMORY);
+    assert_eq!(s.remembered_requests(), REQUEST_ID_MEMORY + 1);
+    assert!(!s.requests.contains_key(&request_key("owner", &format!("{:032x}", 9_999 - REQUEST_ID_MEMORY))));
+    assert!(s.requests.contains_key(&request_key("owner", &format!("{:032x}", 9_999 - REQUEST_ID_MEMORY + 1))));
+    let (again, ev) = s.apply(&acquire("live", "OTHER", 60_000, 0, Some("live")));
+    assert_eq!((&live, ev), (&again, None));
+    // Again, or back to 0: nothing changes.
+    let before = s.clone();
+    s.apply(&Command::Rules { version: 1 });
+    s.apply(&Command::Rules { version: 0 });
+    assert_eq!(s, before);
+    // The live lease is queued when it ends, and the queue stays bounded.
+    s.apply(&release("LIVE"));
+    assert_eq!(s.request_order.len(), REQUEST_ID_MEMORY);
+    assert_eq!(s.request_order.back().map(String::as_str), Some(request_key("owner", "live").as_str()));
+}
+
+#[test]
+fn a_snapshot_from_before_rules_were_numbered_loads_as_rules_0() {
+    let mut s = LockState::default();
+    s.apply(&acquire("k", "L1", 1000, 0, Some("r1")));
     let mut v = serde_json::to_value(&s).unwrap();
-    for lease in v["leases"].as_object_mut().unwrap().values_mut() {
-        lease.as_object_mut().unwrap().remove("request_id");
-    }
-    let all: Vec<String> = (1..=9_999).map(|i| request_key("owner", &format!("{i:032x}"))).collect();
-    let mut old_requests = v["requests"].as_object().unwrap().clone();
-    for (i, k) in all.iter().enumerate() {
-        let lease = format!("{i:032x}");
-        old_requests.insert(
-            k.clone(),
-            serde_json::json!({"key": format!("soak/k{}", i % 4), "token": 2 * i + 1, "lease_id": lease, "ttl_ms": 3000}),
-        );
-    }
-    v["requests"] = serde_json::Value::Object(old_requests);
-    let mut order = all.clone();
-    order.push(request_key("owner", "live"));
-    v["request_order"] = serde_json::json!(order);
-    let mut old: LockState = serde_json::from_value(v).unwrap();
-    assert_eq!(old.remembered_requests(), 10_000);
-    assert!(old.lease("LIVE").unwrap().request_id.is_none());
-    // Its live lease's request id is still there until trimmed.
-    let (o, ev) = old.apply(&acquire("live", "OTHER", 60_000, 0, Some("live")));
-    assert!(ev.is_none() && granted(&o).is_some_and(|g| g.lease_id == "LIVE"));
-    // The first lease that ends trims the old queue to the bound.
-    cycles(&mut old, 1 << 20, 1);
-    assert_eq!(old.remembered_requests(), REQUEST_ID_MEMORY);
-    assert_eq!(old.request_order.len(), REQUEST_ID_MEMORY);
+    v.as_object_mut().unwrap().remove("rules");
+    let old: LockState = serde_json::from_value(v).unwrap();
+    assert_eq!(old, s);
+    assert_eq!(old.rules(), 0);
 }
 
 #[test]
@@ -263,6 +311,10 @@ enum Step {
     Advance(u64),
     /// Leader change: the new leader resets its clock.
     NewLeader,
+    /// The leader moves the table to the newest rules.
+    Rules,
+    /// The replica starts over from a snapshot of the table.
+    Snapshot,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -274,6 +326,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..16).prop_map(Step::Release),
         3 => (1u64..700).prop_map(Step::Advance),
         1 => Just(Step::NewLeader),
+        1 => Just(Step::Rules),
+        1 => Just(Step::Snapshot),
     ]
 }
 
@@ -281,12 +335,15 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// L1, L2, L3 and L6 over random histories, checked against a model kept
-    /// by the test itself from what was acknowledged, not from the state.
+    /// by the test itself from what was acknowledged, not from the state;
+    /// and a replica that applies the same commands, restarting from
+    /// snapshots, stays equal to the table (under either rules).
     #[test]
     fn invariants_hold_over_random_histories(steps in proptest::collection::vec(step(), 1..120)) {
         let t0 = Instant::now();
         let mut now = t0;
         let mut s = LockState::default();
+        let replica = std::cell::RefCell::new(LockState::default());
         let mut c = LeaseClock::default();
         let mut last_token = 0u64;
         let mut leases: Vec<String> = vec![];
@@ -297,6 +354,7 @@ proptest! {
         let mut requests: HashMap<u8, Grant> = HashMap::new();
 
         let apply = |s: &mut LockState, c: &mut LeaseClock, now: Instant, cmd: Command| {
+            replica.borrow_mut().apply(&cmd);
             let (o, events) = s.apply(&cmd);
             if let Some(e) = &events {
                 c.observe(e, now);
@@ -370,7 +428,14 @@ proptest! {
                     }
                 }
                 Step::NewLeader => c.reset(&s, now),
+                Step::Rules => {
+                    apply(&mut s, &mut c, now, Command::Rules { version: RULES });
+                }
+                Step::Snapshot => {
+                    *replica.borrow_mut() = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+                }
             }
+            prop_assert_eq!(&*replica.borrow(), &s, "the replica differs from the table");
             // L2: at most one live lease per key, and the key table agrees.
             let mut per_key: HashMap<&str, usize> = HashMap::new();
             for (id, l) in s.leases() {

@@ -135,6 +135,7 @@ fn every_schema_has_the_fields_of_its_wire_type() {
         last_log_index: 1,
         snapshot_index: None,
         purged_index: None,
+        rules: 1,
     };
     let full = ClusterInfo { leader: Some(1), snapshot_index: Some(1), purged_index: Some(1), ..cluster.clone() };
     same_shape(d, "ClusterInfo", object(&cluster), object(&full));
