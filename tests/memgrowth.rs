@@ -2,14 +2,16 @@
 //! (the soak's pattern without its faults). `memgrowth_experiment` is run by
 //! hand: `MG_CYCLES=20000 MG_RID=1 cargo test --test memgrowth -- --ignored --nocapture`.
 //!
-//! Seen (debug build, one node, 8 workers, 4 keys each): without request
-//! ids, RSS grows ~0.57 KB per cycle until the watch `EventLog` holds its
-//! 65,536 events (32,768 cycles) and is flat after (+0.4 MB from 32,000 to
-//! 40,000); with a request id per acquire, the snapshot grew 187 bytes per
-//! cycle (2.2 MB after 12,000) while 65,536 request ids of any lease were
-//! kept, and stays at ~768 KB (4,096 ended leases' ids) since; RSS then
-//! levels off once the `EventLog` is full (+1.6, +1.0, +0.8, +0.2 MB per
-//! 8,000 cycles from 32,000 to 64,000).
+//! Seen (debug build, one node, 8 workers, 4 keys each), when the event
+//! ring held 65,536 events: without request ids, RSS grew ~0.57 KB per
+//! cycle until the watch `EventLog` was full (32,768 cycles) and was flat
+//! after (+0.4 MB from 32,000 to 40,000); with a request id per acquire,
+//! the snapshot grew 187 bytes per cycle (2.2 MB after 12,000) under rules
+//! 0 (65,536 request ids of any lease), and stays at ~768 KB (4,096 ended
+//! leases' ids) under rules 1, which a lone node moves to at once; RSS then
+//! leveled off once the `EventLog` was full (+1.6, +1.0, +0.8, +0.2 MB per
+//! 8,000 cycles from 32,000 to 64,000). The ring now holds 16,384 events
+//! (8,192 cycles).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
