@@ -372,8 +372,11 @@ async fn should_bootstrap(id: NodeId, directory: &Directory) -> bool {
 /// it reads. Bumped when a change would make an older build misread the
 /// files; a directory from before formats were numbered is format 1.
 /// Format 2 keeps snapshots in their own file (`raft::snapshot_file`): a
-/// build of format 1 would miss them and read a stale one.
-pub const DATA_FORMAT: u32 = 2;
+/// build of format 1 would miss them and read a stale one. Format 3's
+/// table may be applied by rules 1 (`lock::state::RULES`): a build of
+/// format 2 would read such a snapshot as rules 0, silently, and apply what
+/// follows differently from the rest of its cluster.
+pub const DATA_FORMAT: u32 = 3;
 
 /// Refuse a data directory a newer build wrote, instead of misreading it;
 /// mark an older one as this format before anything is written in it (its

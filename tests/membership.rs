@@ -187,6 +187,10 @@ async fn the_rules_move_only_once_every_member_speaks_them() {
         }
     };
     let first = acquire("rack/rules", "before-the-move").await;
+    let ended = acquire("rack/ended", "ended-before-the-move").await;
+    let url = format!("{}{}{}", c.url(leader), fencegate_client::wire::LEASES_PATH, ended.lease_id);
+    let released = http.call(hyper::Method::DELETE, &url, None, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(released.status, hyper::StatusCode::OK);
     // Several keeper rounds (every applied entry and every second).
     let until = Instant::now() + Duration::from_secs(3);
     for i in 0.. {
@@ -214,8 +218,10 @@ async fn the_rules_move_only_once_every_member_speaks_them() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(c.log_of(leader).contains("every member speaks rules 1"), "{}", c.log_of(leader));
-    // The retry of a grant made under rules 0 still gets it back.
+    // Retries of grants made under rules 0 still get them back: of a live
+    // lease, and of one that ended (among the last 4,096 that did).
     assert_eq!(acquire("rack/rules", "before-the-move").await, first);
+    assert_eq!(acquire("rack/ended", "ended-before-the-move").await, ended);
 }
 
 /// Over TLS on both planes: a member added later is certified by the

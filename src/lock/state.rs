@@ -262,22 +262,32 @@ impl LockState {
 
     /// From rules 0 to 1: the remembered request ids of live leases stay,
     /// recorded in their lease (out of the queue: they are queued when
-    /// their lease ends); of the others, the last `REQUEST_ID_MEMORY`
-    /// granted stay, in grant order.
+    /// their lease ends), and no other lease records one; of the others,
+    /// the last `REQUEST_ID_MEMORY` granted stay, in grant order. (Ids from
+    /// before they were scoped by owner, without the `\n`, are dropped:
+    /// no acquire can name them.) Walks the queue, in its order, so that
+    /// every replica makes the same table.
     fn move_to_rules_1(&mut self) {
-        for (id, grant) in &self.requests {
-            if let Some(lease) = self.leases.get_mut(&grant.lease_id) {
-                lease.request_id = id.split_once('\n').map(|(_, r)| r.to_string());
+        for lease in self.leases.values_mut() {
+            lease.request_id = None;
+        }
+        let mut ended = VecDeque::new();
+        for id in std::mem::take(&mut self.request_order) {
+            let Some(grant) = self.requests.get(&id) else { continue };
+            match (self.leases.get_mut(&grant.lease_id), id.split_once('\n')) {
+                (Some(lease), Some((_, r))) => lease.request_id = Some(r.to_string()),
+                (None, Some(_)) => ended.push_back(id),
+                (_, None) => {
+                    self.requests.remove(&id);
+                }
             }
         }
-        let (leases, requests) = (&self.leases, &self.requests);
-        let live = |id: &String| requests.get(id).is_some_and(|g| leases.contains_key(&g.lease_id));
-        let ended: Vec<String> = self.request_order.drain(..).filter(|id| !live(id)).collect();
-        let forget = ended.len().saturating_sub(REQUEST_ID_MEMORY);
-        for id in &ended[..forget] {
-            self.requests.remove(id);
+        while ended.len() > REQUEST_ID_MEMORY {
+            if let Some(old) = ended.pop_front() {
+                self.requests.remove(&old);
+            }
         }
-        self.request_order = ended[forget..].iter().cloned().collect();
+        self.request_order = ended;
     }
 
     /// Every token up to this of a key absent from the table has ended
@@ -388,15 +398,13 @@ impl LockState {
     }
 
     /// Rules 1: the lease granted for `request_key` ended; its request id is
-    /// kept among the last `REQUEST_ID_MEMORY` ended ones. (A request id
-    /// reused since for a live lease is not forgotten with the old one.)
+    /// kept among the last `REQUEST_ID_MEMORY` ended ones. (While it is, an
+    /// acquire naming it is a repeat: no live lease can have it too.)
     fn forget_later(&mut self, request_key: String) {
         self.request_order.push_back(request_key);
         while self.request_order.len() > REQUEST_ID_MEMORY {
             if let Some(old) = self.request_order.pop_front() {
-                if self.requests.get(&old).is_some_and(|g| !self.leases.contains_key(&g.lease_id)) {
-                    self.requests.remove(&old);
-                }
+                self.requests.remove(&old);
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Where a node keeps its latest Raft snapshot: `data_dir/snapshot`, a file
-//! of its own (data format 2) beside the log's database, not in it. In the
+//! of its own (from data format 2) beside the log's database, not in it. In the
 //! database, writing megabytes of table held redb's single write lock, and
 //! with it every log append, for long enough that followers campaigned
 //! (`bench/elections.rs`: elections under load at each of the first

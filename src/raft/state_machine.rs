@@ -10,7 +10,7 @@ use std::io::Cursor;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot as RaftSnapshot};
-use openraft::{CommittedLeaderId, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
+use openraft::{AnyError, CommittedLeaderId, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -22,7 +22,7 @@ use super::types::{
 use super::upgrade::Protocols;
 use crate::audit;
 use crate::lock::clock::LeaseClock;
-use crate::lock::state::{Command, Event, EventKind, LockState, Outcome};
+use crate::lock::state::{Command, Event, EventKind, LockState, Outcome, RULES};
 use crate::metrics::LockMetrics;
 
 /// How many recent events are kept for watchers that reconnect (fewer once
@@ -75,6 +75,7 @@ impl EventLog {
 
 /// Everything the node knows from the applied log. Guarded by a std Mutex:
 /// critical sections are short and never cross an `.await`.
+#[derive(Default)]
 pub struct AppliedState {
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
@@ -129,13 +130,7 @@ impl StateMachineStore {
         metrics: LockMetrics,
         protocols: Arc<Protocols>,
     ) -> Result<Self, StorageError> {
-        let mut state = AppliedState {
-            last_applied: None,
-            membership: StoredMembership::default(),
-            locks: LockState::default(),
-            clock: LeaseClock::default(),
-            events: EventLog::default(),
-        };
+        let mut state = AppliedState::default();
         if let Some(snap) = snapshots.read()? {
             restore(&mut state, &snap)?;
         }
@@ -173,8 +168,10 @@ pub fn seed(
 }
 
 fn restore(state: &mut AppliedState, snap: &StoredSnapshot) -> Result<(), StorageError> {
-    let locks: LockState = serde_json::from_slice(&snap.data)
-        .map_err(|e| StorageError::IO { source: StorageIOError::read_snapshot(Some(snap.meta.signature()), &e) })?;
+    let unreadable =
+        |e: AnyError| StorageError::IO { source: StorageIOError::read_snapshot(Some(snap.meta.signature()), e) };
+    let locks: LockState = serde_json::from_slice(&snap.data).map_err(|e| unreadable(AnyError::new(&e)))?;
+    known_rules(locks.rules()).map_err(|e| unreadable(AnyError::new(&e)))?;
     state.locks = locks;
     state.last_applied = snap.meta.last_log_id;
     state.membership = snap.meta.last_membership.clone();
@@ -207,6 +204,20 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         .await?;
         Ok(RaftSnapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
+}
+
+/// A table or entry of rules this build does not know would be applied
+/// wrongly: the node stops instead (`raft::guard` keeps such entries out of
+/// the log from peers; this catches a log or snapshot a newer build wrote).
+#[derive(Debug, thiserror::Error)]
+#[error("rules {0} are newer than this build's ({RULES}): run a build that knows them")]
+struct NewerRules(u32);
+
+fn known_rules(rules: u32) -> Result<(), NewerRules> {
+    if rules > RULES {
+        return Err(NewerRules(rules));
+    }
+    Ok(())
 }
 
 /// Apply one command and feed its event to the clock, the event log and the
@@ -288,6 +299,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         vec![]
                     }
                     EntryPayload::Normal(batch) => {
+                        for cmd in &batch {
+                            if let Command::Rules { version } = cmd {
+                                known_rules(*version).map_err(|e| StorageError::IO {
+                                    source: StorageIOError::apply(entry.log_id, AnyError::new(&e)),
+                                })?;
+                            }
+                        }
                         batch.iter().map(|cmd| apply_one(s, cmd, now, metrics, &mut changes)).collect()
                     }
                 };
@@ -333,5 +351,23 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let snapshots = self.snapshots.clone();
         let stored = blocking(move || snapshots.read()).await?;
         Ok(stored.map(|s| RaftSnapshot { meta: s.meta, snapshot: Box::new(Cursor::new(s.data)) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_of_rules_newer_than_the_builds_is_refused() {
+        let mut state = AppliedState::default();
+        let mut table = serde_json::to_value(LockState::default()).unwrap();
+        for (rules, taken) in [(RULES + 1, false), (RULES, true)] {
+            table["rules"] = rules.into();
+            let snap = StoredSnapshot { meta: SnapshotMeta::default(), data: serde_json::to_vec(&table).unwrap() };
+            let r = restore(&mut state, &snap);
+            assert_eq!(r.is_ok(), taken, "rules {rules}: {r:?}");
+            assert_eq!(state.locks.rules(), if taken { rules } else { 0 }, "a refused table is not taken");
+        }
     }
 }

@@ -9,8 +9,14 @@
 //! older build cannot follow a cluster that moved on (it stays behind,
 //! refusing, instead of applying a table it would misread). The leader
 //! proposes `Command::Rules` when every other member's latest answer said it
-//! speaks them; a member that has not answered since its last failed RPC
-//! counts as not saying so.
+//! speaks them; a member that has not answered since its last failed RPC,
+//! or since this node began to lead, counts as not saying so.
+//!
+//! What it cannot see: a member restarted on an older build between two
+//! answers, or added in the instant before the entry is proposed. Such a
+//! member refuses what it cannot read (the entry, the protocol) and stays
+//! behind; it cannot apply the table wrongly. A data directory this build
+//! has opened is format 3, which older builds refuse to start on.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -58,6 +64,12 @@ impl Protocols {
         self.heard.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 
+    /// This node begins to lead: what members said while it followed (or
+    /// led before) may be out of date, so it hears them afresh.
+    pub fn leading(&self) {
+        self.heard.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// The leader's question: the rules to move the table to, if any.
     pub fn due(&self, me: NodeId, members: &BTreeSet<NodeId>, rules: u32) -> Option<u32> {
         due(me, members, rules, &self.heard.lock().unwrap_or_else(|p| p.into_inner()))
@@ -102,6 +114,9 @@ mod tests {
         assert_eq!(p.due(1, &members, 0), Some(RULES));
         p.lost(2);
         assert_eq!(p.due(1, &members, 0), None);
+        p.heard(2, PROTOCOL);
+        p.leading();
+        assert_eq!(p.due(1, &members, 0), None, "a new leader hears every member afresh");
         assert_eq!(p.speaking(), 1);
         p.applied(RULES);
         assert_eq!(p.speaking(), PROTOCOL);

@@ -69,6 +69,7 @@ pub async fn run(node: Arc<Node>) {
             s.clock.reset(&s.locks, Instant::now());
             ready_term = Some(m.current_term);
             node.clock_term.store(m.current_term, Ordering::Release);
+            node.directory.protocols.leading();
             tracing::info!(term = m.current_term, leases = s.locks.lease_count(), "leader: lease clock reset");
         }
 

@@ -93,8 +93,8 @@ fn under_rules_0_the_last_65536_request_ids_of_any_lease_are_remembered() {
     assert_eq!(s.request_order.len(), LEGACY_REQUEST_ID_MEMORY);
     assert!(!s.requests.contains_key(&request_key("owner", &format!("{:032x}", 10))));
     assert!(s.requests.contains_key(&request_key("owner", &format!("{:032x}", 11))));
-    // Byte for byte what a build before rules were numbered wrote: no
-    // `rules`, no request id in a lease.
+    // What a build before rules were numbered wrote (and `rules: 0`, which
+    // such a build ignores): no request id in a lease.
     s.apply(&acquire("live", "LIVE", 60_000, 0, Some("live")));
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(json["rules"], 0);
@@ -145,7 +145,7 @@ fn a_live_lease_keeps_its_request_id_however_many_end_after_it() {
 }
 
 #[test]
-fn a_request_id_reused_for_a_live_lease_is_not_forgotten_with_the_ended_one() {
+fn a_forgotten_request_id_granted_anew_is_remembered_for_its_new_lease() {
     let mut s = current();
     s.apply(&acquire("a", "L1", 60_000, 0, Some("again")));
     s.apply(&release("L1"));
@@ -156,8 +156,7 @@ fn a_request_id_reused_for_a_live_lease_is_not_forgotten_with_the_ended_one() {
     s.apply(&release("L2"));
     let (_, ev) = s.apply(&acquire("a", "L3", 60_000, 0, Some("again")));
     assert!(ev.is_none(), "L2's grant is remembered after it ended");
-    // L1's place in the queue came and went long ago; L3's own retry is
-    // the one after this: still remembered while its lease (L2's grant) is.
+    // L2's place in the queue is the oldest of the last 4,096 ended.
     cycles(&mut s, 1 << 20, REQUEST_ID_MEMORY - 1);
     let (o, ev) = s.apply(&acquire("a", "L4", 60_000, 0, Some("again")));
     assert_eq!((o, ev), (second, None));
@@ -192,6 +191,28 @@ fn moving_move_to_rules_1_keeps_live_leases_ids_and_the_last_ended_ones() {
     s.apply(&release("LIVE"));
     assert_eq!(s.request_order.len(), REQUEST_ID_MEMORY);
     assert_eq!(s.request_order.back().map(String::as_str), Some(request_key("owner", "live").as_str()));
+}
+
+#[test]
+fn the_move_to_rules_1_rebuilds_the_leases_request_ids_from_the_queue_alone() {
+    // A table whose leases carry request ids the queue does not (the
+    // unreleased build that kept them per lease without rules wrote such
+    // tables), and an id from before ids were scoped by owner.
+    let mut s = LockState::default();
+    s.apply(&acquire("a", "LA", 60_000, 0, Some("ra")));
+    s.apply(&acquire("b", "LB", 60_000, 0, None));
+    let mut v = serde_json::to_value(&s).unwrap();
+    v["leases"]["LB"]["request_id"] = "stale".into();
+    v["requests"]["unscoped"] = serde_json::json!({"key": "b", "token": 2, "lease_id": "LB", "ttl_ms": 60000});
+    v["request_order"].as_array_mut().unwrap().insert(0, "unscoped".into());
+    let mut s: LockState = serde_json::from_value(v).unwrap();
+    s.apply(&Command::Rules { version: 1 });
+    assert_eq!(s.lease("LA").unwrap().request_id.as_deref(), Some("ra"));
+    assert_eq!(s.lease("LB").unwrap().request_id, None, "no remembered request names LB");
+    assert_eq!(s.remembered_requests(), 1, "the unscoped id is dropped");
+    assert!(s.request_order.is_empty(), "live leases' ids are queued when they end");
+    s.apply(&release("LB"));
+    assert!(s.request_order.is_empty(), "LB had no request id to queue");
 }
 
 #[test]
