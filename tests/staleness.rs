@@ -147,7 +147,9 @@ async fn stale_writes_stop_within_the_bound(
 /// the key through another node. The sidecar's stream cannot tell it, and
 /// would not notice its silence for 12 s. A's writes are forwarded at most
 /// until `max_staleness` after B's grant completed; from then on they are
-/// re-checked with the lock service and refused.
+/// re-checked with the lock service and refused. The stream, left behind
+/// what the probes answer, is then reopened on another node, and B's
+/// writes are decided on what it streams again (no read each).
 ///
 /// Control: a sidecar behind the same relays with `max_staleness: 10s`
 /// still forwards A's write a second after B's grant, so the setup does
@@ -176,6 +178,7 @@ async fn a_silently_cut_watch_is_trusted_no_longer_than_max_staleness() {
     assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
 
     relays[0].set_black_hole(true);
+    let cut = Instant::now();
     assert_eq!(raw("DELETE", &format!("{}/v1/leases/{lease}", c.url(2)), None).await.0, 200);
     let (b, _) = take(&c, key).await;
     let (granted, granted_std) = (Instant::now(), std::time::Instant::now());
@@ -187,6 +190,27 @@ async fn a_silently_cut_watch_is_trusted_no_longer_than_max_staleness() {
     assert_eq!((status, v["error"].as_str()), (409, Some("stale_token")), "{v}");
     let metrics = sc.metrics().await;
     assert!(fallbacks(&metrics).is_some_and(|n| n >= 1.0), "no fallback counted:\n{metrics}");
+
+    // Once the probes have moved to a node that answers (the client's
+    // failover), the stream, short of their revision for `behind_patience`
+    // (2 s here), is dropped for being behind (not for 12 s of silence:
+    // with `behind_patience` at 60 s, this fails) and reopened on another
+    // node, while node 1 stays silent: knowledge is proven again, and B's
+    // writes go through without a read. (Writes further apart than
+    // `max_staleness`: a read vouches for its key that long.)
+    let reopened_by = cut + Duration::from_secs(20);
+    loop {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let before = fallbacks(&sc.metrics().await).unwrap();
+        assert_eq!(sc.send("PUT", path, Some(b), &[]).await.0, 200);
+        if fallbacks(&sc.metrics().await).unwrap() == before {
+            println!("B's writes decided on the stream again {:?} after the cut", cut.elapsed());
+            break;
+        }
+        assert!(Instant::now() < reopened_by, "still reading for every write 20 s after the stream went silent");
+    }
+    let log = sc.log();
+    assert!(log.contains("the stream has not reached revision"), "not dropped for being behind:\n{log}");
 
     control_forwarded(control_write).await;
 }
