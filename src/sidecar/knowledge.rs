@@ -548,6 +548,65 @@ pub(super) mod tests {
         url
     }
 
+    /// A stand-in node of a build before `progress=1`: its watch answers
+    /// 400 to the parameter, and without it streams one key's state and a
+    /// heartbeat (then ends). Counts the watches opened with and without it.
+    async fn a_node_without_progress(with: Arc<AtomicUsize>, without: Arc<AtomicUsize>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let (with, without) = (with.clone(), without.clone());
+                let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                    let watch = req.uri().path() == wire::WATCH_PATH;
+                    let progress = req.uri().query().is_some_and(|q| q.split('&').any(|p| p == "progress=1"));
+                    let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+                    match (watch, progress) {
+                        (true, true) => {
+                            with.fetch_add(1, Ordering::SeqCst);
+                            *resp.status_mut() = hyper::StatusCode::BAD_REQUEST;
+                        }
+                        (true, false) => {
+                            without.fetch_add(1, Ordering::SeqCst);
+                            let body = concat!(
+                                r#"{"event":"state","key":"rack/1","held":true,"token":34,"holder":"b","rev":40}"#,
+                                "\n",
+                                r#"{"event":"heartbeat","rev":40}"#,
+                                "\n"
+                            );
+                            resp = hyper::Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+                        }
+                        (false, _) => *resp.status_mut() = hyper::StatusCode::NOT_FOUND,
+                    }
+                    async move { Ok::<_, Infallible>(resp) }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        url
+    }
+
+    /// A node that refuses `progress=1` (400) is watched without it from
+    /// then on: asked once, and what it streams is learnt.
+    #[tokio::test]
+    async fn a_node_that_refuses_progress_is_watched_without_it() {
+        let (with, without) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let url = a_node_without_progress(with.clone(), without.clone()).await;
+        let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), true);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while without.load(Ordering::SeqCst) < 2 {
+            assert!(Instant::now() < deadline, "no watch without progress=1");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(with.load(Ordering::SeqCst), 1, "asked with progress=1 once, not at every reconnect");
+        let k = view.get("rack/1");
+        assert!(k.known && k.live && k.latest == 34, "{k:?}");
+    }
+
     #[tokio::test]
     async fn concurrent_reads_share_one_round_started_after_they_arrived() {
         let count = Arc::new(AtomicUsize::new(0));
