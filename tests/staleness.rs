@@ -211,6 +211,11 @@ async fn a_silently_cut_watch_is_trusted_no_longer_than_max_staleness() {
     }
     let log = sc.log();
     assert!(log.contains("the stream has not reached revision"), "not dropped for being behind:\n{log}");
+    // The probes sent to the silent node answered too late, if at all.
+    let metrics = sc.metrics().await;
+    let failures = "fencegate_sidecar_freshness_probe_failures_total ";
+    let failed = metrics.lines().find_map(|l| l.strip_prefix(failures)?.parse::<f64>().ok());
+    assert!(failed.is_some_and(|n| n >= 1.0), "no probe failure counted:\n{metrics}");
 
     control_forwarded(control_write).await;
 }
