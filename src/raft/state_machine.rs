@@ -228,7 +228,10 @@ fn apply_one(
     now: Instant,
     metrics: &LockMetrics,
     changes: &mut Vec<audit::Change>,
-) -> Outcome {
+) -> Result<Outcome, NewerRules> {
+    if let Command::Rules { version } = cmd {
+        known_rules(*version)?;
+    }
     // The owner of a lease this command ends, before it is gone.
     let owner = match cmd {
         Command::Release { lease_id, .. } | Command::Expire { lease_id } => {
@@ -267,7 +270,7 @@ fn apply_one(
         s.clock.observe(&e, now);
         s.events.push(e);
     }
-    outcome
+    Ok(outcome)
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
@@ -298,16 +301,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         s.membership = StoredMembership::new(Some(entry.log_id), m);
                         vec![]
                     }
-                    EntryPayload::Normal(batch) => {
-                        for cmd in &batch {
-                            if let Command::Rules { version } = cmd {
-                                known_rules(*version).map_err(|e| StorageError::IO {
-                                    source: StorageIOError::apply(entry.log_id, AnyError::new(&e)),
-                                })?;
-                            }
-                        }
-                        batch.iter().map(|cmd| apply_one(s, cmd, now, metrics, &mut changes)).collect()
-                    }
+                    EntryPayload::Normal(batch) => batch
+                        .iter()
+                        .map(|cmd| apply_one(s, cmd, now, metrics, &mut changes))
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| StorageError::IO {
+                            source: StorageIOError::apply(entry.log_id, AnyError::new(&e)),
+                        })?,
                 };
                 out.push(outcomes);
             }
