@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 
 use super::Node;
 use crate::lock::clock;
-use crate::lock::state::Command;
+use crate::lock::state::{Command, RULES};
 
 /// Longest sleep between checks, so gauges stay fresh on an idle node.
 const IDLE: Duration = Duration::from_secs(1);
@@ -116,8 +116,12 @@ pub async fn run(node: Arc<Node>) {
 /// latest membership, committed or not) has said it speaks them
 /// (`raft::upgrade`).
 fn rules_due(node: &Node) -> Option<u32> {
-    let members = node.raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect();
     let rules = node.applied.lock().locks.rules();
+    if rules >= RULES {
+        // Moved already: the keeper wakes at every applied entry.
+        return None;
+    }
+    let members = node.raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect();
     node.directory.protocols.due(node.id, &members, rules)
 }
 
