@@ -8,6 +8,7 @@ mod listen;
 mod refusals;
 mod serve;
 mod stall;
+mod workers;
 
 use std::convert::Infallible;
 
@@ -23,9 +24,10 @@ pub use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
 pub use listen::{bind, CannotListen};
 pub use refusals::RefusalBody;
 pub use serve::{
-    serve, serve_live, Conn, Listener, LiveListener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    serve, serve_live, serve_on, Conn, Listener, LiveListener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SEND_TIMEOUT, MAX_CONNECTIONS,
 };
+pub use workers::{Workers, MAX_WORKERS};
 
 /// The body of every response fencegate's servers produce.
 pub type Body = BoxBody<Bytes, BoxError>;

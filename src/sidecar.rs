@@ -50,7 +50,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::sidecar::SidecarSettings;
-use crate::http::{Body, BoxError, Listener, LiveListener};
+use crate::http::{Body, BoxError, Listener, LiveListener, Workers};
 use crate::metrics::{Outcome, SidecarMetrics};
 use crate::tls::SidecarTls;
 use answer::{Answer, Phase};
@@ -70,6 +70,8 @@ pub struct Sidecar {
     /// The longest route timeout of every config served so far: a request
     /// of an older config may still hold its permit that long.
     longest_timeout: Mutex<Duration>,
+    /// The event loops connections are served on (`workers`; restart-only).
+    workers: Workers,
     /// Floors, the lock service's view and the S1 permits, kept across reloads.
     pub fencer: Fencer,
     /// Floors and idempotency records on disk.
@@ -126,8 +128,11 @@ impl Sidecar {
         let admin_token = crate::auth::token_hash(&admin::token(&settings.state_dir)?);
         let fencer = Fencer { view, floors, order: Arc::default() };
         let listener = Arc::new(ArcSwap::from_pointee(listener_options(&settings, acceptor, &metrics)));
+        let workers = Workers::start("sidecar", settings.workers)?;
+        let upstream = Upstream::new(tls.upstream, settings.workers);
         let sidecar = Sidecar {
-            live: ArcSwap::from_pointee(Live { settings, upstream: Upstream::new(tls.upstream) }),
+            live: ArcSwap::from_pointee(Live { settings, upstream }),
+            workers,
             listener,
             longest_timeout: Mutex::default(),
             fencer,
@@ -382,7 +387,8 @@ fn check_framing(req: &Request<Incoming>, max_body: u64) -> Result<(), Answer> {
 pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl Future<Output = ()>) {
     let order = sidecar.fencer.order.clone();
     let (opts, kept) = (sidecar.listener.clone(), sidecar.clone());
-    crate::http::serve_live(listener, opts, shutdown, move |req, conn: crate::http::Conn| {
+    let workers = Some(&kept.workers);
+    crate::http::serve_on(listener, opts, workers, shutdown, move |req, conn: crate::http::Conn| {
         let peer = conn.addr;
         // Its own task: if the client goes away, hyper drops this future,
         // but the request (and its ordering permit, S1) must live until the

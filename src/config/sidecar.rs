@@ -12,7 +12,7 @@ use serde::de::{self, MapAccess, Unexpected, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use super::{endpoint_url, upstream_url, ConfigError, ConfigFile};
-use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
+use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS, MAX_WORKERS};
 use crate::sidecar::fence::{Consistency, Fence, FenceMode, MissingToken};
 use crate::sidecar::idempotency::Policy;
 use crate::sidecar::routes::{Route, RouteSpec, Routes};
@@ -51,6 +51,8 @@ pub struct SidecarConfig {
     /// Per-key floors, which must survive restarts (S2).
     pub state_dir: PathBuf,
     pub metrics_listen: Option<SocketAddr>,
+    /// Event loops serving connections (`http::Workers`); default: one per core.
+    pub workers: Option<usize>,
     #[serde(default)]
     pub limits: Limits,
     pub tls: Option<TlsConfig>,
@@ -347,6 +349,7 @@ pub struct SidecarSettings {
     /// `None` when no route checks tokens with the lock service and none was configured.
     pub lock_service: Option<LockServiceConfig>,
     pub state_dir: PathBuf,
+    pub workers: usize,
     pub limits: Limits,
     pub tls: Option<TlsConfig>,
     pub upstream_tls: Option<UpstreamTls>,
@@ -392,12 +395,20 @@ impl ConfigFile for SidecarConfig {
         }
         let routes = compile_routes(&self.routes, &upstream)?;
         self.validate_lock_service()?;
+        let workers = match self.workers {
+            Some(n) if !(1..=MAX_WORKERS).contains(&n) => {
+                return Err(ConfigError::invalid("workers", format!("must be between 1 and {MAX_WORKERS}")))
+            }
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS)),
+        };
         Ok(SidecarSettings {
             listen: self.listen,
             metrics_listen: self.metrics_listen,
             upstream,
             lock_service: self.lock_service,
             state_dir: self.state_dir,
+            workers,
             limits: self.limits,
             tls: self.tls,
             upstream_tls: self.upstream_tls,
@@ -768,6 +779,8 @@ routes:
             ("metrics_listen: 127.0.0.1:9464", "metrics_listen: 127.0.0.1:8080", "metrics_listen"),
             ("listen: 127.0.0.1:8080", "listen: localhost", "listen"),
             ("state_dir: ./data/sidecar", "state_dir: ''", "state_dir"),
+            ("state_dir: ./data/sidecar", "state_dir: ./data/sidecar\nworkers: 0", "workers"),
+            ("state_dir: ./data/sidecar", "state_dir: ./data/sidecar\nworkers: 257", "workers"),
             // upstreams
             ("upstream: http://127.0.0.1:9000", "upstream: 127.0.0.1:9000", "upstream"),
             ("upstream: http://127.0.0.1:9000", "upstream: ftp://127.0.0.1:9000", "upstream"),

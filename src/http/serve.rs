@@ -27,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
 
+use super::workers::Workers;
 use super::Body;
 
 /// The defaults every listener starts from (the configs' `limits` too).
@@ -128,6 +129,21 @@ pub async fn serve_live<F, Fut>(
     F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
+    serve_on(listener, live, None, shutdown, handle).await
+}
+
+/// `serve_live` with each connection served on one of `workers`' event
+/// loops (on the calling runtime if `None`); accepting stays here.
+pub async fn serve_on<F, Fut>(
+    listener: TcpListener,
+    live: LiveListener,
+    workers: Option<&Workers>,
+    shutdown: impl Future<Output = ()>,
+    handle: F,
+) where
+    F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
     // Every connection holds a slot until it has closed: the drain below is
     // over when all slots are back.
     let max_connections = live.load().max_connections;
@@ -162,7 +178,7 @@ pub async fn serve_live<F, Fut>(
         };
         let _ = stream.set_nodelay(true);
         let (opts, handle, stopping) = (live.load_full(), handle.clone(), stopping.clone());
-        tokio::spawn(async move {
+        let served = async move {
             let _slot = slot;
             let Some(acceptor) = opts.tls.clone() else {
                 let conn = Conn { addr: peer, certs: None, named: Arc::default() };
@@ -178,7 +194,11 @@ pub async fn serve_live<F, Fut>(
                 Ok(Err(e)) => tracing::debug!("TLS handshake with {peer}: {e}"),
                 Err(_) => tracing::debug!("TLS handshake with {peer}: timed out after {:?}", opts.header_timeout),
             }
-        });
+        };
+        match workers {
+            Some(w) => drop(w.spawn(served)),
+            None => drop(tokio::spawn(served)),
+        }
     }
     drop(listener);
     stop.send_replace(true);

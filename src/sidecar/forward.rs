@@ -1,8 +1,9 @@
 //! Forwarding to the upstream: a reverse proxy a proxy engineer would sign off.
 //!
 //! - request and response bodies stream both ways (never buffered);
-//! - one pooled keep-alive client per sidecar (HTTP/1.1 upstream), over TLS
-//!   for `https://` upstreams;
+//! - one pooled keep-alive client per event loop (HTTP/1.1 upstream), over
+//!   TLS for `https://` upstreams: a pooled connection is driven by the loop
+//!   that opened it, so a request never borrows another loop's;
 //! - hop-by-hop headers (RFC 9110 §7.6.1, plus any named in `Connection`) are
 //!   dropped both ways; `X-Forwarded-For` and `Forwarded` are appended; `Host`
 //!   is passed on as the client sent it; `X-Fence-Token` is passed on;
@@ -23,7 +24,7 @@ use hyper_util::rt::TokioExecutor;
 use fencegate_client::wire::Problem;
 
 use super::answer::Answer;
-use crate::http::{error_chain, Body};
+use crate::http::{error_chain, Body, Workers};
 
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -37,23 +38,28 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    /// One per event loop (`Workers::current`).
+    clients: Vec<Client<HttpsConnector<HttpConnector>, Body>>,
 }
 
 impl Upstream {
     /// `tls` is used for `https://` upstreams; `http://` ones stay plain.
-    pub fn new(tls: rustls::ClientConfig) -> Self {
-        let mut tcp = HttpConnector::new();
-        tcp.set_nodelay(true);
-        tcp.set_connect_timeout(Some(Duration::from_secs(5)));
-        // hyper-rustls hands `https://` URIs to the TCP connector, which
-        // refuses any scheme but http unless told otherwise.
-        tcp.enforce_http(false);
-        let connector =
-            HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(tcp);
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(connector);
-        Self { client }
+    /// A pool for each of `workers` event loops.
+    pub fn new(tls: rustls::ClientConfig, workers: usize) -> Self {
+        Self { clients: (0..workers.max(1)).map(|_| client(tls.clone())).collect() }
     }
+}
+
+fn client(tls: rustls::ClientConfig) -> Client<HttpsConnector<HttpConnector>, Body> {
+    let mut tcp = HttpConnector::new();
+    tcp.set_nodelay(true);
+    tcp.set_connect_timeout(Some(Duration::from_secs(5)));
+    // hyper-rustls hands `https://` URIs to the TCP connector, which
+    // refuses any scheme but http unless told otherwise.
+    tcp.enforce_http(false);
+    let connector =
+        HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(tcp);
+    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(connector)
 }
 
 /// Drop hop-by-hop headers, including those the `Connection` header names.
@@ -119,8 +125,9 @@ impl Upstream {
         parts.uri = Uri::from_parts(uri).map_err(|e| Answer::Internal(e.to_string()))?;
         parts.version = hyper::Version::HTTP_11;
 
+        let client = &self.clients[Workers::current() % self.clients.len()];
         let resp: Response<Incoming> =
-            match tokio::time::timeout(timeout, self.client.request(Request::from_parts(parts, body))).await {
+            match tokio::time::timeout(timeout, client.request(Request::from_parts(parts, body))).await {
                 Err(_) => return Err(Answer::UpstreamTimeout),
                 // A failed connection sent nothing; anything else may have
                 // delivered the request.

@@ -48,7 +48,8 @@ impl Sidecar {
         if let Some(view) = &self.fencer.view {
             view.set_probing(settings.routes.iter().any(|r| r.fence.trusts_the_watch()));
         }
-        self.live.store(Arc::new(Live { settings, upstream: Upstream::new(tls.upstream) }));
+        let upstream = Upstream::new(tls.upstream, settings.workers);
+        self.live.store(Arc::new(Live { settings, upstream }));
         Ok(())
     }
 }
@@ -63,6 +64,7 @@ pub fn restart_needed(old: &SidecarSettings, new: &SidecarSettings, watching: bo
         ("listen", old.listen == new.listen),
         ("metrics_listen", old.metrics_listen == new.metrics_listen),
         ("state_dir", old.state_dir == new.state_dir),
+        ("workers", old.workers == new.workers),
         ("lock_service", old.lock_service == new.lock_service),
         ("tls", old.tls.is_some() == new.tls.is_some()),
         ("limits.max_connections", old.limits.max_connections == new.limits.max_connections),
@@ -139,6 +141,9 @@ routes:
             let e = refusal(from, to, true).unwrap_or_else(|| panic!("{to}: reloaded"));
             assert!(e.contains(field) && e.contains("restart"), "{to}: {e}");
         }
+        let workers = |n| settings(&BASE.replace("routes:", &format!("workers: {n}\nroutes:")));
+        let e = restart_needed(&workers(1), &workers(2), true).expect("workers changed").to_string();
+        assert!(e.contains("`workers`") && e.contains("restart"), "{e}");
         // The same certificate files, or new ones, are no restart.
         let with_tls = BASE.replace("routes:", "tls: { cert: c.pem, key: k.pem }\nroutes:");
         let rotated = with_tls.replace("c.pem", "c2.pem");
