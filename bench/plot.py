@@ -112,6 +112,9 @@ def main():
     out = Path(sys.argv[1])
     for name in sys.argv[2:] or PLOTS:
         path = out / f"{name}.json"
+        if name not in PLOTS:
+            print(f"no plot for {name}")
+            continue
         if not path.exists():
             print(f"no {path}; skipped")
             continue

@@ -18,58 +18,24 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::load::{self, MakeRequest};
 use common::procs::Usage;
+use common::proxies::{self, NginxProcesses};
 use common::report::{self, mib, Spread, Table};
 use common::{env_or, fenced_sidecar, fencegate_cluster, wait_for_port};
 use fencegate_client::AcquireOptions;
+use fencegate_testkit::free_ports;
 use fencegate_testkit::http::fenced_put;
 use fencegate_testkit::upstream::{Recording, Upstream};
-use fencegate_testkit::{free_ports, Proc};
 use serde_json::json;
 
 /// "sidecar (fence off)" is the cached sidecar on a route with fencing off:
 /// the proxying alone, to tell its cost from the fencing's.
 const PATHS: [&str; 6] =
     ["straight", "nginx", "haproxy", "sidecar (fence off)", "sidecar (cached)", "sidecar (linearizable)"];
-
-fn nginx(dir: &Path, port: u16, up: u16) -> Proc {
-    // Two workers for two cores, upstream keep-alive, access log off: how one
-    // would tune it for this job. X-Forwarded-For as the sidecar sets it.
-    let conf = format!(
-        "daemon off;\nmaster_process on;\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log warn;\n\
-         events {{ worker_connections 4096; }}\n\
-         http {{\n  access_log off;\n  keepalive_requests 1000000;\n  client_body_temp_path {d}/nginx-body;\n  proxy_temp_path {d}/nginx-proxy;\n\
-         upstream up {{ server 127.0.0.1:{up}; keepalive 64; keepalive_requests 1000000; }}\n\
-         server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://up;\n\
-         proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n\
-         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n    }}\n  }}\n}}\n",
-        d = dir.display()
-    );
-    let path = dir.join("nginx.conf");
-    std::fs::write(&path, conf).unwrap();
-    let mut cmd = Command::new("nginx");
-    cmd.arg("-c").arg(&path).arg("-p").arg(dir);
-    Proc::spawn("nginx", cmd, &dir.join("nginx.log"))
-}
-
-fn haproxy(dir: &Path, port: u16, up: u16) -> Proc {
-    let conf = format!(
-        "global\n  nbthread 2\n  maxconn 4096\n\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n\
-         timeout server 30s\n  option forwardfor\n  http-reuse always\n\n\
-         frontend front\n  bind 127.0.0.1:{port}\n  default_backend up\n\n\
-         backend up\n  server s1 127.0.0.1:{up}\n"
-    );
-    let path = dir.join("haproxy.cfg");
-    std::fs::write(&path, conf).unwrap();
-    let mut cmd = Command::new("haproxy");
-    cmd.arg("-db").arg("-f").arg(&path);
-    Proc::spawn("haproxy", cmd, &dir.join("haproxy.log"))
-}
 
 /// One path under test: where to send what, and whose CPU to charge.
 struct Target {
@@ -127,8 +93,9 @@ async fn main() {
     let cluster = fencegate_cluster("").await;
     let dir = cluster.dir().to_path_buf();
     let [nginx_port, haproxy_port] = free_ports();
-    let nginx = nginx(&dir, nginx_port, up);
-    let haproxy = haproxy(&dir, haproxy_port, up);
+    // Two workers and two threads for two cores.
+    let nginx = proxies::nginx(&dir, Path::new("nginx"), nginx_port, up, NginxProcesses::Workers(2));
+    let haproxy = proxies::haproxy(&dir, Path::new("haproxy"), haproxy_port, up, 2);
     let cached = fenced_sidecar(&cluster, "sidecar-cached", up, "cached").await;
     let linearizable = fenced_sidecar(&cluster, "sidecar-linearizable", up, "linearizable").await;
     let (cached_port, cached_pid) = (cached.port, cached.pid().unwrap());

@@ -7,6 +7,8 @@
 //!   ones came back; each latency is measured from when its request was
 //!   *due*, so a stall is charged to every request it delays (coordinated
 //!   omission corrected, as wrk2 does).
+//! - `Connections::exactly`: a given number of requests, closed loop, over
+//!   connections opened beforehand (counting what serving alone costs).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -177,4 +179,62 @@ pub async fn fixed_rate(port: u16, connections: usize, rate: f64, duration: Dura
     let mut run = Tally::merge(tallies, start.elapsed().as_secs_f64());
     run.errors = due - run.ok;
     run
+}
+
+/// Keep-alive connections opened once and reused by every run on them, so
+/// that a run measures serving requests, not opening connections.
+pub struct Connections {
+    port: u16,
+    sends: Vec<SendRequest<Full<Bytes>>>,
+}
+
+impl Connections {
+    pub async fn open(port: u16, n: usize) -> Connections {
+        let mut sends = vec![];
+        for _ in 0..n {
+            sends.push(connect(port).await);
+        }
+        Connections { port, sends }
+    }
+
+    /// Exactly `n` requests, closed loop, spread over the connections;
+    /// requests still unanswered `within` after the start are counted as
+    /// errors, and their connections are dropped.
+    pub async fn exactly(&mut self, n: u64, within: Duration, make: MakeRequest) -> Run {
+        let start = Instant::now();
+        let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let port = self.port;
+        let mut tasks = vec![];
+        for mut send in self.sends.drain(..) {
+            let (next, make) = (next.clone(), make.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut tally = Tally::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let t = Instant::now();
+                    let ok = exchange(port, &mut send, make(i)).await;
+                    tally.record(ok, t);
+                }
+                (send, tally)
+            }));
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        let mut tallies = vec![];
+        for mut t in tasks {
+            match tokio::time::timeout_at(deadline, &mut t).await {
+                Ok(done) => {
+                    let (send, tally) = done.unwrap();
+                    self.sends.push(send);
+                    tallies.push(tally);
+                }
+                Err(_) => t.abort(),
+            }
+        }
+        let mut run = Tally::merge(tallies, start.elapsed().as_secs_f64());
+        run.errors = n - run.ok;
+        run
+    }
 }

@@ -1,14 +1,17 @@
-//! Shared by the benchmarks: what processes cost (/proc), load generators,
-//! the lock client logic, result files, and the etcd cluster. The fencegate
-//! processes (cluster, sidecar), the upstream and ports come from
-//! `fencegate-testkit`, the same kit the tests use, set up here for measuring.
+//! Shared by the benchmarks: what processes cost (/proc, callgrind), load
+//! generators, the lock client logic, result files, the etcd cluster and
+//! the reverse proxies. The fencegate processes (cluster, sidecar), the
+//! upstream and ports come from `fencegate-testkit`, the same kit the tests
+//! use, set up here for measuring.
 #![allow(dead_code)] // each benchmark uses a part
 
+pub mod callgrind;
 pub mod etcd;
 pub mod load;
 pub mod locks;
 pub mod pair;
 pub mod procs;
+pub mod proxies;
 pub mod report;
 
 use std::time::Duration;
