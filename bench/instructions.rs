@@ -235,8 +235,8 @@ fn write_results(
          repetitions: median (min–max). Each proxy runs under `valgrind --tool=callgrind` (all its threads); the \
          upstream and the lock cluster do not. \"Instructions per request\" subtracts what the process does \
          without requests over as long (its background, measured right after); \"as counted\" does not. nginx: one \
-         process (`master_process off`), HAProxy: one thread. The sidecar's tokio runtime has its default worker \
-         count. {perf}.\n\n## Summary\n\n{}\n## Targets\n\n{}\n\
+         process (`master_process off`), HAProxy: one thread. The sidecar has its default `workers` (one event \
+         loop per core). {perf}.\n\n## Summary\n\n{}\n## Targets\n\n{}\n\
          ## Where the sidecar's instructions go (cached, last repetition)\n\n\
          Self cost by function, a function's inlined code included, from `callgrind_annotate --inclusive=no` \
          on the dump of the requests (background included).\n\n{sidecar_top}\n\

@@ -42,7 +42,7 @@ use fencegate_client::wire::Problem;
 use fencegate_client::Client;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use hyper::header::{HeaderName, CONTENT_LENGTH, TRANSFER_ENCODING};
 use hyper::{Request, Response};
 use prometheus::Registry;
 use tokio::net::TcpListener;
@@ -393,7 +393,9 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
         // Its own task: if the client goes away, hyper drops this future,
         // but the request (and its ordering permit, S1) must live until the
         // upstream has answered or timed out.
-        let task = tokio::spawn(sidecar.clone().handle(req, peer));
+        // Boxed: the task then moves a pointer, not the whole (large)
+        // future, each time tokio moves its stage (five times a request).
+        let task = tokio::spawn(Box::pin(sidecar.clone().handle(req, peer)));
         let sc = sidecar.clone();
         async move {
             task.await.unwrap_or_else(|e| sc.answer("-", None, Answer::Internal(format!("request task failed: {e}"))))
@@ -420,18 +422,27 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
 /// Headers by which frameworks and proxies take a request for another path
 /// (or, set by a proxy in front, another method) than the one routed (IIS
 /// URL rewrite, Symfony, nginx setups): refused on every route.
-const REWRITES: [&str; 4] = ["x-original-url", "x-rewrite-url", "x-original-method", "x-override-url"];
+static REWRITES: [HeaderName; 4] = [
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-original-method"),
+    HeaderName::from_static("x-override-url"),
+];
 
 /// Headers by which method-override middleware (Express, Rails, Spring,
 /// ASP.NET) takes a request for another method; and the `_method` query
 /// parameter. Taken only on routes that allow them (`find_overridden`).
-const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+static METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
 
 /// The method a request asks the upstream to take it as, if it asks (by
 /// header or `_method`, upper-cased as middleware does); `Err` if it asks
 /// for two, or for something that is not a method.
 fn method_override(h: &hyper::HeaderMap, query: Option<&str>) -> Result<Option<hyper::Method>, String> {
-    let headers = METHOD_OVERRIDES.iter().flat_map(|n| h.get_all(*n).iter().map(|v| v.as_bytes()));
+    let headers = METHOD_OVERRIDES.iter().flat_map(|n| h.get_all(n).iter().map(|v| v.as_bytes()));
     let params = query.into_iter().flat_map(|q| q.split('&')).filter_map(|p| {
         let (k, v) = p.split_once('=').unwrap_or((p, ""));
         k.eq_ignore_ascii_case("_method").then_some(v.as_bytes())
@@ -457,7 +468,7 @@ fn method_override(h: &hyper::HeaderMap, query: Option<&str>) -> Result<Option<h
 /// request. Also a `Connection` header naming `X-Fence-Token`, which would
 /// have the token checked here and dropped before the upstream.
 fn disguise(h: &hyper::HeaderMap) -> Option<String> {
-    if let Some(name) = REWRITES.iter().find(|n| h.contains_key(**n)) {
+    if let Some(name) = REWRITES.iter().find(|n| h.contains_key(*n)) {
         return Some(format!("{name} would make the upstream take this request as another one"));
     }
     let named = h.get_all(hyper::header::CONNECTION).iter().flat_map(|v| v.as_bytes().split(|b| *b == b','));

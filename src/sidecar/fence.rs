@@ -4,7 +4,7 @@
 //! again when told to.
 
 use fencegate_client::wire::{Token, TOKEN_HEADER};
-use hyper::header::HeaderMap;
+use hyper::header::{HeaderMap, HeaderName};
 use serde::Deserialize;
 
 pub use fencegate_client::wire::Reason;
@@ -79,7 +79,8 @@ pub enum MissingToken {
 /// (ASCII digits only: no sign, no spaces, no comma lists, no overflow).
 /// `Ok(None)` when there is none.
 pub fn parse_token(headers: &HeaderMap) -> Result<Option<Token>, Reason> {
-    let mut values = headers.get_all(TOKEN_HEADER).iter();
+    static NAME: HeaderName = HeaderName::from_static(TOKEN_HEADER);
+    let mut values = headers.get_all(&NAME).iter();
     let Some(value) = values.next() else { return Ok(None) };
     if values.next().is_some() {
         return Err(Reason::MalformedToken);

@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::{HeaderName, HeaderValue, CONNECTION, HOST};
+use hyper::header::{
+    HeaderName, HeaderValue, CONNECTION, FORWARDED, HOST, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+};
+use hyper::http::uri::PathAndQuery;
 use hyper::{HeaderMap, Request, Response, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -26,16 +29,18 @@ use fencegate_client::wire::Problem;
 use super::answer::Answer;
 use crate::http::{error_chain, Body, Workers};
 
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
+static HOP_BY_HOP: [HeaderName; 8] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
+    UPGRADE,
+    PROXY_AUTHORIZATION,
 ];
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 pub struct Upstream {
     /// One per event loop (`Workers::current`).
@@ -64,6 +69,11 @@ fn client(tls: rustls::ClientConfig) -> Client<HttpsConnector<HttpConnector>, Bo
 
 /// Drop hop-by-hop headers, including those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over their few names, instead of
+    // a lookup for each of the eight.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -74,7 +84,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
 }
@@ -91,7 +101,6 @@ impl Upstream {
         stall: Duration,
     ) -> Result<Response<Body>, Answer> {
         let (mut parts, body) = req.into_parts();
-        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
         let host = parts
             .headers
             .get(HOST)
@@ -101,27 +110,30 @@ impl Upstream {
         if let Some(h) = &host {
             parts.headers.insert(HOST, h.clone());
         }
-        let ip = client.ip();
-        let xff = match parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-            Some(prev) => format!("{prev}, {ip}"),
-            None => ip.to_string(),
+        let ip = client.ip().to_string();
+        let xff = match parts.headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(prev) => [prev, ", ", &ip].concat(),
+            None => ip.clone(),
         };
-        let for_ = if ip.is_ipv6() { format!("\"[{ip}]\"") } else { ip.to_string() };
-        let mut fwd = format!("for={for_};proto={}", if tls { "https" } else { "http" });
+        let quoted = if client.is_ipv6() { ["\"[", &ip, "]\""].concat() } else { ip };
+        let proto = if tls { "https" } else { "http" };
+        let mut fwd = ["for=", &quoted, ";proto=", proto].concat();
         if let Some(h) = host.as_ref().and_then(|h| h.to_str().ok()) {
-            fwd.push_str(&format!(";host=\"{h}\""));
+            fwd.extend([";host=\"", h, "\""]);
         }
-        let fwd = match parts.headers.get("forwarded").and_then(|v| v.to_str().ok()) {
-            Some(prev) => format!("{prev}, {fwd}"),
+        let fwd = match parts.headers.get(FORWARDED).and_then(|v| v.to_str().ok()) {
+            Some(prev) => [prev, ", ", &fwd].concat(),
             None => fwd,
         };
-        for (name, value) in [("x-forwarded-for", xff), ("forwarded", fwd)] {
-            if let Ok(v) = HeaderValue::from_str(&value) {
+        for (name, value) in [(X_FORWARDED_FOR.clone(), xff), (FORWARDED, fwd)] {
+            if let Ok(v) = HeaderValue::try_from(value) {
                 parts.headers.insert(name, v);
             }
         }
+        // The path as the client sent it (shared, not copied or parsed again).
         let mut uri = base.clone().into_parts();
-        uri.path_and_query = Some(path.parse().map_err(|_| Answer::Internal("unparsable path".into()))?);
+        uri.path_and_query =
+            Some(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
         parts.uri = Uri::from_parts(uri).map_err(|e| Answer::Internal(e.to_string()))?;
         parts.version = hyper::Version::HTTP_11;
 
