@@ -61,20 +61,18 @@ def proxies(r, fig):
 
 def lock_vs_etcd(r, fig):
     axes = fig.subplots(2, 2)
-    systems = ("fencegate", "etcd")
+    systems = r["systems"]
     t = r["throughput"]
     lines(axes[0][0], {s: ([x["clients"] for x in t], [x[s] for x in t]) for s in systems},
-          "acquire+release pairs/s", "clients", "pairs/s", logx=True)
-    labels = [f"{s} {q}" for q in ("p50", "p99") for s in systems]
-    bars(axes[0][1], labels, [r["latency_ms"][q][s] for q in ("p50", "p99") for s in systems],
-         "1 client: acquire+release latency", "ms")
+          "acquire+release pairs/s", "clients", "pairs/s", logx=True, logy=True)
+    latency = [(f"{s} {q}", r["latency_ms"][q][s]) for q in ("p50", "p99") for s in systems]
+    loaded = [(f"{s} {q}, {r['live_leases']} live", r["loaded_latency_ms"][q][s])
+              for q in ("p50", "p99") for s in systems if r["loaded_latency_ms"][q][s]]
+    bars(axes[0][1], *zip(*(latency + loaded)), "1 client: acquire+release latency", "ms")
     bars(axes[1][0], list(systems), [r["keepalives_per_s"][s] for s in systems], "keepalives/s, 64 holders", "/s")
-    failover = [r["failover_ms"][s] for s in systems]
-    labels = list(systems)
-    if "failover_old_defaults_ms" in r:
-        failover.append(r["failover_old_defaults_ms"]["fencegate"])
-        labels.append("fencegate, old defaults (300-600 ms)")
-    bars(axes[1][1], labels, failover, "leader SIGKILL → next grant", "ms")
+    failover = [(s, r["failover_ms"][s]) for s in systems if r["failover_ms"][s]]
+    failover.append(("fencegate, old defaults (300-600 ms)", r["failover_old_defaults_ms"]["fencegate"]))
+    bars(axes[1][1], *zip(*failover), "leader SIGKILL → next grant", "ms")
 
 
 def scale(r, fig):

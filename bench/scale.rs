@@ -17,34 +17,27 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::holders::{Holders, TTL};
 use common::load::{closed_loop, MakeRequest};
 use common::procs::Usage;
 use common::report::{mib, Spread, Table};
 use common::{env_or, fenced_sidecar, fencegate_cluster, report};
-use fencegate::lock::state::{Token, REQUEST_ID_MEMORY};
+use fencegate::lock::state::REQUEST_ID_MEMORY;
 use fencegate::raft::state_machine::EVENT_MEMORY;
 use fencegate_client::http::HttpClient;
 use fencegate_client::{AcquireOptions, Client};
 use fencegate_testkit::http::fenced_put;
 use fencegate_testkit::upstream::{Recording, Upstream};
 use futures_util::{stream, StreamExt};
-use hyper::{Method, StatusCode};
+use hyper::StatusCode;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-const TTL: Duration = Duration::from_secs(60);
-/// ttl/3, as the client library's `Lease` does.
-const KEEPALIVE_EVERY: Duration = Duration::from_secs(20);
-/// Leases per keepalive task: 50 keepalives/s each, sent one at a time.
-const LEASES_PER_KEEPER: usize = 1_000;
-/// Acquires in flight while building a level; the leader packs concurrent
-/// commands into one log entry, so this sets the build rate.
-const BUILD_CONCURRENCY: usize = 128;
 const PAIR_CLIENTS: usize = 64;
 const SIDECAR_CONNECTIONS: usize = 32;
 const LEADER_WITHIN: Duration = Duration::from_secs(20);
@@ -54,109 +47,6 @@ fn levels(defaults: &[usize], max: usize) -> Vec<usize> {
     let mut v: Vec<usize> = defaults.iter().copied().filter(|&l| l < max).collect();
     v.push(max);
     v
-}
-
-#[derive(Default)]
-struct KeepaliveStats {
-    sent: AtomicU64,
-    errors: AtomicU64,
-    /// How far behind schedule a keepalive went out, at worst (ms).
-    max_late_ms: AtomicU64,
-}
-
-/// Leases on keys `{prefix}{i}`, i = 0..n, held through the raw Lock API.
-///
-/// The keepalives come from a few paced loops rather than one client-library
-/// `Lease` (a task and a watch channel) per lease: the leader sees the same
-/// `leases / 20 s` keepalives per second, and at 100,000 leases the load
-/// generator, which shares the two cores with the cluster, stays light and
-/// can count every failed keepalive.
-struct Holders {
-    http: HttpClient,
-    leader: String,
-    prefix: &'static str,
-    tokens: Vec<Token>,
-    stats: Arc<KeepaliveStats>,
-    /// Dropping the set stops the keepalives.
-    keepers: JoinSet<()>,
-}
-
-impl Holders {
-    fn new(leader: String, prefix: &'static str) -> Holders {
-        Holders {
-            http: HttpClient::new(1 << 20),
-            leader,
-            prefix,
-            tokens: vec![],
-            stats: Arc::default(),
-            keepers: JoinSet::new(),
-        }
-    }
-
-    /// Acquire leases until `n` are held; returns the build rate, leases/s.
-    async fn grow_to(&mut self, n: usize) -> f64 {
-        let (from, start) = (self.tokens.len(), Instant::now());
-        let (http, leader, prefix) = (self.http.clone(), self.leader.clone(), self.prefix);
-        let mut acquired =
-            stream::iter(from..n).map(|i| acquire(&http, &leader, format!("{prefix}{i}"))).buffered(BUILD_CONCURRENCY);
-        let mut ids = vec![];
-        while let Some((token, id)) = acquired.next().await {
-            self.tokens.push(token);
-            ids.push(id);
-            // Keep each batch alive as soon as it is complete: the first
-            // leases of a long build must not wait for the last.
-            if ids.len() == LEASES_PER_KEEPER {
-                self.keep(std::mem::take(&mut ids));
-            }
-            if self.tokens.len() % 10_000 == 0 {
-                eprintln!("  {} leases held", self.tokens.len());
-            }
-        }
-        if !ids.is_empty() {
-            self.keep(ids);
-        }
-        (n - from) as f64 / start.elapsed().as_secs_f64()
-    }
-
-    fn keep(&mut self, ids: Vec<String>) {
-        self.keepers.spawn(keep_alive(self.http.clone(), self.leader.clone(), ids, self.stats.clone()));
-    }
-}
-
-/// `POST /v1/locks/{key}`: the token and lease id.
-async fn acquire(http: &HttpClient, leader: &str, key: String) -> (Token, String) {
-    let body = serde_json::to_vec(&json!({ "ttl_ms": TTL.as_millis() as u64 })).unwrap();
-    let url = format!("{leader}/v1/locks/{key}");
-    let a = http.call(Method::POST, &url, Some(body), Duration::from_secs(10)).await.unwrap();
-    assert_eq!(a.status, StatusCode::OK, "acquiring {key}: {}", String::from_utf8_lossy(&a.body));
-    let v: Value = serde_json::from_slice(&a.body).unwrap();
-    (v["token"].as_u64().unwrap(), v["lease_id"].as_str().unwrap().to_string())
-}
-
-/// One keepalive per lease every `KEEPALIVE_EVERY`, lease j of `ids` at phase
-/// j/len of the period, so the load is even rather than in bursts.
-async fn keep_alive(http: HttpClient, leader: String, ids: Vec<String>, stats: Arc<KeepaliveStats>) {
-    let (start, step) = (Instant::now(), KEEPALIVE_EVERY / ids.len() as u32);
-    for round in 0.. {
-        for (j, id) in ids.iter().enumerate() {
-            let due = start + KEEPALIVE_EVERY * round + step * j as u32;
-            tokio::time::sleep_until(due).await;
-            stats.max_late_ms.fetch_max(due.elapsed().as_millis() as u64, Relaxed);
-            let url = format!("{leader}/v1/leases/{id}/keepalive");
-            let failure = match http.call(Method::POST, &url, None, Duration::from_secs(5)).await {
-                Ok(a) if a.status == StatusCode::OK => None,
-                Ok(a) => Some(format!("{}: {}", a.status, String::from_utf8_lossy(&a.body).trim())),
-                Err(e) => Some(e.to_string()),
-            };
-            stats.sent.fetch_add(1, Relaxed);
-            // Say why for the first few: a count alone does not tell a stall from an expiry.
-            if let Some(why) = failure {
-                if stats.errors.fetch_add(1, Relaxed) < 5 {
-                    eprintln!("  keepalive failed: {why}");
-                }
-            }
-        }
-    }
 }
 
 /// 64 clients (client library), each acquiring and releasing its own key

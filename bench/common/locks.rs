@@ -1,7 +1,7 @@
 //! The lock client logic the lock-service benchmarks share: the lock calls
-//! (`Backend`, one implementation per API; fencegate's here, etcd's in
-//! lock_vs_etcd.rs) and the closed loop that measures acquire+release pairs
-//! with them.
+//! (`Backend`, one implementation per API; fencegate's here, etcd's and
+//! Redis's in `bench/anchors`) and the closed loop that measures
+//! acquire+release pairs with them.
 
 use std::future::Future;
 use std::time::Duration;
@@ -17,10 +17,15 @@ pub const TTL: Duration = Duration::from_secs(30);
 /// Under load a slow answer is a result, not an error.
 pub const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A lock held: its fencing token and the lease to keep alive or release.
+/// A lock held: its fencing token and what release and keepalive need.
 pub struct Held {
-    pub token: u64,
+    /// None where the lock has no fencing token (Redis).
+    pub token: Option<u64>,
+    /// The lease to keep alive or release (Redis: the holder's random value).
     pub lease: String,
+    /// The key to delete on release where that is how a lock is released
+    /// (etcd's v3lock: the key `Lock` answered; Redis: the lock's key).
+    pub key: String,
 }
 
 /// The lock calls, sent to member `url`.
@@ -61,8 +66,9 @@ impl Backend for FencegateApi {
         let body = json!({"ttl_ms": ttl.as_millis() as u64, "holder": "bench"});
         let v = call(&self.0, Method::POST, &format!("{url}/v1/locks/{key}"), Some(body), timeout).await?;
         Ok(Held {
-            token: v["token"].as_u64().context("no token")?,
+            token: Some(v["token"].as_u64().context("no token")?),
             lease: v["lease_id"].as_str().context("no lease_id")?.into(),
+            key: key.into(),
         })
     }
 
@@ -90,8 +96,10 @@ pub async fn pairs<B: Backend>(api: &B, url: &str, tag: &str, clients: usize, se
                     let t = Instant::now();
                     let held = api.acquire(&url, &key, TTL, LOAD_TIMEOUT).await.unwrap();
                     // The one property every lock service must have for fencing.
-                    assert!(held.token > last_token, "{key}: token {} after {last_token}", held.token);
-                    last_token = held.token;
+                    if let Some(token) = held.token {
+                        assert!(token > last_token, "{key}: token {token} after {last_token}");
+                        last_token = token;
+                    }
                     api.release(&url, &held).await.unwrap();
                     latencies.push(t.elapsed());
                 }

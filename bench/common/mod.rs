@@ -1,12 +1,14 @@
 //! Shared by the benchmarks: what processes cost (/proc, callgrind), load
-//! generators, the lock client logic, result files, the etcd cluster and
-//! the reverse proxies. The fencegate processes (cluster, sidecar), the
-//! upstream and ports come from `fencegate-testkit`, the same kit the tests
-//! use, set up here for measuring.
+//! generators, the lock client logic, many live leases kept alive, result
+//! files, the etcd cluster and the reverse proxies. The fencegate processes
+//! (cluster, sidecar), the upstream and ports come from `fencegate-testkit`,
+//! the same kit the tests use, set up here for measuring. The root package's
+//! benchmarks and `bench/anchors` (`#[path]`) both include it.
 #![allow(dead_code)] // each benchmark uses a part
 
 pub mod callgrind;
 pub mod etcd;
+pub mod holders;
 pub mod load;
 pub mod locks;
 pub mod pair;
@@ -14,19 +16,32 @@ pub mod procs;
 pub mod proxies;
 pub mod report;
 
+use std::path::Path;
 use std::time::Duration;
 
 use fencegate_testkit::cluster::ClusterOptions;
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::sidecar::SidecarOptions;
-use fencegate_testkit::{bin, Cluster, Sidecar};
+use fencegate_testkit::{Bin, Cluster, Sidecar};
+
+/// The `fencegate` binary: the one Cargo built with the benchmark if it is
+/// the root package's; else (`bench/anchors`, another package) the release
+/// build in the same target directory, which `bench/run` builds first.
+pub fn fencegate_bin() -> Bin {
+    if let Some(path) = option_env!("CARGO_BIN_EXE_fencegate") {
+        return Bin::new(path);
+    }
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("release/fencegate");
+    assert!(path.is_file(), "no {}: run `cargo build --release` first", path.display());
+    Bin::new(path)
+}
 
 /// A 3-node cluster for measuring: nodes connected directly (no relays),
 /// data on the project's disk (not tmpfs, so that fsync costs what it
 /// costs), warnings only in the logs; `extra_yaml` ends every node's config
 /// (a `raft:` section, say).
 pub async fn fencegate_cluster(extra_yaml: &str) -> Cluster {
-    Cluster::start_with(&bin!(), cluster_options(extra_yaml)).await
+    Cluster::start_with(&fencegate_bin(), cluster_options(extra_yaml)).await
 }
 
 /// The options of [`fencegate_cluster`], for a benchmark to change some

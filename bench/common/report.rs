@@ -2,7 +2,7 @@
 //! and the files under bench/results/ (Markdown for people, JSON for plots).
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Median and range of one measurement over repetitions.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -60,8 +60,12 @@ pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
+/// The workspace's `bench/results` (benchmarks live in the root package and
+/// in `bench/anchors`).
 pub fn results_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results"));
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.ancestors().find(|d| d.join("bench/run").is_file()).expect("no bench/run above the package");
+    let dir = root.join("bench/results");
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
