@@ -8,7 +8,8 @@
 //! `git worktree add /tmp/base <rev> && (cd /tmp/base && CARGO_TARGET_DIR=target/baseline cargo build --release)`,
 //! then `BENCH_BASELINE_BIN=target/baseline/release/fencegate cargo bench --bench hardening`.
 //! Env: BENCH_SECONDS (5), BENCH_REPS (3), BENCH_CONNECTIONS (32), BENCH_RATE
-//! (5000, for the latency phase). Writes bench/results/hardening.{md,json}.
+//! (5000, for the latency phase), BENCH_CONSISTENCY (`cached`, or
+//! `linearizable`). Writes bench/results/hardening.{md,json}.
 
 mod common;
 
@@ -33,8 +34,9 @@ async fn main() {
     let s = Settings::from_env();
     let upstream = Upstream::start_on_own_thread(Recording::CountOnly);
     let cluster = fencegate_cluster("").await;
-    let before = fenced_sidecar_of(&Bin::new(&baseline), &cluster, "sidecar-before", upstream.port, "cached").await;
-    let after = fenced_sidecar(&cluster, "sidecar-after", upstream.port, "cached").await;
+    let consistency = std::env::var("BENCH_CONSISTENCY").unwrap_or_else(|_| "cached".into());
+    let before = fenced_sidecar_of(&Bin::new(&baseline), &cluster, "sidecar-before", upstream.port, &consistency).await;
+    let after = fenced_sidecar(&cluster, "sidecar-after", upstream.port, &consistency).await;
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
     let token = lease.token();
     let make: MakeRequest = Arc::new(move |_| fenced_put("/racks/1", token));
@@ -44,7 +46,7 @@ async fn main() {
 
     let (ratio, per_rep) = p.ratios();
     let markdown = format!(
-        "Baseline: {baseline}.\n\nStrict, cached, `PUT /racks/1` with a live token, {} keep-alive connections; \
+        "Baseline: {baseline}.\n\nStrict, {consistency}, `PUT /racks/1` with a live token, {} keep-alive connections; \
          BENCH_REPS={}, BENCH_SECONDS={} per phase; median (min–max).\n\n{}\n\
          Throughput after ÷ before: {ratio:.3} (ratio of medians); per repetition {} (target: ≥ 0.97).\n",
         s.connections,
