@@ -37,15 +37,22 @@ impl Workers {
         assert!((1..=MAX_WORKERS).contains(&n), "the config bounds workers");
         let (mut handles, mut stops) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for i in 0..n {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            handles.push(runtime.handle().clone());
             let (stop, stopped) = oneshot::channel::<()>();
             stops.push(stop);
+            let (built, handle) = std::sync::mpsc::sync_channel(1);
+            // The runtime is built, run and dropped on its own thread: a
+            // runtime dropped where the caller's is running would panic.
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(r) => r,
+                    Err(e) => return drop(built.send(Err(e))),
+                };
+                let _ = built.send(Ok(runtime.handle().clone()));
                 CURRENT.with(|c| c.set(Some(i)));
                 // Until the sender is dropped (an error then, by design).
                 let _ = runtime.block_on(stopped);
             })?;
+            handles.push(handle.recv().expect("the thread answers before it ends")?);
         }
         Ok(Workers { handles, next: AtomicUsize::new(0), _stops: stops })
     }

@@ -196,4 +196,18 @@ mod tests {
         let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, vec!["x-fence-token", "content-type"]);
     }
+
+    /// Without a `Connection` header, the scan that skips the removals must
+    /// still see the hop-by-hop names that are not standard ones.
+    #[test]
+    fn hop_by_hop_headers_go_without_a_connection_header() {
+        for name in ["keep-alive", "proxy-connection", "te", "upgrade", "proxy-authorization"] {
+            let mut h = HeaderMap::new();
+            h.insert(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_static("x"));
+            h.insert("x-fence-token", HeaderValue::from_static("34"));
+            strip_hop_by_hop(&mut h);
+            let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+            assert_eq!(left, vec!["x-fence-token"], "{name}");
+        }
+    }
 }
