@@ -21,6 +21,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,11 +29,13 @@ use common::callgrind::{self, Counter, Dump};
 use common::load::{Connections, MakeRequest};
 use common::proxies::{self, NginxProcesses};
 use common::report::{self, Spread, Table};
-use common::{env_or, fenced_sidecar_of, fencegate_cluster, wait_for_port};
+use common::{env_or, fencegate_cluster, wait_for_port};
 use fencegate_client::AcquireOptions;
 use fencegate_testkit::http::fenced_put;
+use fencegate_testkit::routes::{everything_else, rack_writes, table, Route};
+use fencegate_testkit::sidecar::SidecarOptions;
 use fencegate_testkit::upstream::{Recording, Upstream};
-use fencegate_testkit::{bin, free_ports, Bin};
+use fencegate_testkit::{bin, free_ports, Bin, Sidecar};
 use serde_json::json;
 
 /// Bounds each run of requests: under callgrind a few thousand take seconds.
@@ -88,7 +91,21 @@ async fn main() {
     let haproxy_cg = callgrind::wrap(&out, "haproxy", Path::new("haproxy"));
     let haproxy = proxies::haproxy(&dir, &haproxy_cg.script, haproxy_port, up, 1);
     let sidecar_cg = callgrind::wrap(&out, "sidecar", bin!().path());
-    let sidecar = fenced_sidecar_of(&Bin::new(&sidecar_cg.script), &cluster, "sidecar-cached", up, "cached").await;
+    // The rack route, and the same fenced writes with idempotency keys (I1)
+    // under `/keyed/`: what a key costs on top of a fenced write.
+    let fence = "{ mode: strict, consistency: cached }";
+    let keyed = Route::fenced("keyed-writes", "/keyed/{rack}", "rack/{rack}", fence).methods(&["PUT"]);
+    let routes =
+        [rack_writes(fence).methods(&["PUT"]), keyed.with("idempotency", "{ retention: 1h }"), everything_else()];
+    let options = SidecarOptions {
+        lock_service: cluster.urls(),
+        yaml: table(&routes),
+        log_filter: "warn".into(),
+        ..Default::default()
+    };
+    let upstream_url = format!("http://127.0.0.1:{up}");
+    let sidecar =
+        Sidecar::start_with(&Bin::new(&sidecar_cg.script), dir.join("sidecar-cached"), &upstream_url, options).await;
     wait_for_port(nginx_port).await;
     wait_for_port(haproxy_port).await;
     let mut counters: Vec<Counter> = vec![
@@ -100,6 +117,13 @@ async fn main() {
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
     let token = lease.token();
     let put = |uri: &'static str| -> MakeRequest { Arc::new(move |_| fenced_put(uri, token)) };
+    let next = AtomicU64::new(0);
+    let keyed: MakeRequest = Arc::new(move |_| {
+        let mut req = fenced_put("/keyed/1", token);
+        let key = format!("bench-{}", next.fetch_add(1, Ordering::Relaxed));
+        req.headers_mut().insert("idempotency-key", key.parse().unwrap());
+        req
+    });
     let target = |name, counter, port, make| async move {
         Target { name, counter, connections: Connections::open(port, connections).await, make }
     };
@@ -109,6 +133,7 @@ async fn main() {
         // The route `rest` (fence: off) takes any path but /racks/{rack}.
         target("sidecar (fence off)", 2, sidecar.port, put("/unfenced/1")).await,
         target("sidecar (cached)", 2, sidecar.port, put("/racks/1")).await,
+        target("sidecar (cached, a new Idempotency-Key)", 2, sidecar.port, keyed).await,
     ];
     // Warm-up: the proxies' upstream connections, and the sidecar learns the grant.
     for t in &mut targets {

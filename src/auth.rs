@@ -221,8 +221,7 @@ pub fn hash_line(token: &str) -> String {
 
 /// `sha256:<hex>` of `bytes`.
 pub fn sha256_text(bytes: &[u8]) -> String {
-    let hex: String = digest(&SHA256, bytes).as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    format!("sha256:{}", crate::hex::lower(digest(&SHA256, bytes).as_ref()))
 }
 
 #[cfg(test)]

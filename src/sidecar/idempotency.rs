@@ -71,7 +71,7 @@ pub fn fingerprint(method: &str, path_and_query: &str, content_type: Option<&[u8
         ctx.update(&(part.len() as u64).to_le_bytes());
         ctx.update(part);
     }
-    ctx.finish().as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::lower(ctx.finish().as_ref())
 }
 
 /// A key's record.
@@ -106,7 +106,48 @@ pub enum State {
     Unknown { why: String },
     /// The upstream answered. `kept`: the whole answer is stored (its body
     /// was at most the route's `max_response`), so it can be replayed.
-    Done { status: u16, headers: Vec<(String, Vec<u8>)>, kept: bool },
+    Done {
+        status: u16,
+        #[serde(with = "header_values")]
+        headers: Vec<(String, Vec<u8>)>,
+        kept: bool,
+    },
+}
+
+/// A record's header values: as JSON strings where they are UTF-8 (nearly
+/// always), else as arrays of bytes, which is how every value was written
+/// before (a number per byte cost more to write than the rest of the
+/// record); both are read.
+mod header_values {
+    use serde::ser::SerializeSeq;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(headers: &[(String, Vec<u8>)], s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(headers.len()))?;
+        for (name, value) in headers {
+            match std::str::from_utf8(value) {
+                Ok(text) => seq.serialize_element(&(name, text))?,
+                Err(_) => seq.serialize_element(&(name, value))?,
+            }
+        }
+        seq.end()
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Value {
+        Text(String),
+        Bytes(Vec<u8>),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, Vec<u8>)>, D::Error> {
+        let headers: Vec<(String, Value)> = Vec::deserialize(d)?;
+        let bytes = |v| match v {
+            Value::Text(t) => t.into_bytes(),
+            Value::Bytes(b) => b,
+        };
+        Ok(headers.into_iter().map(|(name, v)| (name, bytes(v))).collect())
+    }
 }
 
 impl State {
@@ -122,10 +163,12 @@ impl State {
 impl Record {
     /// `[meta length: u32 LE][meta JSON][body]`.
     pub fn encode(&self) -> Vec<u8> {
-        let meta = serde_json::to_vec(self).expect("a record serialises");
-        let mut out = Vec::with_capacity(4 + meta.len() + self.body.len());
-        out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-        out.extend_from_slice(&meta);
+        // One buffer, the length patched in after the metadata is written.
+        let mut out = Vec::with_capacity(128 + (self.size("") - self.reserve) as usize);
+        out.extend_from_slice(&[0; 4]);
+        serde_json::to_writer(&mut out, self).expect("a record serialises");
+        let meta = (out.len() - 4) as u32;
+        out[..4].copy_from_slice(&meta.to_le_bytes());
         out.extend_from_slice(&self.body);
         out
     }
@@ -261,6 +304,19 @@ mod tests {
     fn records_round_trip_and_judge_requests() {
         let done = record(State::Done { status: 201, headers: vec![("x".into(), vec![0, 255])], kept: true });
         assert_eq!(Record::decode(&done.encode()), Ok(done.clone()));
+        let text =
+            record(State::Done { status: 200, headers: vec![("date".into(), b"Tue, 1 Dec".to_vec())], kept: true });
+        assert_eq!(Record::decode(&text.encode()), Ok(text.clone()));
+        assert!(text.encode().windows(12).any(|w| w == b"\"Tue, 1 Dec\""), "a UTF-8 value is stored as a string");
+        // What builds before stored: every value an array of bytes.
+        let old = br#"{"route":"r","fingerprint":"f","token":5,"created_ms":1,"expires_ms":2,"state":{"state":"done","status":200,"headers":[["date",[84,117,101]]],"kept":true}}"#;
+        let mut stored = (old.len() as u32).to_le_bytes().to_vec();
+        stored.extend_from_slice(old);
+        let read = Record::decode(&stored).unwrap();
+        assert_eq!(
+            read.state,
+            State::Done { status: 200, headers: vec![("date".into(), b"Tue".to_vec())], kept: true }
+        );
         assert!(Record::decode(b"\x09\0\0\0{}").is_err());
         assert_eq!(judge(None, "f"), Verdict::Forward);
         assert_eq!(judge(Some(&done), "f"), Verdict::Replay(done.clone()));

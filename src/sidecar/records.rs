@@ -46,13 +46,21 @@ struct Index {
 impl Index {
     fn put(&mut self, scope: &str, record: Record) {
         self.bytes += record.size(scope);
-        self.by_expiry.insert((record.expires_ms, scope.to_string()));
-        if let Some(old) = self.records.insert(scope.to_string(), Box::new(record)) {
-            self.bytes -= old.size(scope);
-            let expires = self.records[scope].expires_ms;
-            if old.expires_ms != expires {
-                self.by_expiry.remove(&(old.expires_ms, scope.to_string()));
+        let expires = record.expires_ms;
+        // A record settled in place: no new key strings (every keyed write
+        // puts its scope twice, pending and done).
+        let old = match self.records.get_mut(scope) {
+            Some(slot) => std::mem::replace(&mut **slot, record),
+            None => {
+                self.records.insert(scope.to_string(), Box::new(record));
+                self.by_expiry.insert((expires, scope.to_string()));
+                return;
             }
+        };
+        self.bytes -= old.size(scope);
+        if old.expires_ms != expires {
+            self.by_expiry.remove(&(old.expires_ms, scope.to_string()));
+            self.by_expiry.insert((expires, scope.to_string()));
         }
     }
 
