@@ -119,7 +119,11 @@ impl Journal {
         if changes.is_empty() {
             return Ok(());
         }
-        let mut out = Vec::new();
+        let size = |c: &Change<'_>| match c {
+            Change::Put(scope, payload) => 15 + scope.len() + payload.len(),
+            Change::Forget(scope) => 15 + scope.len(),
+        };
+        let mut out = Vec::with_capacity(changes.iter().map(size).sum());
         for c in changes {
             let (Change::Put(scope, _) | Change::Forget(scope)) = c;
             if scope.len() > usize::from(u16::MAX) {

@@ -149,7 +149,7 @@ pub async fn begin(
         Verdict::Replay(rec) => {
             count(KeyResult::Replayed);
             let State::Done { status, headers, .. } = &rec.state else { unreachable!("only done records replay") };
-            Ok(Begun::Answered(answer_of(*status, headers, rec.body.clone(), true)))
+            Ok(Begun::Answered(replay_of(*status, headers, rec.body.clone())))
         }
         Verdict::Mismatch => {
             count(KeyResult::Mismatch);
@@ -196,10 +196,10 @@ pub async fn begin(
 }
 
 /// A stored answer, as the upstream gave it (status, headers, body), marked
-/// if it is a replay. The first answer is sent this way too, so that a
-/// replay is the same bytes but `Date`: the upstream's reason phrase and
-/// HTTP version are not kept, either time.
-fn answer_of(status: u16, headers: &[(String, Vec<u8>)], body: Bytes, replayed: bool) -> Response<Body> {
+/// as a replay. The first answer is sent the same way (`finish`), so that a
+/// replay is the same bytes but `Date` and the marker: the upstream's
+/// reason phrase and HTTP version are not kept, either time.
+fn replay_of(status: u16, headers: &[(String, Vec<u8>)], body: Bytes) -> Response<Body> {
     let mut resp = Response::new(crate::http::full(body));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
     for (k, v) in headers {
@@ -207,9 +207,7 @@ fn answer_of(status: u16, headers: &[(String, Vec<u8>)], body: Bytes, replayed: 
             resp.headers_mut().append(k, v);
         }
     }
-    if replayed {
-        resp.headers_mut().insert(idempotency::REPLAYED, HeaderValue::from_static("true"));
-    }
+    resp.headers_mut().insert(idempotency::REPLAYED, HeaderValue::from_static("true"));
     resp
 }
 
@@ -264,9 +262,13 @@ pub async fn finish(
     let retained = keyed.retained();
     match read {
         Ok((bytes, None)) => {
-            // Built before the record is settled: the store may keep it
-            // without its answer (no room), the client still gets it whole.
-            let answer = answer_of(status, &headers, bytes.clone(), false);
+            // What `replay_of` builds from the record, unmarked, made from
+            // the parts at hand (no header parsed again). The store may
+            // keep the record without its answer (no room); the client
+            // still gets it whole.
+            let mut answer = Response::new(crate::http::full(bytes.clone()));
+            *answer.status_mut() = parts.status;
+            *answer.headers_mut() = parts.headers;
             durably(records.settle(&scope, State::Done { status, headers, kept: true }, bytes, retained));
             count(KeyResult::Stored);
             Ok(answer)
