@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use fencegate_testkit::routes::{everything_else, table, Route};
-use fencegate_testkit::upstream::DELAY_HEADER;
+use fencegate_testkit::upstream::{ANSWER_HEADER, DELAY_HEADER};
 use fencegate_testkit::{bin, Sidecar, Upstream};
 use serde_json::Value;
 
@@ -35,12 +35,13 @@ fn applied(up: &Upstream, path: &str) -> usize {
     up.seen().iter().filter(|s| s.path == path).count()
 }
 
-/// A raw `PUT` with a key, a token and a body; the whole answer as text.
-async fn put_raw(port: u16, path: &str, token: u64, key: &str, body: &str) -> String {
+/// A raw `PUT` with a key, a token, more header lines (each ending in
+/// `\r\n`) and a body; the whole answer as text.
+async fn put_raw(port: u16, path: &str, token: u64, key: &str, more: &str, body: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let req = format!(
-        "PUT {path} HTTP/1.1\r\nHost: x\r\nx-fence-token: {token}\r\n{KEY}: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "PUT {path} HTTP/1.1\r\nHost: x\r\nx-fence-token: {token}\r\n{KEY}: {key}\r\n{more}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     conn.write_all(req.as_bytes()).await.unwrap();
@@ -90,8 +91,8 @@ async fn a_retry_after_a_client_timeout_is_applied_once_and_replayed_byte_for_by
     assert_eq!((status, &v["applied"]), (200, &Value::from(0)), "the first attempt's answer: {v}");
     assert_eq!(applied(&up, "/racks/1"), 1);
     // Byte for byte (but the date), marked as a replay.
-    let a = put_raw(sc.port, "/racks/2", 5, "\"k2\"", "{}").await;
-    let b = put_raw(sc.port, "/racks/2", 5, "k2", "{}").await;
+    let a = put_raw(sc.port, "/racks/2", 5, "\"k2\"", "", "{}").await;
+    let b = put_raw(sc.port, "/racks/2", 5, "k2", "", "{}").await;
     assert!(!a.contains("idempotent-replayed") && b.contains("idempotent-replayed: true"), "{a}\n---\n{b}");
     assert_eq!(stable(&a), stable(&b));
     assert_eq!(applied(&up, "/racks/2"), 1);
@@ -103,6 +104,19 @@ async fn a_retry_after_a_client_timeout_is_applied_once_and_replayed_byte_for_by
     ] {
         assert!(m.contains(line), "{line} in\n{m}");
     }
+    // An upstream with more to say: repeated and varied headers, and a
+    // marker of its own, which the sidecar drops from both answers.
+    let more: String = ["x-a: 1", "x-b: two", "x-a: 3", "idempotent-replayed: forged", "etag: \"v1\""]
+        .iter()
+        .map(|h| format!("{ANSWER_HEADER}: {h}\r\n"))
+        .collect();
+    let a = put_raw(sc.port, "/racks/3", 5, "k3", &more, "{}").await;
+    let b = put_raw(sc.port, "/racks/3", 5, "k3", &more, "{}").await;
+    assert!(a.contains("x-a: 1\r\nx-a: 3\r\n") && a.contains("x-b: two") && a.contains("etag: \"v1\""), "{a}");
+    assert!(!a.contains("idempotent-replayed") && !b.contains("forged"), "{a}\n---\n{b}");
+    assert!(b.contains("idempotent-replayed: true"), "{b}");
+    assert_eq!(stable(&a), stable(&b));
+    assert_eq!(applied(&up, "/racks/3"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

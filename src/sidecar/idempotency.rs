@@ -163,12 +163,15 @@ impl State {
 impl Record {
     /// `[meta length: u32 LE][meta JSON][body]`.
     pub fn encode(&self) -> Vec<u8> {
-        // One buffer, the length patched in after the metadata is written.
-        let mut out = Vec::with_capacity(128 + (self.size("") - self.reserve) as usize);
+        // One buffer, the length patched in after the metadata is written;
+        // the body's room reserved exactly (an answer may be 64 MiB).
+        let meta_estimate = self.size("") - self.reserve - self.body.len() as u64;
+        let mut out = Vec::with_capacity(128 + meta_estimate as usize);
         out.extend_from_slice(&[0; 4]);
         serde_json::to_writer(&mut out, self).expect("a record serialises");
         let meta = (out.len() - 4) as u32;
         out[..4].copy_from_slice(&meta.to_le_bytes());
+        out.reserve_exact(self.body.len());
         out.extend_from_slice(&self.body);
         out
     }

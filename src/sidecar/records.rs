@@ -47,8 +47,9 @@ impl Index {
     fn put(&mut self, scope: &str, record: Record) {
         self.bytes += record.size(scope);
         let expires = record.expires_ms;
-        // A record settled in place: no new key strings (every keyed write
-        // puts its scope twice, pending and done).
+        // A record settled in place: no new key string for the map (every
+        // keyed write puts its scope twice, pending and done); the expiry
+        // set's entry moves only if the expiry did.
         let old = match self.records.get_mut(scope) {
             Some(slot) => std::mem::replace(&mut **slot, record),
             None => {
@@ -463,5 +464,20 @@ mod tests {
         assert_eq!(r.expire(100).await.unwrap(), 1, "expired, but pending ones stay");
         assert!(r.get("rack/1\nk0").is_none(), "an expired key is gone");
         assert_eq!(r.begin("rack/1\nk3", pending("f", 100)).await.unwrap(), Verdict::Forward, "room again");
+    }
+
+    #[tokio::test]
+    async fn a_settled_record_expires_by_its_new_expiry_and_its_bytes_go_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = open(dir.path(), 1 << 20);
+        assert_eq!(r.begin("rack/1\nk", pending("f", 100)).await.unwrap(), Verdict::Forward);
+        let done = State::Done { status: 200, headers: vec![("x-a".into(), b"1".to_vec())], kept: true };
+        // As in the sidecar: settled a retention after the answer, later
+        // than the pending record's expiry.
+        r.settle("rack/1\nk", done, Bytes::from_static(b"made"), 200).await.unwrap();
+        assert_eq!(r.expire(150).await.unwrap(), 0, "not by the pending record's expiry");
+        assert!(matches!(r.get("rack/1\nk").map(|rec| rec.state), Some(State::Done { .. })));
+        assert_eq!(r.expire(200).await.unwrap(), 1);
+        assert_eq!((r.len(), r.bytes()), (0, 0), "nothing left behind in the index");
     }
 }

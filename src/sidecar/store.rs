@@ -39,8 +39,11 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// The state directory's format (floors in `floors.redb`, the journal's
 /// entries): what this build writes and the newest it reads. A directory
-/// from before formats were numbered is format 1.
-pub const STATE_FORMAT: u64 = 1;
+/// from before formats were numbered is format 1. Format 2 stores an
+/// answer's header values as strings where they are UTF-8, which a
+/// format-1 build would read as unreadable records (unknown outcomes); it
+/// reads format 1's arrays.
+pub const STATE_FORMAT: u64 = 2;
 
 #[derive(Debug, Clone, Error)]
 #[error("state store: {0}")]
@@ -269,8 +272,10 @@ fn check_format(db: &Database, dir: &Path) -> Result<(), StoreError> {
             "{} was written by a newer fencegate (state format {v}; this build reads formats up to {STATE_FORMAT})",
             dir.display()
         ))),
-        Some(_) => Ok(()),
-        None => {
+        Some(STATE_FORMAT) => Ok(()),
+        // Unnumbered or older: this build's from now on, so that an older
+        // build refuses it instead of misreading what this one writes.
+        _ => {
             let txn = db.begin_write().map_err(err)?;
             txn.open_table(META).map_err(err)?.insert("format", STATE_FORMAT).map_err(err)?;
             txn.commit().map_err(err)
@@ -323,17 +328,36 @@ fn commit(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
 mod tests {
     use super::*;
 
+    fn set_format(dir: &Path, format: u64) {
+        let db = Database::create(dir.join("floors.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().insert("format", format).unwrap();
+        txn.commit().unwrap();
+    }
+
+    fn format(dir: &Path) -> Option<u64> {
+        let db = Database::create(dir.join("floors.redb")).unwrap();
+        let txn = db.begin_read().unwrap();
+        let v = txn.open_table(META).unwrap().get("format").unwrap().map(|v| v.value());
+        v
+    }
+
     #[tokio::test]
     async fn a_state_dir_of_a_newer_format_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         drop(Store::open(dir.path()).unwrap());
-        {
-            let db = Database::create(dir.path().join("floors.redb")).unwrap();
-            let txn = db.begin_write().unwrap();
-            txn.open_table(META).unwrap().insert("format", STATE_FORMAT + 1).unwrap();
-            txn.commit().unwrap();
-        }
+        set_format(dir.path(), STATE_FORMAT + 1);
         let e = Store::open(dir.path()).err().expect("refused");
         assert!(e.to_string().contains("written by a newer fencegate"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_older_state_dir_is_opened_and_marked_this_builds() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        assert_eq!(format(dir.path()), Some(STATE_FORMAT), "a new directory");
+        set_format(dir.path(), 1);
+        drop(Store::open(dir.path()).unwrap());
+        assert_eq!(format(dir.path()), Some(STATE_FORMAT), "format 1, marked at its first start");
     }
 }

@@ -23,6 +23,10 @@ use tokio::sync::{oneshot, watch};
 
 /// Asks the upstream to take this long (milliseconds) before a request takes effect.
 pub const DELAY_HEADER: &str = "x-test-delay-ms";
+/// Each value of this request header, `name: value`, is a header of the
+/// answer (in order, repeated names kept): an upstream with more to say
+/// than `Content-Length`.
+pub const ANSWER_HEADER: &str = "x-test-answer-header";
 
 /// A request the upstream received: as it arrived (`body` still empty, not
 /// read yet), or as it took effect.
@@ -233,6 +237,15 @@ async fn apply(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes
     let (parts, body) = req.into_parts();
     let record = state.recording == Recording::All;
     let delay: Option<u64> = header(&parts.headers, DELAY_HEADER);
+    let answer_headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)> = parts
+        .headers
+        .get_all(ANSWER_HEADER)
+        .iter()
+        .filter_map(|v| {
+            let (name, value) = v.to_str().ok()?.split_once(':')?;
+            Some((name.trim().parse().ok()?, value.trim().parse().ok()?))
+        })
+        .collect();
     let mut seen = Seen {
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
@@ -277,5 +290,9 @@ async fn apply(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes
         .unwrap(),
         None => take_effect(),
     };
-    Response::new(Full::new(Bytes::from(format!("{{\"applied\":{index}}}"))))
+    let mut answer = Response::new(Full::new(Bytes::from(format!("{{\"applied\":{index}}}"))));
+    for (name, value) in answer_headers {
+        answer.headers_mut().append(name, value);
+    }
+    answer
 }
