@@ -628,11 +628,17 @@ async fn keepalive(
 }
 
 async fn release(node: &Node, caller: &Caller, lease_id: &str) -> Result<Response<Body>, ApiError> {
-    // Unknown lease ids are answered from the (linearizable) state, so that
-    // guessing or replaying them writes nothing to the log.
-    linearizable(node).await?;
-    if node.applied.lock().locks.lease(lease_id).map(|l| may_use(node, caller, l)).transpose()?.is_none() {
-        return Err(ApiError::LeaseNotFound);
+    // A lease this leader has applied, and the caller's to release, is
+    // proposed at once: the committed entry decides (`NoSuchLease` if it
+    // ended meanwhile), so no leadership round is needed first. Any other
+    // id is answered from the linearizable state, so that guessing or
+    // replaying lease ids writes nothing to the log.
+    let applied_here = node.applied.lock().locks.lease(lease_id).is_some_and(|l| permitted(node, caller, l));
+    if !applied_here {
+        linearizable(node).await?;
+        if node.applied.lock().locks.lease(lease_id).map(|l| may_use(node, caller, l)).transpose()?.is_none() {
+            return Err(ApiError::LeaseNotFound);
+        }
     }
     let cmd = Command::Release { lease_id: lease_id.to_string(), by: caller.identity.clone() };
     match propose(node, cmd).await? {
@@ -645,11 +651,16 @@ async fn release(node: &Node, caller: &Caller, lease_id: &str) -> Result<Respons
 /// A lease may be kept alive or released by its owner (if it still has the
 /// `acquire` right on the key), or by an admin of the key.
 fn may_use(node: &Node, caller: &Caller, lease: &crate::lock::state::Lease) -> Result<(), ApiError> {
-    let acl = node.acl.load();
-    let own = lease.owner == caller.identity && acl.allows(&caller.identity, Right::Acquire, &lease.key);
-    if own || acl.allows(&caller.identity, Right::Admin, &lease.key) {
+    if permitted(node, caller, lease) {
         return Ok(());
     }
     audit::denied(&caller.identity, Right::Acquire, &lease.key, "the lease is another identity's");
     Err(ApiError::Forbidden(format!("the lease on {} is not {}'s", lease.key, caller.identity)))
+}
+
+/// `may_use` without its refusal (nothing audited).
+fn permitted(node: &Node, caller: &Caller, lease: &crate::lock::state::Lease) -> bool {
+    let acl = node.acl.load();
+    let own = lease.owner == caller.identity && acl.allows(&caller.identity, Right::Acquire, &lease.key);
+    own || acl.allows(&caller.identity, Right::Admin, &lease.key)
 }

@@ -97,9 +97,14 @@ async fn every_answer_decodes_with_the_wire_types() {
     drop(lease);
     let a = http.call(Method::DELETE, &release, None, t).await.unwrap();
     assert_eq!(decode::<Released>(&a.body), Released { key: "wire/k".into(), token, released: true });
+    let log = client.cluster().await.unwrap().last_log_index;
     let a = http.call(Method::DELETE, &release, None, t).await.unwrap();
     let e: ApiError = decode(&a.body);
     assert_eq!((a.status, e.error), (StatusCode::NOT_FOUND, ErrorCode::LeaseNotFound));
+    let guessed = format!("{url}{}{}", wire::LEASES_PATH, "0".repeat(32));
+    assert_eq!(http.call(Method::DELETE, &guessed, None, t).await.unwrap().status, StatusCode::NOT_FOUND);
+    let after = client.cluster().await.unwrap().last_log_index;
+    assert_eq!(after, log, "a replayed or guessed lease id writes nothing to the log");
     assert_eq!(e.error.status(), a.status, "the status is the one the wire code names");
     let acquire = format!("{url}{}wire/x", wire::LOCKS_PATH);
     let a = http.call(Method::POST, &acquire, Some(br#"{"ttl":1}"#.to_vec()), t).await.unwrap();
