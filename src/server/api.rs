@@ -540,19 +540,20 @@ async fn propose(node: &Node, cmd: Command) -> Result<Outcome, ApiError> {
 async fn linearizable(node: &Node) -> Result<(), ApiError> {
     let timeout = node.config.raft.propose_timeout;
     match tokio::time::timeout(timeout, node.proposer.confirm_leadership()).await {
-        Ok(Ok(())) => {
-            let term = node.raft.metrics().borrow().current_term;
-            if node.clock_term.load(std::sync::atomic::Ordering::Acquire) != term {
-                // Not ready yet: see `keeper` (a fresh entry of this term
-                // must be applied, and the lease clock reset).
-                return Err(ApiError::Unavailable("the new leader is still starting".into()));
-            }
-            Ok(())
-        }
+        Ok(Ok(())) if !started(node) => Err(ApiError::Unavailable("the new leader is still starting".into())),
+        Ok(Ok(())) => Ok(()),
         Ok(Err(RaftCallError::NotLeader)) => Err(ApiError::NoLeader("this node is not the leader".into())),
         Ok(Err(e)) => Err(ApiError::Unavailable(e.to_string())),
         Err(_) => Err(ApiError::Unavailable(format!("no quorum within {}", humantime::format_duration(timeout)))),
     }
+}
+
+/// Whether this node, as leader of its current term, has applied a fresh
+/// entry of the term and reset its lease clock (see `keeper`): until then
+/// its table may still hold what the log has ended.
+fn started(node: &Node) -> bool {
+    let term = node.raft.metrics().borrow().current_term;
+    node.clock_term.load(std::sync::atomic::Ordering::Acquire) == term
 }
 
 /// A backup of the table as applied after a quorum confirmed this node
@@ -628,12 +629,15 @@ async fn keepalive(
 }
 
 async fn release(node: &Node, caller: &Caller, lease_id: &str) -> Result<Response<Body>, ApiError> {
-    // A lease this leader has applied, and the caller's to release, is
+    // A lease this leader has applied, and the caller may release, is
     // proposed at once: the committed entry decides (`NoSuchLease` if it
     // ended meanwhile), so no leadership round is needed first. Any other
-    // id is answered from the linearizable state, so that guessing or
-    // replaying lease ids writes nothing to the log.
-    let applied_here = node.applied.lock().locks.lease(lease_id).is_some_and(|l| permitted(node, caller, l));
+    // id, and any id while a new leader is still starting (its table may
+    // still hold leases the log has ended), is answered from the
+    // linearizable state, so that guessing or replaying lease ids writes
+    // nothing to the log.
+    let applied_here =
+        started(node) && node.applied.lock().locks.lease(lease_id).is_some_and(|l| permitted(node, caller, l));
     if !applied_here {
         linearizable(node).await?;
         if node.applied.lock().locks.lease(lease_id).map(|l| may_use(node, caller, l)).transpose()?.is_none() {
