@@ -221,12 +221,23 @@ pub fn hash_line(token: &str) -> String {
 
 /// `sha256:<hex>` of `bytes`.
 pub fn sha256_text(bytes: &[u8]) -> String {
-    format!("sha256:{}", crate::hex::lower(digest(&SHA256, bytes).as_ref()))
+    format!("sha256:{}", hex::encode(digest(&SHA256, bytes)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digests_are_spelt_two_lower_case_digits_per_byte_as_ever() {
+        // What tokens files and stored fingerprints hold was written as
+        // `format!("{b:02x}")` per byte.
+        assert_eq!(hex::encode([]), "");
+        assert_eq!(hex::encode([0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        let all: Vec<u8> = (0..=255).collect();
+        let slow: String = all.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex::encode(&all), slow);
+    }
 
     fn rule(identity: &str, prefixes: &[&str], rights: &[Right]) -> AclRule {
         AclRule {

@@ -10,7 +10,6 @@ pub mod batch;
 pub mod cli;
 pub mod config;
 pub mod durable;
-pub mod hex;
 pub mod http;
 pub mod inventory;
 pub mod lock;

@@ -71,7 +71,7 @@ pub fn fingerprint(method: &str, path_and_query: &str, content_type: Option<&[u8
         ctx.update(&(part.len() as u64).to_le_bytes());
         ctx.update(part);
     }
-    crate::hex::lower(ctx.finish().as_ref())
+    hex::encode(ctx.finish())
 }
 
 /// A key's record.
