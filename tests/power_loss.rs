@@ -229,12 +229,21 @@ async fn run(mode: Mode, cuts: usize, seed: u64, until_lost: bool) -> Found {
             found.floors_checked += 1;
             let answer = match &sidecar_up {
                 Ok(()) => {
-                    let rack = key.trim_start_matches("rack/");
-                    let (status, v) = rig.sidecar.send("PUT", &format!("/racks/{rack}"), Some(floor - 1), &[]).await;
-                    if (status, v["error"].as_str()) == (409, Some("stale_token")) {
-                        continue;
+                    let url = format!("{}/racks/{}", rig.sidecar.url(), key.trim_start_matches("rack/"));
+                    let put = || http::request("PUT", &url, Some(floor - 1), &[], http::DRAINED);
+                    // Twice: the first try may go out on a pooled connection
+                    // to the process the cut killed. A sidecar that answers
+                    // neither has lost the floor as surely as one that lets
+                    // the write through.
+                    let answer = match http::try_send(put(), Duration::from_secs(20)).await {
+                        Err(_) => http::try_send(put(), Duration::from_secs(20)).await,
+                        first => first,
+                    };
+                    match answer {
+                        Ok((409, v)) if v["error"].as_str() == Some("stale_token") => continue,
+                        Ok((status, v)) => format!("{status} {v}"),
+                        Err(e) => format!("no answer: {e}"),
                     }
-                    format!("{status} {v}")
                 }
                 Err(log) => format!("nothing: the sidecar did not start ({})", log.trim()),
             };
