@@ -527,12 +527,18 @@ async fn propose(node: &Node, cmd: Command) -> Result<Outcome, ApiError> {
         Ok(Err(RaftCallError::NotLeader)) => {
             Err(ApiError::NoLeader("this node stopped being leader; the outcome is unknown".into()))
         }
+        Ok(Err(RaftCallError::HandingOver)) => Err(handing_over()),
         Ok(Err(e)) => Err(ApiError::Unavailable(format!("{e}; the outcome is unknown"))),
         Err(_) => Err(ApiError::Unavailable(format!(
             "no quorum within {}; the outcome is unknown",
             humantime::format_duration(timeout)
         ))),
     }
+}
+
+/// A paused proposer's refusal: nothing was proposed, so a retry is safe.
+fn handing_over() -> ApiError {
+    ApiError::NoLeader("this node is handing leadership over; nothing was proposed, retry on the new leader".into())
 }
 
 /// Confirm with a quorum that this node is still leader, and wait until its
@@ -543,6 +549,7 @@ async fn linearizable(node: &Node) -> Result<(), ApiError> {
         Ok(Ok(())) if !started(node) => Err(ApiError::Unavailable("the new leader is still starting".into())),
         Ok(Ok(())) => Ok(()),
         Ok(Err(RaftCallError::NotLeader)) => Err(ApiError::NoLeader("this node is not the leader".into())),
+        Ok(Err(RaftCallError::HandingOver)) => Err(handing_over()),
         Ok(Err(e)) => Err(ApiError::Unavailable(e.to_string())),
         Err(_) => Err(ApiError::Unavailable(format!("no quorum within {}", humantime::format_duration(timeout)))),
     }

@@ -28,6 +28,9 @@ const MAX_BATCH: usize = 256;
 pub enum RaftCallError {
     #[error("this node is not the leader")]
     NotLeader,
+    /// Refused before anything was proposed: leadership is being handed over.
+    #[error("this node is handing leadership over")]
+    HandingOver,
     #[error("{0}")]
     Failed(String),
 }
@@ -94,7 +97,7 @@ impl Proposer {
         self.in_flight.load(Ordering::SeqCst) == 0
     }
 
-    /// Refuse proposals (`NotLeader`) until the guard is dropped.
+    /// Refuse proposals and checks (`HandingOver`) until the guard is dropped.
     pub fn pause(&self) -> Paused {
         self.paused.fetch_add(1, Ordering::SeqCst);
         Paused(self.paused.clone())
@@ -105,7 +108,7 @@ impl Proposer {
     /// went out is dropped, one already proposed may still be applied.
     pub async fn propose(&self, cmd: Command) -> Result<Outcome, RaftCallError> {
         if self.paused.load(Ordering::SeqCst) > 0 {
-            return Err(RaftCallError::NotLeader);
+            return Err(RaftCallError::HandingOver);
         }
         self.writes.call(cmd).await.unwrap_or(Err(RaftCallError::Failed(STOPPED.into())))
     }
@@ -116,7 +119,7 @@ impl Proposer {
         // A check is a heartbeat round: it would renew the followers' view
         // of this leader, which a handover waits to run out.
         if self.paused.load(Ordering::SeqCst) > 0 {
-            return Err(RaftCallError::NotLeader);
+            return Err(RaftCallError::HandingOver);
         }
         self.checks.call(()).await.unwrap_or(Err(RaftCallError::Failed(STOPPED.into())))
     }

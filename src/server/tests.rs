@@ -222,6 +222,35 @@ async fn quotas_refuse_with_429_and_change_nothing() {
     n.node.shutdown().await;
 }
 
+/// While a handover pauses proposals, an acquire is refused 503 saying
+/// that nothing was proposed (a retry is safe), and the log does not grow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_proposer_refuses_and_says_nothing_was_proposed() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = one_node(dir.path()).await;
+    let http = HttpClient::new(1 << 20);
+    let acquire = format!("{}{}pause/k", n.url, wire::LOCKS_PATH);
+    let body = br#"{"ttl_ms": 5000}"#.to_vec();
+    let t = Duration::from_secs(5);
+    // The client waits for the node to lead.
+    let client = Client::new(vec![n.url.clone()]).unwrap();
+    client.acquire("pause/k", AcquireOptions::new(Duration::from_secs(5))).await.unwrap();
+    let log = || n.node.raft.metrics().borrow().last_log_index;
+    let before = log();
+    {
+        let _paused = n.node.proposer.pause();
+        let a = http.call(Method::POST, &format!("{acquire}2"), Some(body.clone()), t).await.unwrap();
+        let e: ApiError = decode(&a.body);
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", e.message);
+        let message = e.message.unwrap_or_default();
+        assert!(message.contains("nothing was proposed"), "{message}");
+        assert_eq!(log(), before, "nothing appended");
+    }
+    assert_eq!(http.call(Method::POST, &format!("{acquire}2"), Some(body), t).await.unwrap().status, StatusCode::OK);
+    let _ = n.stop.send(());
+    n.node.shutdown().await;
+}
+
 /// A keep-alive connection that goes quiet after its answer is closed after
 /// `limits.header_timeout`, and so is one that never sends anything: idle
 /// connections cannot pile up.
