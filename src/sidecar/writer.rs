@@ -36,6 +36,18 @@ struct Queue<T, R> {
     /// When the oldest of `items` was queued.
     since: Option<Instant>,
     stopping: bool,
+    /// How the writer sleeps, if it does: a write is worth a wakeup (a
+    /// system call, and a thread switch) only when the writer would not
+    /// look at the queue by itself in time.
+    asleep: Option<Sleep>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sleep {
+    /// Until woken.
+    Idle,
+    /// Until a time no later than `soon` after anything now queued.
+    Timed,
 }
 
 type Shared<T, R> = Arc<(Mutex<Queue<T, R>>, Condvar)>;
@@ -58,7 +70,7 @@ impl<T: Send + 'static, R: Send + 'static> Writer<T, R> {
         mut write: impl FnMut(Vec<T>) -> Vec<R> + Send + 'static,
     ) -> std::io::Result<Self> {
         let shared: Shared<T, R> = Arc::new((
-            Mutex::new(Queue { items: Vec::new(), urgent: false, since: None, stopping: false }),
+            Mutex::new(Queue { items: Vec::new(), urgent: false, since: None, stopping: false, asleep: None }),
             Condvar::new(),
         ));
         let queue = shared.clone();
@@ -85,9 +97,15 @@ impl<T: Send + 'static, R: Send + 'static> Writer<T, R> {
                 q.since = Some(Instant::now());
             }
             q.items.push((item, reply));
-            // The first write starts the writer's clock; a `Now` makes it
-            // write (once: it takes all that is queued).
-            let wake = first || (when == When::Now && !q.urgent);
+            // A writer asleep for good must start its clock on the first
+            // write; a `Now` must make it write (once: it takes all that is
+            // queued). A writer that is awake looks at the queue before it
+            // sleeps again.
+            let wake = match q.asleep {
+                Some(Sleep::Idle) => first || when == When::Now,
+                Some(Sleep::Timed) => when == When::Now && !q.urgent,
+                None => false,
+            };
             q.urgent |= when == When::Now;
             wake
         };
@@ -100,15 +118,27 @@ impl<T: Send + 'static, R: Send + 'static> Writer<T, R> {
 
 /// Wait for the next batch: at once if a write in it is waited for, else
 /// once the oldest has waited `soon`. `None` once stopping with nothing
-/// left to write.
+/// left to write. With nothing queued it sleeps on a timer for `soon` first
+/// (a keyed request's answer, queued right after its pending record was
+/// written, then needs no wakeup), and then until woken.
 fn next_batch<T, R>(shared: &Shared<T, R>, soon: Duration) -> Option<Vec<(T, oneshot::Sender<R>)>> {
     let mut q = lock(shared);
+    let mut idle_since = Instant::now();
     loop {
         if q.items.is_empty() {
             if q.stopping {
                 return None;
             }
-            q = shared.1.wait(q).unwrap_or_else(|p| p.into_inner());
+            let idle = idle_since.elapsed();
+            if idle >= soon {
+                q.asleep = Some(Sleep::Idle);
+                q = shared.1.wait(q).unwrap_or_else(|p| p.into_inner());
+                idle_since = Instant::now();
+            } else {
+                q.asleep = Some(Sleep::Timed);
+                q = shared.1.wait_timeout(q, soon - idle).unwrap_or_else(|p| p.into_inner()).0;
+            }
+            q.asleep = None;
             continue;
         }
         let waited = q.since.map_or(soon, |t| t.elapsed());
@@ -117,7 +147,9 @@ fn next_batch<T, R>(shared: &Shared<T, R>, soon: Duration) -> Option<Vec<(T, one
             q.since = None;
             return Some(std::mem::take(&mut q.items));
         }
+        q.asleep = Some(Sleep::Timed);
         q = shared.1.wait_timeout(q, soon - waited).unwrap_or_else(|p| p.into_inner()).0;
+        q.asleep = None;
     }
 }
 
@@ -184,6 +216,32 @@ mod tests {
         assert!(start.elapsed() >= Duration::from_millis(300));
         release.send(()).unwrap();
         assert_eq!(alone.await, Some(30));
+    }
+
+    #[tokio::test]
+    async fn a_writer_asleep_on_its_timer_or_for_good_still_meets_both_bounds() {
+        let soon = Duration::from_millis(200);
+        let (w, seen, release) = writer(soon);
+        for _ in 0..3 {
+            release.send(()).unwrap();
+        }
+        // Just after a batch the writer sleeps on its timer: a `Now` wakes it.
+        w.queue(1, When::Now).await;
+        assert_eq!(seen.recv().unwrap(), vec![1]);
+        std::thread::sleep(soon / 10);
+        let start = Instant::now();
+        let now = w.queue(2, When::Now);
+        assert_eq!(seen.recv_timeout(soon / 2), Ok(vec![2]), "written at once, not at the timer");
+        now.await;
+        assert!(start.elapsed() < soon / 2);
+        // Idle for longer than `soon`, it sleeps until woken: the first
+        // `Soon` write starts its clock.
+        std::thread::sleep(soon * 2);
+        let start = Instant::now();
+        let later = w.queue(3, When::Soon);
+        assert_eq!(seen.recv_timeout(soon * 5), Ok(vec![3]), "written within its time");
+        later.await;
+        assert!(start.elapsed() >= soon && start.elapsed() < soon * 3, "{:?}", start.elapsed());
     }
 
     #[tokio::test]
