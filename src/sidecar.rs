@@ -28,6 +28,7 @@ pub mod live;
 pub mod order;
 pub mod records;
 pub mod routes;
+pub mod sharded;
 pub mod store;
 pub mod writer;
 

@@ -8,13 +8,14 @@
 //! disk sees the changes to a key in the order the index made them (a
 //! forget never lands after the newer record that replaced it).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use super::idempotency::{judge, Record, State, Verdict};
+use super::sharded::Sharded;
 use super::store::{Store, StoreError, When, Write};
 
 /// The journal is written anew once it is over four times what is live
@@ -34,9 +35,10 @@ pub struct Records {
 
 #[derive(Default)]
 struct Index {
-    /// Boxed: growing the map moves pointers, not records (a stall under
-    /// the lock otherwise, with hundreds of thousands of them).
-    records: HashMap<String, Box<Record>>,
+    /// Sharded, and boxed: growing the map rehashes a 256th of it and moves
+    /// pointers, not records (a stall under the lock otherwise, with
+    /// hundreds of thousands of them).
+    records: Sharded<Box<Record>>,
     /// (expiry, scope) of every record: the sweep takes only what is due,
     /// instead of scanning every record under the lock.
     by_expiry: BTreeSet<(u64, String)>,
@@ -133,7 +135,7 @@ impl Records {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.index().records.is_empty()
     }
 
     pub fn bytes(&self) -> u64 {
