@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
+use super::idempotency::Record;
 use super::journal::{Change, Journal};
 pub use super::writer::When;
 use super::writer::Writer;
@@ -64,7 +65,7 @@ pub enum Write {
     Forget(Vec<String>),
     /// Write the records' journal anew from these (every live record, as of
     /// when this was queued).
-    Rewrite(Arc<Vec<(String, Vec<u8>)>>),
+    Rewrite(Arc<Vec<(String, Arc<Record>)>>),
     /// Rewrite the probe row (`probe`).
     Probe,
 }
@@ -132,7 +133,8 @@ impl File {
                 Write::Forget(scopes) => changes.extend(scopes.iter().map(|s| Change::Forget(s))),
                 Write::Rewrite(live) => {
                     changes.clear();
-                    result = journal.rewrite(live);
+                    let live: Vec<_> = live.iter().map(|(scope, r)| (scope.clone(), r.encode())).collect();
+                    result = journal.rewrite(&live);
                     if result.is_err() {
                         break;
                     }
