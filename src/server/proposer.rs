@@ -61,11 +61,18 @@ impl Proposer {
     pub fn start(raft: Raft) -> Self {
         let r = raft.clone();
         let in_flight = Arc::new(AtomicUsize::new(0));
-        let busy = in_flight.clone();
+        let paused: Arc<AtomicUsize> = Arc::default();
+        let (busy, held) = (in_flight.clone(), paused.clone());
         let writes = Batcher::start(MAX_BATCH, move |cmds: Vec<Command>| {
-            let (raft, n, busy) = (r.clone(), cmds.len(), busy.clone());
+            let (raft, n, busy, held) = (r.clone(), cmds.len(), busy.clone(), held.clone());
             async move {
                 busy.fetch_add(1, Ordering::SeqCst);
+                // Queued before a pause, taken after it: refused too. Either
+                // this sees the pause or the handover sees the batch busy.
+                if held.load(Ordering::SeqCst) > 0 {
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                    return vec![Err(RaftCallError::HandingOver); n];
+                }
                 let written = raft.client_write(cmds).await;
                 busy.fetch_sub(1, Ordering::SeqCst);
                 match written {
@@ -77,9 +84,13 @@ impl Proposer {
                 }
             }
         });
+        let held = paused.clone();
         let checks = Batcher::start(usize::MAX, move |waiters: Vec<()>| {
-            let raft = raft.clone();
+            let (raft, held) = (raft.clone(), held.clone());
             async move {
+                if held.load(Ordering::SeqCst) > 0 {
+                    return vec![Err(RaftCallError::HandingOver); waiters.len()];
+                }
                 let result = match raft.ensure_linearizable().await {
                     Ok(_) => Ok(()),
                     Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => Err(RaftCallError::NotLeader),
@@ -88,7 +99,7 @@ impl Proposer {
                 vec![result; waiters.len()]
             }
         });
-        Self { writes, checks, paused: Arc::default(), in_flight }
+        Self { writes, checks, paused, in_flight }
     }
 
     /// Whether no batch is being proposed (with proposals paused: the log
