@@ -23,7 +23,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
 
@@ -132,6 +132,26 @@ pub async fn serve_live<F, Fut>(
     serve_on(listener, live, None, shutdown, handle).await
 }
 
+/// A connection accepted here, on its way to the runtime that serves it.
+enum Handoff {
+    Here(TcpStream),
+    /// Taken off this runtime's reactor, to be registered with the event
+    /// loop's: left here, every readiness of the socket would be seen by
+    /// this runtime's thread and passed on to the loop with a wakeup, a
+    /// system call and a thread switch per request.
+    Moving(std::io::Result<std::net::TcpStream>),
+}
+
+impl Handoff {
+    /// The connection, on the runtime this is called on.
+    fn arrive(self) -> std::io::Result<TcpStream> {
+        match self {
+            Handoff::Here(s) => Ok(s),
+            Handoff::Moving(s) => TcpStream::from_std(s?),
+        }
+    }
+}
+
 /// `serve_live` with each connection served on one of `workers`' event
 /// loops (on the calling runtime if `None`); accepting stays here.
 pub async fn serve_on<F, Fut>(
@@ -177,9 +197,17 @@ pub async fn serve_on<F, Fut>(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        let stream = match workers {
+            Some(_) => Handoff::Moving(stream.into_std()),
+            None => Handoff::Here(stream),
+        };
         let (opts, handle, stopping) = (live.load_full(), handle.clone(), stopping.clone());
         let served = async move {
             let _slot = slot;
+            let stream = match stream.arrive() {
+                Ok(s) => s,
+                Err(e) => return tracing::debug!("handing the connection from {peer} to its event loop: {e}"),
+            };
             let Some(acceptor) = opts.tls.clone() else {
                 let conn = Conn { addr: peer, certs: None, named: Arc::default() };
                 return connection(stream, conn, &opts, stopping, handle).await;
@@ -461,6 +489,49 @@ mod tests {
             },
         ));
         SlowServer { url, arrived, answered, stop, server }
+    }
+
+    /// A connection served on an event loop of `Workers` is that loop's to
+    /// read: it is answered while the runtime that accepted it is blocked
+    /// (left on the accepting runtime's reactor, it would wait for it).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_handed_over_connection_is_served_while_the_accepting_runtime_is_blocked() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let workers = Arc::new(Workers::start("test-loop", 1).unwrap());
+        let live = Arc::new(ArcSwap::from_pointee(Listener::http1("test")));
+        tokio::spawn(async move {
+            let answer = |_req, _conn| async { Response::new(crate::http::full("ok")) };
+            serve_on(listener, live, Some(&workers), std::future::pending(), answer).await
+        });
+        let (first, answered) = std::sync::mpsc::channel();
+        let client = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut ask = || {
+                s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+                let (mut got, mut buf) = (Vec::new(), [0u8; 1024]);
+                while !got.ends_with(b"\r\n\r\nok") {
+                    let n = s.read(&mut buf).unwrap();
+                    assert!(n > 0, "closed");
+                    got.extend_from_slice(&buf[..n]);
+                }
+            };
+            ask();
+            first.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            let t = std::time::Instant::now();
+            ask();
+            t.elapsed()
+        });
+        while answered.try_recv().is_err() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // This runtime, which accepted the connection, now runs nothing.
+        std::thread::sleep(Duration::from_secs(2));
+        let took = client.join().unwrap();
+        assert!(took < Duration::from_secs(1), "the second request waited for the accepting runtime: {took:?}");
     }
 
     #[tokio::test]
