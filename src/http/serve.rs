@@ -169,7 +169,9 @@ pub async fn serve_on<F, Fut>(
     let max_connections = live.load().max_connections;
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let (stop, stopping) = tokio::sync::watch::channel(false);
-    let mut accept_errors = RateLimitedLog::default();
+    // Accepting, and handing connections to event loops, fail alike when
+    // descriptors or memory run out: one rate-limited log for both.
+    let errors = Arc::new(std::sync::Mutex::new(RateLimitedLog::default()));
     tokio::pin!(shutdown);
     loop {
         let slot = tokio::select! {
@@ -187,7 +189,7 @@ pub async fn serve_on<F, Fut>(
                         e.raw_os_error(),
                         Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOBUFS | nix::libc::ENOMEM)
                     );
-                    accept_errors.warn(live.load().name, &e);
+                    errors.lock().unwrap_or_else(|p| p.into_inner()).warn(live.load().name, "accept", &e);
                     if exhausted {
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
@@ -201,12 +203,16 @@ pub async fn serve_on<F, Fut>(
             Some(_) => Handoff::Moving(stream.into_std()),
             None => Handoff::Here(stream),
         };
-        let (opts, handle, stopping) = (live.load_full(), handle.clone(), stopping.clone());
+        let (opts, handle, stopping, errors) = (live.load_full(), handle.clone(), stopping.clone(), errors.clone());
         let served = async move {
             let _slot = slot;
             let stream = match stream.arrive() {
                 Ok(s) => s,
-                Err(e) => return tracing::debug!("handing the connection from {peer} to its event loop: {e}"),
+                // Only this process's limits fail it (epoll's, memory).
+                Err(e) => {
+                    let what = "handing a connection to its event loop";
+                    return errors.lock().unwrap_or_else(|p| p.into_inner()).warn(opts.name, what, &e);
+                }
             };
             let Some(acceptor) = opts.tls.clone() else {
                 let conn = Conn { addr: peer, certs: None, named: Arc::default() };
@@ -246,13 +252,13 @@ struct RateLimitedLog {
 }
 
 impl RateLimitedLog {
-    fn warn(&mut self, listener: &str, e: &std::io::Error) {
+    fn warn(&mut self, listener: &str, what: &str, e: &std::io::Error) {
         let now = tokio::time::Instant::now();
         if self.last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
             self.suppressed += 1;
             return;
         }
-        tracing::warn!(listener, suppressed = self.suppressed, "accept: {e}");
+        tracing::warn!(listener, suppressed = self.suppressed, "{what}: {e}");
         self.last = Some(now);
         self.suppressed = 0;
     }
@@ -505,6 +511,7 @@ mod tests {
             serve_on(listener, live, Some(&workers), std::future::pending(), answer).await
         });
         let (first, answered) = std::sync::mpsc::channel();
+        let (block, blocked) = std::sync::mpsc::channel();
         let client = std::thread::spawn(move || {
             use std::io::{Read, Write};
             let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -520,7 +527,8 @@ mod tests {
             };
             ask();
             first.send(()).unwrap();
-            std::thread::sleep(Duration::from_millis(200));
+            // Once told, the accepting runtime polls nothing more.
+            blocked.recv().unwrap();
             let t = std::time::Instant::now();
             ask();
             t.elapsed()
@@ -529,7 +537,12 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // This runtime, which accepted the connection, now runs nothing.
+        block.send(()).unwrap();
         std::thread::sleep(Duration::from_secs(2));
+        // Running again (without the fix, this is when the request is read).
+        while !client.is_finished() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let took = client.join().unwrap();
         assert!(took < Duration::from_secs(1), "the second request waited for the accepting runtime: {took:?}");
     }
