@@ -146,13 +146,14 @@ impl Journal {
         Ok(())
     }
 
-    /// Write the journal anew from `live`: a new file, fsync'd, renamed over
-    /// the old one, the directory fsync'd.
-    pub fn rewrite(&mut self, live: &[(String, Vec<u8>)]) -> io::Result<()> {
+    /// Write the journal anew from `live` (scope, encoding), each encoding
+    /// taken as it is written: a new file, fsync'd, renamed over the old
+    /// one, the directory fsync'd.
+    pub fn rewrite<'a, B: AsRef<[u8]>>(&mut self, live: impl IntoIterator<Item = (&'a str, B)>) -> io::Result<()> {
         let tmp = self.path.with_extension("log.new");
         let mut out = Vec::new();
         for (scope, bytes) in live {
-            encode(&mut out, &Change::Put(scope, bytes));
+            encode(&mut out, &Change::Put(scope, bytes.as_ref()));
         }
         {
             let mut f = File::create(&tmp)?;
@@ -200,7 +201,7 @@ mod tests {
         assert_eq!(live, vec![("a\n2".to_string(), b"two, again".to_vec())]);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), valid, "cut at the torn entry");
         // Written anew: the same records, a shorter file, and appends go on.
-        j.rewrite(&live).unwrap();
+        j.rewrite(live.iter().map(|(s, b)| (s.as_str(), b))).unwrap();
         assert!(j.bytes < valid);
         j.append(&[Change::Put("a\n3", b"three")]).unwrap();
         drop(j);

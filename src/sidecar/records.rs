@@ -173,8 +173,9 @@ impl Records {
             if index.bytes - replaced + record.size(scope) > self.max_bytes {
                 return Err(BeginError::Full { limit: self.max_bytes });
             }
-            index.put(scope, record.clone());
-            self.store.queue(Write::Record(scope.to_string(), record.encode()), When::Now)
+            let bytes = record.encode();
+            index.put(scope, record);
+            self.store.queue(Write::Record(scope.to_string(), bytes), When::Now)
         };
         if let Err(e) = on_disk.await {
             // Not on disk, so not forwarded: a retry may try again (while it

@@ -133,8 +133,7 @@ impl File {
                 Write::Forget(scopes) => changes.extend(scopes.iter().map(|s| Change::Forget(s))),
                 Write::Rewrite(live) => {
                     changes.clear();
-                    let live: Vec<_> = live.iter().map(|(scope, r)| (scope.clone(), r.encode())).collect();
-                    result = journal.rewrite(&live);
+                    result = journal.rewrite(live.iter().map(|(scope, r)| (scope.as_str(), r.encode())));
                     if result.is_err() {
                         break;
                     }
