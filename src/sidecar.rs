@@ -33,7 +33,6 @@ pub mod store;
 pub mod writer;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -154,7 +153,7 @@ impl Sidecar {
         *kept = (*kept).max(longest);
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>, client_ip: Arc<str>) -> Response<Body> {
         let arrived = Instant::now();
         // Read once: this request finishes on the config it started with.
         let live = self.live();
@@ -268,8 +267,10 @@ impl Sidecar {
         let req = Request::from_parts(parts, body);
         let result = match dispatched {
             Ok(()) => {
-                let r =
-                    live.upstream.forward(&route.upstream, req, peer, tls, route.timeout, limits.send_timeout).await;
+                let r = live
+                    .upstream
+                    .forward(&route.upstream, req, &client_ip, tls, route.timeout, limits.send_timeout)
+                    .await;
                 self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
                 r
             }
@@ -390,13 +391,12 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
     let (opts, kept) = (sidecar.listener.clone(), sidecar.clone());
     let workers = Some(&kept.workers);
     crate::http::serve_on(listener, opts, workers, shutdown, move |req, conn: crate::http::Conn| {
-        let peer = conn.addr;
         // Its own task: if the client goes away, hyper drops this future,
         // but the request (and its ordering permit, S1) must live until the
         // upstream has answered or timed out.
         // Boxed: the task then moves a pointer, not the whole (large)
         // future, each time tokio moves its stage (five times a request).
-        let task = tokio::spawn(Box::pin(sidecar.clone().handle(req, peer)));
+        let task = tokio::spawn(Box::pin(sidecar.clone().handle(req, conn.ip)));
         let sc = sidecar.clone();
         async move {
             task.await.unwrap_or_else(|e| sc.answer("-", None, Answer::Internal(format!("request task failed: {e}"))))

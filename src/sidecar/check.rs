@@ -20,6 +20,7 @@
 //! more after it was sent vouches for nothing (503). Before the barrier, a
 //! `cached` route decides from the watch alone while it is proven fresh.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use hyper::HeaderMap;
@@ -82,14 +83,15 @@ impl Fencer {
         // ended unseen would still look live).
         let watch_down = self.view.as_ref().is_some_and(|v| !v.is_up());
         let cached = mode != FenceMode::Observed && consistency == Consistency::Cached;
-        let stale = cached && !watch_down && !self.trusted(key, None);
+        let (mut known, trusted) = self.look(mode, key, None);
+        let stale = cached && !watch_down && !trusted;
         let needs_read =
             mode != FenceMode::Observed && (consistency == Consistency::Linearizable || watch_down || stale);
         // The send time of a read of this key that vouches for it (it
         // started no earlier than the request arrived).
         let mut read_at = None;
         loop {
-            match decide(mode, token, &self.knowledge(mode, key), read_at.is_some()) {
+            match decide(mode, token, &known, read_at.is_some()) {
                 Verdict::Forward if read_at.is_some() || !needs_read => break,
                 Verdict::Reject { reason, current } => return Err(reject(reason, Some(token), Some(current))),
                 Verdict::Forward | Verdict::AskService => {
@@ -98,6 +100,7 @@ impl Fencer {
                     }
                     self.read(key, arrived).await.map_err(unavailable)?;
                     read_at = Some(arrived);
+                    known = self.look(mode, key, read_at).0;
                 }
             }
         }
@@ -139,42 +142,47 @@ impl Fencer {
         }
         let reject =
             |reason, current| Answer::Rejected(Rejection { reason, key: c.key.clone(), token: Some(c.token), current });
-        if !self.trusted(&c.key, c.read_at) {
+        let (mut known, trusted) = self.look(c.mode, &c.key, c.read_at);
+        if !trusted {
             self.count_stale(&c.route);
             let sent = Instant::now();
             self.read(&c.key, sent).await.map_err(|_| reject(Reason::LockServiceUnavailable, None))?;
-            if !self.trusted(&c.key, Some(sent)) {
+            let (after, trusted) = self.look(c.mode, &c.key, Some(sent));
+            if !trusted {
                 return Err(reject(Reason::LockServiceUnavailable, None));
             }
-            c.read_at = Some(sent);
+            (known, c.read_at) = (after, Some(sent));
         }
-        match decide(c.mode, c.token, &self.knowledge(c.mode, &c.key), true) {
+        match decide(c.mode, c.token, &known, true) {
             Verdict::Reject { reason, current } => Err(reject(reason, Some(current))),
             Verdict::Forward | Verdict::AskService => Ok(()),
         }
     }
 
-    /// Whether what is known of `key` (the watch's knowledge, or a read of
-    /// the key sent at `read_at`) may be trusted now, within `max_staleness`.
-    fn trusted(&self, key: &str, read_at: Option<Instant>) -> bool {
-        let Some(view) = &self.view else { return true };
-        let now = Instant::now();
-        view.trusted(key, now) || read_at.is_some_and(|at| view.read_trusted(at, now))
+    /// What is known of `key` (its floor included), and whether it may be
+    /// trusted now, within `max_staleness`: the watch's knowledge, or a
+    /// read of the key sent at `read_at`. One lookup of each.
+    fn look(&self, mode: FenceMode, key: &str, read_at: Option<Instant>) -> (Knowledge, bool) {
+        let (mut known, trusted) = match &self.view {
+            Some(view) => {
+                let now = Instant::now();
+                let (known, trusted) = view.look(key, now);
+                let known = match mode {
+                    FenceMode::Strict | FenceMode::Monotonic => known,
+                    FenceMode::Observed => Knowledge::default(),
+                };
+                (known, trusted || read_at.is_some_and(|at| view.read_trusted(at, now)))
+            }
+            None => (Knowledge::default(), true),
+        };
+        known.floor = self.floors.get(&floor_key(mode, key));
+        (known, trusted)
     }
 
     fn count_stale(&self, route: &str) {
         if let Some(view) = &self.view {
             view.count_stale(route);
         }
-    }
-
-    fn knowledge(&self, mode: FenceMode, key: &str) -> Knowledge {
-        let mut k = match (&self.view, mode) {
-            (Some(view), FenceMode::Strict | FenceMode::Monotonic) => view.get(key),
-            _ => Knowledge::default(),
-        };
-        k.floor = self.floors.get(&floor_key(mode, key));
-        k
     }
 
     async fn read(&self, key: &str, arrived: Instant) -> Result<(), String> {
@@ -186,7 +194,7 @@ impl Fencer {
 
     /// The latest token known for `key`, for logs.
     pub fn current(&self, key: &str) -> Token {
-        self.knowledge(FenceMode::Strict, key).latest
+        self.look(FenceMode::Strict, key, None).0.latest
     }
 }
 
@@ -194,10 +202,10 @@ impl Fencer {
 /// floors of lock-service routes, so that an observed route cannot raise (or
 /// forge) the floor a strict or monotonic route trusts. `@` never appears in
 /// a lock key.
-fn floor_key(mode: FenceMode, key: &str) -> String {
+fn floor_key(mode: FenceMode, key: &str) -> Cow<'_, str> {
     match mode {
-        FenceMode::Observed => format!("@observed/{key}"),
-        FenceMode::Strict | FenceMode::Monotonic => key.to_string(),
+        FenceMode::Observed => Cow::Owned(format!("@observed/{key}")),
+        FenceMode::Strict | FenceMode::Monotonic => Cow::Borrowed(key),
     }
 }
 

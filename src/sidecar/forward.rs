@@ -10,7 +10,6 @@
 //! - the route's timeout bounds the wait for the upstream's response head
 //!   (504), a failed connection or exchange is a 502.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
@@ -95,7 +94,7 @@ impl Upstream {
         &self,
         base: &Uri,
         req: Request<Body>,
-        client: SocketAddr,
+        client_ip: &str,
         tls: bool,
         timeout: Duration,
         stall: Duration,
@@ -110,26 +109,7 @@ impl Upstream {
         if let Some(h) = &host {
             parts.headers.insert(HOST, h.clone());
         }
-        let ip = client.ip().to_string();
-        let xff = match parts.headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prev) => [prev, ", ", &ip].concat(),
-            None => ip.clone(),
-        };
-        let quoted = if client.is_ipv6() { ["\"[", &ip, "]\""].concat() } else { ip };
-        let proto = if tls { "https" } else { "http" };
-        let mut fwd = ["for=", &quoted, ";proto=", proto].concat();
-        if let Some(h) = host.as_ref().and_then(|h| h.to_str().ok()) {
-            fwd.extend([";host=\"", h, "\""]);
-        }
-        let fwd = match parts.headers.get(FORWARDED).and_then(|v| v.to_str().ok()) {
-            Some(prev) => [prev, ", ", &fwd].concat(),
-            None => fwd,
-        };
-        for (name, value) in [(X_FORWARDED_FOR.clone(), xff), (FORWARDED, fwd)] {
-            if let Ok(v) = HeaderValue::try_from(value) {
-                parts.headers.insert(name, v);
-            }
-        }
+        name_the_client(&mut parts.headers, host.as_ref(), client_ip, tls);
         // The path as the client sent it (shared, not copied or parsed again).
         let mut uri = base.clone().into_parts();
         uri.path_and_query =
@@ -154,6 +134,30 @@ impl Upstream {
         // connection for ever.
         let body = crate::http::Deadline::between_frames(body, stall);
         Ok(Response::from_parts(parts, body.boxed()))
+    }
+}
+
+/// Append the client to `X-Forwarded-For` and `Forwarded` (RFC 7239: an
+/// IPv6 address quoted and bracketed), keeping what proxies before us wrote.
+fn name_the_client(headers: &mut HeaderMap, host: Option<&HeaderValue>, client_ip: &str, tls: bool) {
+    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) => HeaderValue::try_from([prev, ", ", client_ip].concat()),
+        None => HeaderValue::from_str(client_ip),
+    };
+    let (open, close) = if client_ip.contains(':') { ("\"[", "]\"") } else { ("", "") };
+    let proto = if tls { "https" } else { "http" };
+    let mut fwd = String::with_capacity(64);
+    if let Some(prev) = headers.get(FORWARDED).and_then(|v| v.to_str().ok()) {
+        fwd.extend([prev, ", "]);
+    }
+    fwd.extend(["for=", open, client_ip, close, ";proto=", proto]);
+    if let Some(h) = host.and_then(|h| h.to_str().ok()) {
+        fwd.extend([";host=\"", h, "\""]);
+    }
+    for (name, value) in [(X_FORWARDED_FOR.clone(), xff), (FORWARDED, HeaderValue::try_from(fwd))] {
+        if let Ok(v) = value {
+            headers.insert(name, v);
+        }
     }
 }
 
@@ -209,5 +213,21 @@ mod tests {
             let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
             assert_eq!(left, vec!["x-fence-token"], "{name}");
         }
+    }
+
+    #[test]
+    fn the_client_is_named_after_the_proxies_before_us() {
+        let mut h = HeaderMap::new();
+        let host = HeaderValue::from_static("inventory.example");
+        name_the_client(&mut h, Some(&host), "127.0.0.1", false);
+        assert_eq!(h[&X_FORWARDED_FOR], "127.0.0.1");
+        assert_eq!(h[FORWARDED], "for=127.0.0.1;proto=http;host=\"inventory.example\"");
+
+        let mut h = HeaderMap::new();
+        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.7"));
+        h.insert(FORWARDED, HeaderValue::from_static("for=203.0.113.7"));
+        name_the_client(&mut h, None, "::1", true);
+        assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.7, ::1");
+        assert_eq!(h[FORWARDED], "for=203.0.113.7, for=\"[::1]\";proto=https");
     }
 }

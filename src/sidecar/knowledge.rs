@@ -159,15 +159,30 @@ impl LockView {
         self.freshness.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a route may still decide from what it knows of `key` at
-    /// `now` without asking the lock service: the watch's knowledge, proven
-    /// current less than `max_staleness` ago, if the stream has told of the
-    /// key (or of none: nothing granted is then known); a read of the key
-    /// sent that recently, if not.
-    pub fn trusted(&self, key: &str, now: Instant) -> bool {
+    /// What is known of `key` (`floor` left for the caller), and whether a
+    /// route may still decide from it at `now` without asking the lock
+    /// service: the watch's knowledge, proven current less than
+    /// `max_staleness` ago, if the stream has told of the key (or of none:
+    /// nothing granted is then known); a read of the key sent that
+    /// recently, if not. One lookup, for the request path.
+    pub fn look(&self, key: &str, now: Instant) -> (Knowledge, bool) {
         let proven = self.freshness().proven();
-        let (watched, read_at) = self.keys.get(key).map_or((true, None), |k| (k.watched, k.read_at));
-        freshness::key_trusted(watched, proven, read_at, now, self.max_staleness)
+        let compacted_below = self.compacted_below.load(Ordering::Relaxed);
+        let (known, watched, read_at) = match self.keys.get(key) {
+            Some(k) => {
+                let known = Knowledge {
+                    latest: k.latest,
+                    live: k.live,
+                    known: true,
+                    presumed_ended: k.presumed_ended,
+                    compacted_below,
+                    floor: 0,
+                };
+                (known, k.watched, k.read_at)
+            }
+            None => (Knowledge { compacted_below, ..Knowledge::default() }, true, None),
+        };
+        (known, freshness::key_trusted(watched, proven, read_at, now, self.max_staleness))
     }
 
     /// Whether a read of one key that started at `read_at` still vouches for
@@ -191,22 +206,6 @@ impl LockView {
     /// The stream has delivered everything up to `rev`.
     fn delivered(&self, rev: u64) {
         self.freshness().delivered(rev);
-    }
-
-    /// What is known of `key`, with `floor` filled in by the caller.
-    pub fn get(&self, key: &str) -> Knowledge {
-        let compacted_below = self.compacted_below.load(Ordering::Relaxed);
-        match self.keys.get(key) {
-            Some(k) => Knowledge {
-                latest: k.latest,
-                live: k.live,
-                known: true,
-                presumed_ended: k.presumed_ended,
-                compacted_below,
-                floor: 0,
-            },
-            None => Knowledge { compacted_below, ..Knowledge::default() },
-        }
     }
 
     pub fn is_up(&self) -> bool {
@@ -514,6 +513,14 @@ pub(super) mod tests {
 
     use super::*;
 
+    fn known(view: &LockView, key: &str) -> Knowledge {
+        view.look(key, Instant::now()).0
+    }
+
+    fn trusted(view: &LockView, key: &str, now: Instant) -> bool {
+        view.look(key, now).1
+    }
+
     /// A stand-in lock service that answers key reads slowly and counts them.
     pub(in crate::sidecar) async fn slow_reads(reads: Arc<AtomicUsize>) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -603,7 +610,7 @@ pub(super) mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(with.load(Ordering::SeqCst), 1, "asked with progress=1 once, not at every reconnect");
-        let k = view.get("rack/1");
+        let k = known(&view, "rack/1");
         assert!(k.known && k.live && k.latest == 34, "{k:?}");
     }
 
@@ -630,7 +637,7 @@ pub(super) mod tests {
         }
         late.await.unwrap().unwrap();
         assert_eq!(count.load(Ordering::SeqCst), 2, "10 concurrent callers share one read; the late one gets its own");
-        assert_eq!(view.get("rack/1"), Knowledge { latest: 34, live: true, known: true, ..Default::default() });
+        assert_eq!(known(&view, "rack/1"), Knowledge { latest: 34, live: true, known: true, ..Default::default() });
     }
 
     /// Keys a complete dump at revision 40 does not list were forgotten by
@@ -645,9 +652,9 @@ pub(super) mod tests {
         }
         let listed = ["rack/listed".to_string()].into_iter().collect();
         view.forgotten_unless(&listed, 40);
-        assert!(!view.get("rack/gone").live && view.get("rack/gone").presumed_ended, "forgotten, so ended");
-        assert!(view.get("rack/listed").live);
-        assert!(view.get("rack/later").live, "granted after the dump");
+        assert!(!known(&view, "rack/gone").live && known(&view, "rack/gone").presumed_ended, "forgotten, so ended");
+        assert!(known(&view, "rack/listed").live);
+        assert!(known(&view, "rack/later").live, "granted after the dump");
         let info = |token, compacted_below| wire::LockInfo {
             key: "rack/listed".into(),
             held: false,
@@ -657,18 +664,18 @@ pub(super) mod tests {
             compacted_below,
         };
         view.learn_read("rack/listed", &info(0, Some(30)), Instant::now());
-        assert!(view.get("rack/listed").live, "a watermark below its grant says nothing of it");
+        assert!(known(&view, "rack/listed").live, "a watermark below its grant says nothing of it");
         view.learn_read("rack/listed", &info(0, Some(36)), Instant::now());
-        assert!(!view.get("rack/listed").live, "read as forgotten: ended");
-        assert_eq!(view.get("rack/other").compacted_below, 36);
+        assert!(!known(&view, "rack/listed").live, "read as forgotten: ended");
+        assert_eq!(known(&view, "rack/other").compacted_below, 36);
         // A presumption is undone by a read that finds the lease live (a key
         // the sidecar may read but not watch), a read's end is final.
         let gone = wire::LockInfo { key: "rack/gone".into(), held: true, token: 30, ..info(30, None) };
         view.learn_read("rack/gone", &gone, Instant::now());
-        assert!(view.get("rack/gone").live);
+        assert!(known(&view, "rack/gone").live);
         view.learn("rack/gone", 30, true);
         view.learn_read("rack/listed", &wire::LockInfo { held: true, ..info(35, None) }, Instant::now());
-        assert!(!view.get("rack/listed").live, "an end a read saw stays");
+        assert!(!known(&view, "rack/listed").live, "an end a read saw stays");
     }
 
     /// A key the stream never told of (readable, not watchable) is trusted
@@ -693,13 +700,13 @@ pub(super) mod tests {
             compacted_below: None,
         };
         view.learn_read("rack/read", &info, t0);
-        assert!(view.trusted("rack/watched", t0 + ms(100)) && view.trusted("rack/read", t0 + ms(100)));
+        assert!(trusted(&view, "rack/watched", t0 + ms(100)) && trusted(&view, "rack/read", t0 + ms(100)));
         view.freshness().answered(t0 + ms(300), 0);
-        assert!(view.trusted("rack/watched", t0 + ms(400)));
-        assert!(view.trusted("rack/unknown", t0 + ms(400)));
-        assert!(!view.trusted("rack/read", t0 + ms(400)), "its read is 400 ms old");
+        assert!(trusted(&view, "rack/watched", t0 + ms(400)));
+        assert!(trusted(&view, "rack/unknown", t0 + ms(400)));
+        assert!(!trusted(&view, "rack/read", t0 + ms(400)), "its read is 400 ms old");
         view.learn_read("rack/read", &info, t0 + ms(350));
-        assert!(view.trusted("rack/read", t0 + ms(400)));
+        assert!(trusted(&view, "rack/read", t0 + ms(400)));
     }
 
     #[test]
