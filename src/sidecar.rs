@@ -26,6 +26,7 @@ pub mod keyed;
 pub mod knowledge;
 pub mod live;
 pub mod order;
+pub mod pool;
 pub mod records;
 pub mod routes;
 pub mod sharded;

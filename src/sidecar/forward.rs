@@ -1,9 +1,9 @@
 //! Forwarding to the upstream: a reverse proxy a proxy engineer would sign off.
 //!
 //! - request and response bodies stream both ways (never buffered);
-//! - one pooled keep-alive client per event loop (HTTP/1.1 upstream), over
-//!   TLS for `https://` upstreams: a pooled connection is driven by the loop
-//!   that opened it, so a request never borrows another loop's;
+//! - keep-alive connections kept per event loop (HTTP/1.1 upstream, `pool`),
+//!   over TLS for `https://` upstreams: a pooled connection is driven by the
+//!   loop that opened it, so a request never borrows another loop's;
 //! - hop-by-hop headers (RFC 9110 §7.6.1, plus any named in `Connection`) are
 //!   dropped both ways; `X-Forwarded-For` and `Forwarded` are appended; `Host`
 //!   is passed on as the client sent it; `X-Fence-Token` is passed on;
@@ -13,20 +13,19 @@
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use hyper::header::{
     HeaderName, HeaderValue, CONNECTION, FORWARDED, HOST, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
 use hyper::http::uri::PathAndQuery;
 use hyper::{HeaderMap, Request, Response, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::client::legacy::connect::HttpConnector;
 
 use fencegate_client::wire::Problem;
 
 use super::answer::Answer;
-use crate::http::{error_chain, Body, Workers};
+use super::pool::{Failure, Pool};
+use crate::http::{error_chain, Body};
 
 static HOP_BY_HOP: [HeaderName; 8] = [
     CONNECTION,
@@ -42,28 +41,25 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 pub struct Upstream {
-    /// One per event loop (`Workers::current`).
-    clients: Vec<Client<HttpsConnector<HttpConnector>, Body>>,
+    pool: Pool,
 }
 
 impl Upstream {
     /// `tls` is used for `https://` upstreams; `http://` ones stay plain.
-    /// A pool for each of `workers` event loops.
+    /// Connections are kept for each of `workers` event loops.
     pub fn new(tls: rustls::ClientConfig, workers: usize) -> Self {
-        Self { clients: (0..workers.max(1)).map(|_| client(tls.clone())).collect() }
+        Self { pool: Pool::new(connector(tls), workers) }
     }
 }
 
-fn client(tls: rustls::ClientConfig) -> Client<HttpsConnector<HttpConnector>, Body> {
+pub(super) fn connector(tls: rustls::ClientConfig) -> HttpsConnector<HttpConnector> {
     let mut tcp = HttpConnector::new();
     tcp.set_nodelay(true);
     tcp.set_connect_timeout(Some(Duration::from_secs(5)));
     // hyper-rustls hands `https://` URIs to the TCP connector, which
     // refuses any scheme but http unless told otherwise.
     tcp.enforce_http(false);
-    let connector =
-        HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(tcp);
-    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(connector)
+    HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(tcp)
 }
 
 /// Drop hop-by-hop headers, including those the `Connection` header names.
@@ -100,33 +96,29 @@ impl Upstream {
         stall: Duration,
     ) -> Result<Response<Body>, Answer> {
         let (mut parts, body) = req.into_parts();
-        let host = parts
-            .headers
-            .get(HOST)
-            .cloned()
-            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+        // HTTP/1.1 needs a Host: the client's, else the upstream's own.
+        let host = parts.headers.get(HOST).cloned().or_else(|| {
+            parts.uri.authority().or(base.authority()).and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
         strip_hop_by_hop(&mut parts.headers);
         if let Some(h) = &host {
             parts.headers.insert(HOST, h.clone());
         }
         name_the_client(&mut parts.headers, host.as_ref(), client_ip, tls);
-        // The path as the client sent it (shared, not copied or parsed again).
-        let mut uri = base.clone().into_parts();
-        uri.path_and_query =
-            Some(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
-        parts.uri = Uri::from_parts(uri).map_err(|e| Answer::Internal(e.to_string()))?;
+        // Origin form, the path as the client sent it (shared, not copied
+        // or parsed again).
+        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = Uri::from(path);
         parts.version = hyper::Version::HTTP_11;
 
-        let client = &self.clients[Workers::current() % self.clients.len()];
-        let resp: Response<Incoming> =
-            match tokio::time::timeout(timeout, client.request(Request::from_parts(parts, body))).await {
-                Err(_) => return Err(Answer::UpstreamTimeout),
-                // A failed connection sent nothing; anything else may have
-                // delivered the request.
-                Ok(Err(e)) if e.is_connect() => return Err(Answer::UpstreamUnreachable(error_chain(&e))),
-                Ok(Err(e)) => return Err(body_failure(&e).unwrap_or_else(|| Answer::UpstreamFailed(error_chain(&e)))),
-                Ok(Ok(r)) => r,
-            };
+        let resp = match tokio::time::timeout(timeout, self.pool.send(base, Request::from_parts(parts, body))).await {
+            Err(_) => return Err(Answer::UpstreamTimeout),
+            Ok(Err(Failure::Connect(e))) => return Err(Answer::UpstreamUnreachable(error_chain(&*e))),
+            Ok(Err(Failure::Exchange(e))) => {
+                return Err(body_failure(&e).unwrap_or_else(|| Answer::UpstreamFailed(error_chain(&e))))
+            }
+            Ok(Ok(r)) => r,
+        };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         // An upstream that stalls half-way through its answer is cut (the

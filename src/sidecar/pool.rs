@@ -1,0 +1,317 @@
+//! Keep-alive connections to the upstreams, kept per event loop.
+//!
+//! A connection is opened for a request on one loop, driven by a task on
+//! that loop, and handed only to that loop's requests again: a request never
+//! waits for another thread (`http/workers.rs`), and looking a connection up
+//! is a scan of a short list behind a lock that, in practice, one thread
+//! takes. hyper-util's general-purpose pool (hashing per checkout and per
+//! return, waiters, a task to return a connection) cost ~5,000 instructions
+//! a request here.
+//!
+//! - A connection goes back to its loop's list once its response's body has
+//!   ended. One whose response was dropped half-read is closed, as hyper
+//!   does with an HTTP/1 exchange cut short: its stream is not at a message
+//!   boundary.
+//! - One idle for `IDLE` or more, or closed by the upstream, is dropped when
+//!   its list is next looked at.
+//! - A request a pooled connection could not take (the upstream closed it in
+//!   between: nothing was written) is sent once more, on a new connection.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::http::uri::{Authority, Scheme};
+use hyper::{Request, Response, Uri};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tower_service::Service;
+
+use crate::http::{Body, BoxError, Workers};
+
+/// How long a connection may sit unused before it is closed.
+const IDLE: Duration = Duration::from_secs(60);
+
+/// Idle connections kept per loop, all upstreams together; a connection
+/// coming back to a full list is closed.
+const MAX_IDLE: usize = 1024;
+
+pub struct Pool {
+    connector: HttpsConnector<HttpConnector>,
+    /// One list per event loop (`Workers::current`), most recently used last.
+    loops: Vec<Arc<Mutex<Vec<Idle>>>>,
+}
+
+/// Where a connection goes: scheme and authority of the upstream's URI.
+#[derive(PartialEq, Eq)]
+struct Origin {
+    scheme: Option<Scheme>,
+    authority: Option<Authority>,
+}
+
+impl Origin {
+    fn of(uri: &Uri) -> Self {
+        Origin { scheme: uri.scheme().cloned(), authority: uri.authority().cloned() }
+    }
+
+    fn is(&self, uri: &Uri) -> bool {
+        self.scheme.as_ref() == uri.scheme() && self.authority.as_ref() == uri.authority()
+    }
+}
+
+struct Conn {
+    origin: Origin,
+    send: SendRequest<Body>,
+}
+
+struct Idle {
+    conn: Conn,
+    since: Instant,
+}
+
+/// Why a request got no response.
+pub enum Failure {
+    /// No connection could be made: nothing was sent.
+    Connect(BoxError),
+    /// The exchange broke; the request may have reached the upstream.
+    Exchange(hyper::Error),
+}
+
+impl Pool {
+    /// `loops` lists, one per event loop.
+    pub fn new(connector: HttpsConnector<HttpConnector>, loops: usize) -> Self {
+        Pool { connector, loops: (0..loops.max(1)).map(|_| Arc::default()).collect() }
+    }
+
+    /// Send `req` (its URI in origin form, its `Host` set) to `base`'s
+    /// scheme and authority, on a kept connection if there is one.
+    pub async fn send(&self, base: &Uri, req: Request<Body>) -> Result<Response<Returning>, Failure> {
+        let list = &self.loops[Workers::current() % self.loops.len()];
+        let mut req = req;
+        if let Some(mut conn) = take(list, base) {
+            // Ready at once, unless the connection is still finishing the
+            // exchange that returned it; an error means it closed, unused.
+            if conn.send.ready().await.is_ok() {
+                match conn.send.try_send_request(req).await {
+                    Ok(resp) => return Ok(returning(list, conn, resp)),
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) => req = unsent,
+                        None => return Err(Failure::Exchange(e.into_error())),
+                    },
+                }
+            }
+        }
+        let mut conn = self.connect(base).await.map_err(Failure::Connect)?;
+        match conn.send.send_request(req).await {
+            Ok(resp) => Ok(returning(list, conn, resp)),
+            Err(e) => Err(Failure::Exchange(e)),
+        }
+    }
+
+    async fn connect(&self, base: &Uri) -> Result<Conn, BoxError> {
+        let io = self.connector.clone().call(base.clone()).await?;
+        let (mut send, connection) = http1::handshake(io).await?;
+        // Driven on this loop; it ends when the connection closes.
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("upstream connection: {e}");
+            }
+        });
+        send.ready().await?;
+        Ok(Conn { origin: Origin::of(base), send })
+    }
+}
+
+/// The most recently used open connection to `base`'s origin, if any;
+/// connections closed or idle too long are dropped on the way.
+fn take(list: &Mutex<Vec<Idle>>, base: &Uri) -> Option<Conn> {
+    let mut idle = list.lock().unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    // Oldest first: those past `IDLE` are a prefix.
+    let stale = idle.iter().take_while(|i| now.duration_since(i.since) >= IDLE).count();
+    idle.drain(..stale);
+    idle.retain(|i| !i.conn.send.is_closed());
+    let at = idle.iter().rposition(|i| i.conn.origin.is(base))?;
+    Some(idle.remove(at).conn)
+}
+
+fn returning(list: &Arc<Mutex<Vec<Idle>>>, conn: Conn, resp: Response<Incoming>) -> Response<Returning> {
+    resp.map(|body| {
+        let mut r = Returning { body, conn: Some(conn), list: list.clone() };
+        // An empty body (a 204, a HEAD's answer) may never be read at all.
+        if r.body.is_end_stream() {
+            r.give_back();
+        }
+        r
+    })
+}
+
+/// A response's body that gives its connection back when it has ended.
+pub struct Returning {
+    body: Incoming,
+    conn: Option<Conn>,
+    list: Arc<Mutex<Vec<Idle>>>,
+}
+
+impl Returning {
+    fn give_back(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let mut idle = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < MAX_IDLE {
+            idle.push(Idle { conn, since: Instant::now() });
+        }
+    }
+}
+
+impl hyper::body::Body for Returning {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            // A reader may stop at `is_end_stream` without asking again.
+            Poll::Ready(Some(Ok(_))) if self.body.is_end_stream() => self.give_back(),
+            Poll::Ready(None) => self.give_back(),
+            // A broken body leaves its connection to close.
+            Poll::Ready(Some(Err(_))) => drop(self.conn.take()),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::{BodyExt, Empty, Full};
+    use hyper_util::rt::TokioIo;
+
+    use super::*;
+
+    /// An upstream on loopback that counts the connections it accepted and
+    /// answers `/empty` with a 204, `/close` with `Connection: close`, and
+    /// anything else with 64 KiB.
+    async fn upstream() -> (Uri, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let mut resp = Response::new(Full::new(Bytes::from(vec![b'x'; 64 * 1024])));
+                    match req.uri().path() {
+                        "/empty" => *resp.status_mut() = hyper::StatusCode::NO_CONTENT,
+                        "/close" => drop(resp.headers_mut().insert("connection", "close".parse().unwrap())),
+                        _ => {}
+                    }
+                    if req.uri().path() == "/empty" {
+                        *resp.body_mut() = Full::new(Bytes::new());
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        (uri, accepted)
+    }
+
+    fn pool() -> Pool {
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        Pool::new(super::super::forward::connector(tls), 1)
+    }
+
+    fn get(uri: &Uri, path: &'static str) -> Request<Body> {
+        let host = uri.authority().unwrap().as_str();
+        let body = Empty::new().map_err(|e| -> BoxError { match e {} }).boxed();
+        Request::builder().uri(path).header("host", host).body(body).unwrap()
+    }
+
+    async fn send(pool: &Pool, uri: &Uri, path: &'static str) -> Response<Returning> {
+        match pool.send(uri, get(uri, path)).await {
+            Ok(r) => r,
+            Err(Failure::Connect(e)) => panic!("connect: {e}"),
+            Err(Failure::Exchange(e)) => panic!("exchange: {e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_once_its_answer_was_read_whole() {
+        let (uri, accepted) = upstream().await;
+        let pool = pool();
+        for _ in 0..3 {
+            let body = send(&pool, &uri, "/").await.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(body.len(), 64 * 1024);
+        }
+        // An empty answer is never read, and gives its connection back too.
+        for _ in 0..2 {
+            assert_eq!(send(&pool, &uri, "/empty").await.status(), 204);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_half_read_answer_closes_its_connection() {
+        let (uri, accepted) = upstream().await;
+        let pool = pool();
+        let mut first = send(&pool, &uri, "/").await.into_body();
+        first.frame().await.unwrap().unwrap();
+        drop(first);
+        let body = send(&pool, &uri, "/").await.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body.len(), 64 * 1024);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "the half-read connection was not reused");
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_upstream_closes_is_replaced_without_an_error() {
+        let (uri, accepted) = upstream().await;
+        let pool = pool();
+        for _ in 0..3 {
+            send(&pool, &uri, "/close").await.into_body().collect().await.unwrap();
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_too_long_is_closed_not_used() {
+        let (uri, accepted) = upstream().await;
+        let pool = pool();
+        send(&pool, &uri, "/empty").await;
+        pool.loops[0].lock().unwrap()[0].since -= IDLE;
+        send(&pool, &uri, "/empty").await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(pool.loops[0].lock().unwrap().len(), 1, "the stale one is gone, the new one kept");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_upstream_is_a_connect_failure() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let uri: Uri = format!("http://127.0.0.1:{port}").parse().unwrap();
+        assert!(matches!(pool().send(&uri, get(&uri, "/")).await, Err(Failure::Connect(_))));
+    }
+}
