@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use hyper::header::{
     HeaderName, HeaderValue, CONNECTION, FORWARDED, HOST, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
-use hyper::http::uri::PathAndQuery;
+use hyper::http::uri::{PathAndQuery, Scheme};
 use hyper::{HeaderMap, Request, Response, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -96,13 +96,16 @@ impl Upstream {
         stall: Duration,
     ) -> Result<Response<Body>, Answer> {
         let (mut parts, body) = req.into_parts();
-        // HTTP/1.1 needs a Host: the client's, else the upstream's own.
-        let host = parts.headers.get(HOST).cloned().or_else(|| {
-            parts.uri.authority().or(base.authority()).and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
+        // The host the client asked for: its Host, or HTTP/2's authority.
+        let host = parts
+            .headers
+            .get(HOST)
+            .cloned()
+            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
         strip_hop_by_hop(&mut parts.headers);
-        if let Some(h) = &host {
-            parts.headers.insert(HOST, h.clone());
+        // HTTP/1.1 needs one: without it, the upstream's own.
+        if let Some(h) = host.clone().or_else(|| upstream_host(base)) {
+            parts.headers.insert(HOST, h);
         }
         name_the_client(&mut parts.headers, host.as_ref(), client_ip, tls);
         // Origin form, the path as the client sent it (shared, not copied
@@ -129,6 +132,18 @@ impl Upstream {
     }
 }
 
+/// `base`'s authority as an HTTP client names it in `Host`: without the
+/// scheme's default port.
+fn upstream_host(base: &Uri) -> Option<HeaderValue> {
+    let authority = base.authority()?;
+    let default = if base.scheme() == Some(&Scheme::HTTPS) { 443 } else { 80 };
+    let name = match authority.port_u16() {
+        Some(p) if p != default => authority.as_str(),
+        _ => authority.host(),
+    };
+    HeaderValue::from_str(name).ok()
+}
+
 /// Append the client to `X-Forwarded-For` and `Forwarded` (RFC 7239: an
 /// IPv6 address quoted and bracketed), keeping what proxies before us wrote.
 fn name_the_client(headers: &mut HeaderMap, host: Option<&HeaderValue>, client_ip: &str, tls: bool) {
@@ -144,7 +159,16 @@ fn name_the_client(headers: &mut HeaderMap, host: Option<&HeaderValue>, client_i
     }
     fwd.extend(["for=", open, client_ip, close, ";proto=", proto]);
     if let Some(h) = host.and_then(|h| h.to_str().ok()) {
-        fwd.extend([";host=\"", h, "\""]);
+        // A quoted-string (RFC 7239 §4): a `"` of the client's must not
+        // end it and let the client write the rest of our element.
+        fwd.push_str(";host=\"");
+        for c in h.chars() {
+            if c == '"' || c == '\\' {
+                fwd.push('\\');
+            }
+            fwd.push(c);
+        }
+        fwd.push('"');
     }
     for (name, value) in [(X_FORWARDED_FOR.clone(), xff), (FORWARDED, HeaderValue::try_from(fwd))] {
         if let Ok(v) = value {
@@ -221,5 +245,21 @@ mod tests {
         name_the_client(&mut h, None, "::1", true);
         assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.7, ::1");
         assert_eq!(h[FORWARDED], "for=203.0.113.7, for=\"[::1]\";proto=https");
+
+        // A client's `"` in Host cannot close our quoted host and forge `for=`.
+        let mut h = HeaderMap::new();
+        let host = HeaderValue::from_static("x\", for=6.6.6.6, a=\"\\");
+        name_the_client(&mut h, Some(&host), "127.0.0.1", false);
+        assert_eq!(h[FORWARDED], r#"for=127.0.0.1;proto=http;host="x\", for=6.6.6.6, a=\"\\""#);
+    }
+
+    #[test]
+    fn without_a_host_from_the_client_the_upstreams_goes_without_its_default_port() {
+        let host = |u: &str| upstream_host(&u.parse().unwrap()).unwrap();
+        assert_eq!(host("http://api:80"), "api");
+        assert_eq!(host("http://api:8080"), "api:8080");
+        assert_eq!(host("https://api:443"), "api");
+        assert_eq!(host("https://api:80"), "api:80");
+        assert_eq!(host("http://[::1]:80"), "[::1]");
     }
 }

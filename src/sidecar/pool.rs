@@ -93,8 +93,7 @@ impl Pool {
         let list = &self.loops[Workers::current() % self.loops.len()];
         let mut req = req;
         if let Some(mut conn) = take(list, base) {
-            // Ready at once, unless the connection is still finishing the
-            // exchange that returned it; an error means it closed, unused.
+            // An error: it closed since `take` looked, unused.
             if conn.send.ready().await.is_ok() {
                 match conn.send.try_send_request(req).await {
                     Ok(resp) => return Ok(returning(list, conn, resp)),
@@ -106,9 +105,13 @@ impl Pool {
             }
         }
         let mut conn = self.connect(base).await.map_err(Failure::Connect)?;
-        match conn.send.send_request(req).await {
+        match conn.send.try_send_request(req).await {
             Ok(resp) => Ok(returning(list, conn, resp)),
-            Err(e) => Err(Failure::Exchange(e)),
+            Err(mut e) => match e.take_message() {
+                // Closed before it took the request: nothing was sent.
+                Some(_) => Err(Failure::Connect(e.into_error().into())),
+                None => Err(Failure::Exchange(e.into_error())),
+            },
         }
     }
 
@@ -126,17 +129,31 @@ impl Pool {
     }
 }
 
-/// The most recently used open connection to `base`'s origin, if any;
-/// connections closed or idle too long are dropped on the way.
+/// The most recently returned connection to `base`'s origin that is ready
+/// for a request, if any. One still busy (writing a request body its
+/// upstream answered early) is left for later; closed ones met on the way,
+/// and all past `IDLE`, are dropped.
 fn take(list: &Mutex<Vec<Idle>>, base: &Uri) -> Option<Conn> {
     let mut idle = list.lock().unwrap_or_else(|p| p.into_inner());
+    prune(&mut idle);
+    let mut at = idle.len();
+    while at > 0 {
+        at -= 1;
+        let send = &idle[at].conn.send;
+        if send.is_closed() {
+            idle.remove(at);
+        } else if send.is_ready() && idle[at].conn.origin.is(base) {
+            return Some(idle.remove(at).conn);
+        }
+    }
+    None
+}
+
+/// Drop the connections idle for `IDLE` or more: oldest first, a prefix.
+fn prune(idle: &mut Vec<Idle>) {
     let now = Instant::now();
-    // Oldest first: those past `IDLE` are a prefix.
     let stale = idle.iter().take_while(|i| now.duration_since(i.since) >= IDLE).count();
     idle.drain(..stale);
-    idle.retain(|i| !i.conn.send.is_closed());
-    let at = idle.iter().rposition(|i| i.conn.origin.is(base))?;
-    Some(idle.remove(at).conn)
 }
 
 fn returning(list: &Arc<Mutex<Vec<Idle>>>, conn: Conn, resp: Response<Incoming>) -> Response<Returning> {
@@ -161,6 +178,7 @@ impl Returning {
     fn give_back(&mut self) {
         let Some(conn) = self.conn.take() else { return };
         let mut idle = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        prune(&mut idle);
         if idle.len() < MAX_IDLE {
             idle.push(Idle { conn, since: Instant::now() });
         }
@@ -313,5 +331,40 @@ mod tests {
         };
         let uri: Uri = format!("http://127.0.0.1:{port}").parse().unwrap();
         assert!(matches!(pool().send(&uri, get(&uri, "/")).await, Err(Failure::Connect(_))));
+    }
+
+    /// An upstream that answers before it has read the request's body (a
+    /// 413, say) leaves its connection busy writing that body: the next
+    /// request must not wait behind it.
+    #[tokio::test]
+    async fn a_connection_still_writing_a_body_is_not_handed_out() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let _ = stream.read(&mut [0; 4096]).await;
+                    let _ = stream.write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n").await;
+                    // Open, reading nothing more.
+                    std::future::pending::<()>().await;
+                    drop(stream);
+                });
+            }
+        });
+        let pool = pool();
+        let endless =
+            http_body_util::StreamBody::new(futures_util::stream::pending::<Result<Frame<Bytes>, BoxError>>());
+        let host = uri.authority().unwrap().as_str();
+        let req = Request::builder().method("PUT").uri("/").header("host", host).body(endless.boxed()).unwrap();
+        let Ok(first) = pool.send(&uri, req).await else { panic!("the first request failed") };
+        assert_eq!(first.status(), 413);
+        let second = tokio::time::timeout(Duration::from_secs(5), send(&pool, &uri, "/")).await;
+        assert_eq!(second.expect("the second request waited behind the first's body").status(), 413);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }
