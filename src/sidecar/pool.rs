@@ -220,10 +220,13 @@ mod tests {
 
     use super::*;
 
-    /// An upstream on loopback that counts the connections it accepted and
-    /// answers `/empty` with a 204, `/close` with `Connection: close`, and
-    /// anything else with 64 KiB.
-    async fn upstream() -> (Uri, Arc<AtomicUsize>) {
+    /// A listener on loopback that counts the connections it accepted and
+    /// hands each to `serve`.
+    async fn listen<F, Fut>(serve: F) -> (Uri, Arc<AtomicUsize>)
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let uri: Uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -232,24 +235,31 @@ mod tests {
             loop {
                 let (stream, _) = listener.accept().await.unwrap();
                 count.fetch_add(1, Ordering::SeqCst);
-                let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
-                    let mut resp = Response::new(Full::new(Bytes::from(vec![b'x'; 64 * 1024])));
-                    match req.uri().path() {
-                        "/empty" => *resp.status_mut() = hyper::StatusCode::NO_CONTENT,
-                        "/close" => drop(resp.headers_mut().insert("connection", "close".parse().unwrap())),
-                        _ => {}
-                    }
-                    if req.uri().path() == "/empty" {
-                        *resp.body_mut() = Full::new(Bytes::new());
-                    }
-                    Ok::<_, std::convert::Infallible>(resp)
-                });
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service),
-                );
+                tokio::spawn(serve(stream));
             }
         });
         (uri, accepted)
+    }
+
+    /// An upstream that answers `/empty` with a 204, `/close` with
+    /// `Connection: close`, and anything else with 64 KiB.
+    async fn upstream() -> (Uri, Arc<AtomicUsize>) {
+        listen(|stream| async move {
+            let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                let mut resp = Response::new(Full::new(Bytes::from(vec![b'x'; 64 * 1024])));
+                match req.uri().path() {
+                    "/empty" => {
+                        *resp.status_mut() = hyper::StatusCode::NO_CONTENT;
+                        *resp.body_mut() = Full::new(Bytes::new());
+                    }
+                    "/close" => drop(resp.headers_mut().insert("connection", "close".parse().unwrap())),
+                    _ => {}
+                }
+                Ok::<_, std::convert::Infallible>(resp)
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        })
+        .await
     }
 
     fn pool() -> Pool {
@@ -339,23 +349,13 @@ mod tests {
     #[tokio::test]
     async fn a_connection_still_writing_a_body_is_not_handed_out() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let uri: Uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
-        tokio::spawn(async move {
-            loop {
-                let (mut stream, _) = listener.accept().await.unwrap();
-                count.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let _ = stream.read(&mut [0; 4096]).await;
-                    let _ = stream.write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n").await;
-                    // Open, reading nothing more.
-                    std::future::pending::<()>().await;
-                    drop(stream);
-                });
-            }
-        });
+        let (uri, accepted) = listen(|mut stream| async move {
+            let _ = stream.read(&mut [0; 4096]).await;
+            let _ = stream.write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n").await;
+            // Open, reading nothing more.
+            std::future::pending::<()>().await;
+        })
+        .await;
         let pool = pool();
         let endless =
             http_body_util::StreamBody::new(futures_util::stream::pending::<Result<Frame<Bytes>, BoxError>>());
