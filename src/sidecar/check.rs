@@ -36,12 +36,12 @@ use crate::lock::state::Token;
 
 /// A fenced request that passed the check: its place in the order, and
 /// what `dispatch` needs to decide again.
-pub struct Cleared {
+pub struct Cleared<'r> {
     pub permit: Permit,
     mode: FenceMode,
     token: Token,
-    key: String,
-    route: String,
+    key: &'r str,
+    route: &'r str,
     /// When the latest read of the key that vouches for it was sent.
     read_at: Option<Instant>,
 }
@@ -57,13 +57,13 @@ impl Fencer {
     /// Check a request on `route` for `key`. `Ok(None)`: forward unfenced;
     /// `Ok(Some(cleared))`: forward once `dispatch` agrees, holding
     /// `cleared.permit` until the upstream answers.
-    pub async fn check(
+    pub async fn check<'r>(
         &self,
-        route: &Route,
-        key: &str,
+        route: &'r Route,
+        key: &'r str,
         headers: &HeaderMap,
         arrived: Instant,
-    ) -> Result<Option<Cleared>, Answer> {
+    ) -> Result<Option<Cleared<'r>>, Answer> {
         let Fence::On { mode, consistency } = route.fence else { return Ok(None) };
         let reject =
             |reason, token, current| Answer::Rejected(Rejection { reason, key: key.to_string(), token, current });
@@ -113,7 +113,7 @@ impl Fencer {
             .enter(&floor, token)
             .await
             .map_err(|higher| reject(Reason::StaleToken, Some(token), Some(higher)))?;
-        let mut cleared = Cleared { permit, mode, token, key: key.to_string(), route: route.name.clone(), read_at };
+        let mut cleared = Cleared { permit, mode, token, key, route: &route.name, read_at };
         // The wait may have outlasted the proof (or the read) the first
         // decision stood on: re-decide, reading again if it lapsed, before
         // the floor records the token as forwarded.
@@ -126,7 +126,7 @@ impl Fencer {
     /// (after the floor's fsync, a buffered body, an idempotency record's
     /// fsync), still holding the order permit: what decides is what is known
     /// when it is dispatched, proven less than `max_staleness` ago.
-    pub async fn dispatch(&self, cleared: &mut Cleared) -> Result<(), Answer> {
+    pub async fn dispatch(&self, cleared: &mut Cleared<'_>) -> Result<(), Answer> {
         self.vouch(cleared).await
     }
 
@@ -136,18 +136,19 @@ impl Fencer {
     /// first. A read answered `max_staleness` or more after it was sent
     /// vouches for nothing by then: 503. Every route of the lock service,
     /// `cached` or `linearizable` (whose read on arrival may be old by now).
-    async fn vouch(&self, c: &mut Cleared) -> Result<(), Answer> {
+    async fn vouch(&self, c: &mut Cleared<'_>) -> Result<(), Answer> {
         if c.mode == FenceMode::Observed {
             return Ok(());
         }
-        let reject =
-            |reason, current| Answer::Rejected(Rejection { reason, key: c.key.clone(), token: Some(c.token), current });
-        let (mut known, trusted) = self.look(c.mode, &c.key, c.read_at);
+        let reject = |reason, current| {
+            Answer::Rejected(Rejection { reason, key: c.key.to_string(), token: Some(c.token), current })
+        };
+        let (mut known, trusted) = self.look(c.mode, c.key, c.read_at);
         if !trusted {
-            self.count_stale(&c.route);
+            self.count_stale(c.route);
             let sent = Instant::now();
-            self.read(&c.key, sent).await.map_err(|_| reject(Reason::LockServiceUnavailable, None))?;
-            let (after, trusted) = self.look(c.mode, &c.key, Some(sent));
+            self.read(c.key, sent).await.map_err(|_| reject(Reason::LockServiceUnavailable, None))?;
+            let (after, trusted) = self.look(c.mode, c.key, Some(sent));
             if !trusted {
                 return Err(reject(Reason::LockServiceUnavailable, None));
             }
@@ -236,14 +237,7 @@ mod tests {
 
     async fn vouched(f: &Fencer) -> Result<(), Answer> {
         let permit = f.order.enter("rack/1", 34).await.unwrap();
-        let mut c = Cleared {
-            permit,
-            mode: FenceMode::Strict,
-            token: 34,
-            key: "rack/1".into(),
-            route: "r".into(),
-            read_at: None,
-        };
+        let mut c = Cleared { permit, mode: FenceMode::Strict, token: 34, key: "rack/1", route: "r", read_at: None };
         f.vouch(&mut c).await
     }
 
