@@ -5,13 +5,16 @@
 //! waits for another thread (`http/workers.rs`), and looking a connection up
 //! is a scan of a short list behind a lock that, in practice, one thread
 //! takes. hyper-util's general-purpose pool (hashing per checkout and per
-//! return, waiters, a task to return a connection) cost ~5,000 instructions
-//! a request here.
+//! return, waiters, its boxed futures moved about) cost ~8,000 instructions
+//! a request here (callgrind, bench/README §1).
 //!
 //! - A connection goes back to its loop's list once its response's body has
 //!   ended. One whose response was dropped half-read is closed, as hyper
 //!   does with an HTTP/1 exchange cut short: its stream is not at a message
 //!   boundary.
+//! - It is handed out again only when hyper says it is ready: an upstream
+//!   may answer before it has read the whole request body, and the
+//!   connection then goes on writing that body for a while.
 //! - One idle for `IDLE` or more, or closed by the upstream, is dropped when
 //!   its list is next looked at.
 //! - A request a pooled connection could not take (the upstream closed it in
