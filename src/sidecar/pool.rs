@@ -346,6 +346,25 @@ mod tests {
         assert!(matches!(pool().send(&uri, get(&uri, "/")).await, Err(Failure::Connect(_))));
     }
 
+    /// S1 goes by this: a request a kept connection took, whose exchange
+    /// then broke, may have been applied. It is an `Exchange` failure (the
+    /// permit is held), and it is not sent again on a new connection.
+    #[tokio::test]
+    async fn a_request_taken_then_cut_is_an_exchange_failure_and_never_resent() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (uri, accepted) = listen(|mut stream| async move {
+            // The first request is answered; the second read, then cut.
+            let _ = stream.read(&mut [0; 4096]).await;
+            let _ = stream.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await;
+            let _ = stream.read(&mut [0; 4096]).await;
+        })
+        .await;
+        let pool = pool();
+        assert_eq!(send(&pool, &uri, "/").await.status(), 204);
+        assert!(matches!(pool.send(&uri, get(&uri, "/")).await, Err(Failure::Exchange(_))));
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "the cut request was sent again");
+    }
+
     /// An upstream that answers before it has read the request's body (a
     /// 413, say) leaves its connection busy writing that body: the next
     /// request must not wait behind it.
