@@ -6,7 +6,8 @@
 //!   loop that opened it, so a request never borrows another loop's;
 //! - hop-by-hop headers (RFC 9110 §7.6.1, plus any named in `Connection`) are
 //!   dropped both ways; `X-Forwarded-For` and `Forwarded` are appended; `Host`
-//!   is passed on as the client sent it; `X-Fence-Token` is passed on;
+//!   is passed on as the client sent it (the upstream's own if it sent none);
+//!   `X-Fence-Token` is passed on;
 //! - the route's timeout bounds the wait for the upstream's response head
 //!   (504), a failed connection or exchange is a 502.
 
