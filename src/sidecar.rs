@@ -27,6 +27,7 @@ pub mod knowledge;
 pub mod live;
 pub mod order;
 pub mod pool;
+pub mod record_bytes;
 pub mod records;
 pub mod routes;
 pub mod sharded;

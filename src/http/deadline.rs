@@ -46,6 +46,11 @@ impl<B> Deadline<B> {
     pub fn between_frames(inner: B, within: Duration) -> Self {
         Deadline { inner, at: None, within, sleep: None }
     }
+
+    /// The body, without this deadline.
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
 }
 
 impl<B> Body for Deadline<B>

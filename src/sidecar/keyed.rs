@@ -255,10 +255,10 @@ pub async fn finish(
     let status = parts.status.as_u16();
     let headers: Vec<(String, Vec<u8>)> =
         parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec())).collect();
-    let read = tokio::time::timeout(keyed.timeout, collect_up_to(body, keyed.policy.max_response as usize)).await;
-    let read = read.unwrap_or_else(|_| {
-        Err(format!("no whole answer within the route's timeout ({})", humantime::format_duration(keyed.timeout)))
-    });
+    // The route's timeout bounds the whole answer; its timer is made only
+    // if the body is not in already (it nearly always is).
+    let body = crate::http::Deadline::new(body, tokio::time::Instant::now(), keyed.timeout);
+    let read = collect_up_to(body, keyed.policy.max_response as usize).await;
     let retained = keyed.retained();
     match read {
         Ok((bytes, None)) => {
@@ -278,7 +278,8 @@ pub async fn finish(
             durably(records.settle(&scope, state, Bytes::new(), retained));
             count(KeyResult::Stored);
             let first = futures_util::stream::once(async move { Ok::<_, BoxError>(hyper::body::Frame::data(prefix)) });
-            let rest = http_body_util::BodyStream::new(rest);
+            // The rest streams as forwarded, not bound by the route's timeout.
+            let rest = http_body_util::BodyStream::new(rest.into_inner());
             let body = http_body_util::StreamBody::new(futures_util::StreamExt::chain(first, rest));
             Ok(Response::from_parts(parts, body.boxed()))
         }
@@ -291,7 +292,10 @@ pub async fn finish(
 
 /// The body whole if it is at most `max` bytes; else what was read (just
 /// over `max`) and the rest, unread.
-async fn collect_up_to(mut body: Body, max: usize) -> Result<(Bytes, Option<Body>), String> {
+async fn collect_up_to(
+    mut body: crate::http::Deadline<Body>,
+    max: usize,
+) -> Result<(Bytes, Option<crate::http::Deadline<Body>>), String> {
     let mut buf = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| crate::http::error_chain(&*e))?;

@@ -43,8 +43,10 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// from before formats were numbered is format 1. Format 2 stores an
 /// answer's header values as strings where they are UTF-8, which a
 /// format-1 build would read as unreadable records (unknown outcomes); it
-/// reads format 1's arrays.
-pub const STATE_FORMAT: u64 = 2;
+/// reads format 1's arrays. Format 3 writes records as binary fields
+/// instead of JSON (`record_bytes.rs`), which older builds would read as
+/// unreadable records too; it reads both JSON formats.
+pub const STATE_FORMAT: u64 = 3;
 
 #[derive(Debug, Clone, Error)]
 #[error("state store: {0}")]
