@@ -298,7 +298,12 @@ async fn collect_up_to(
 ) -> Result<(Bytes, Option<crate::http::Deadline<Body>>), String> {
     let mut buf = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| crate::http::error_chain(&*e))?;
+        let frame = frame.map_err(|e| match e.downcast_ref::<crate::http::BodyTimedOut>() {
+            Some(late) => {
+                format!("no whole answer within the route's timeout ({})", humantime::format_duration(late.0))
+            }
+            None => crate::http::error_chain(&*e),
+        })?;
         if let Ok(data) = frame.into_data() {
             buf.extend_from_slice(&data);
             if buf.len() > max {
@@ -307,4 +312,22 @@ async fn collect_up_to(
         }
     }
     Ok((buf.freeze(), None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An answer that sends a frame and then nothing is cut at the route's
+    /// timeout, and says so.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_that_stalls_is_cut_at_the_routes_timeout() {
+        let first =
+            futures_util::stream::once(async { Ok::<_, BoxError>(hyper::body::Frame::data(Bytes::from("par"))) });
+        let stalled = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+        let body: Body = http_body_util::StreamBody::new(stalled).boxed();
+        let body = crate::http::Deadline::new(body, tokio::time::Instant::now(), Duration::from_secs(5));
+        let e = collect_up_to(body, 1 << 20).await.err().expect("cut");
+        assert_eq!(e, "no whole answer within the route's timeout (5s)");
+    }
 }
