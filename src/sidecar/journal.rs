@@ -1,24 +1,30 @@
 //! The idempotency records on disk: an append-only journal
 //! (`state_dir/idempotency.log`) of puts and forgets, replayed into memory at
-//! start. A batch of changes is one append and one `fdatasync`: what I1
+//! start. A batch of changes is one write and one `fdatasync`: what I1
 //! needs durable before a request is forwarded costs a sequential write,
 //! not a B-tree update. When the journal has grown well past what is live,
 //! it is rewritten from the live records (a new file, fsync'd, renamed over
 //! the old).
 //!
-//! An entry: `[u32 length of the rest][u8 kind][u16 scope length][scope]
-//! [payload][u64 FNV-1a of kind..payload]`, little-endian. A batch is one
-//! entry (`BATCH`, no scope), its payload its changes, each as an entry
-//! without a sum of its own: a batch is whole or not at all, and nothing
-//! in a torn one looks like an entry. (Builds of state format 2 and before
-//! appended each change as an entry; those are read, and a journal written
-//! anew is still one entry per record: it is renamed into place whole.)
+//! The file: a header `[8 bytes "fgidem4\n"][u64 salt][u64 sum of both]`,
+//! then entries `[u32 length of the body][u32 check of the length][body:
+//! u8 kind, u16 scope length, scope, payload][u64 sum of the body]`,
+//! little-endian; the check and the sum are XXH3 seeded with the journal's
+//! salt, random per file. A batch is one entry (`BATCH`, no scope), its
+//! payload its changes, each `[u32 length][body]` without a sum of its own:
+//! a batch is whole or not at all, and nothing in a torn one reads as an
+//! entry. A journal written anew is one `PUT` entry per record (it is
+//! renamed into place whole).
 //!
 //! A crash can leave a torn last batch, whose pages reached the disk in
 //! any order: replay stops at the first entry that does not check out and
 //! cuts the file there, if nothing valid follows; a bad entry with valid
 //! ones after it is damage, not a torn write, and the journal is not opened
-//! (cutting would lose what follows).
+//! (cutting would lose what follows). Looking for valid entries after a bad
+//! one reads each offset's length check first, so it is linear in the
+//! file; and the salt keeps bytes of a record (an upstream's answer) from
+//! forging an entry: without it a torn batch holding one would be taken for
+//! damage.
 //!
 //! The file runs past its last entry with zeros written ahead (up to
 //! `ZEROS_AHEAD`), and a batch is written over them in place: its
@@ -29,20 +35,31 @@
 //! fewer of them (`bench/README.md`, issue 13). Zeros end the replay as a
 //! torn entry would, but are no damage: a journal ending in zeros opens as
 //! it is.
+//!
+//! Journals of state formats 3 and before (no header, one entry per change
+//! summed by FNV-1a) are replayed and written anew in this format at
+//! start.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write as _};
+use std::io::{self, Write as _};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 const PUT: u8 = 1;
 const FORGET: u8 = 2;
 const BATCH: u8 = 3;
+const MAGIC: &[u8; 8] = b"fgidem4\n";
+/// The header's length: magic, salt, sum.
+const HEADER: usize = 24;
+/// A batch's own framing: length and check, kind and an empty scope, sum.
+const BATCH_FRAME: usize = 8 + 3 + 8;
 /// A batch of more is split into entries of about this much, each written
 /// and synced before the next (so only the last can be torn).
 const BATCH_BYTES: usize = 8 << 20;
-/// Entries longer than this are not ours (a record is at most its answer,
+/// Bodies longer than this are not ours (a record is at most its answer,
 /// 64 MiB, and its headers).
 const MAX_ENTRY: u32 = 80 << 20;
 /// How far past its last entry the file is written with zeros, at most: a
@@ -62,15 +79,20 @@ pub enum Change<'a> {
 pub struct Journal {
     path: PathBuf,
     file: File,
+    salt: u64,
     /// Where its entries end: what has been appended since it was last
     /// written anew.
     pub bytes: u64,
     /// The file's length: zeros from `bytes` to here.
     len: u64,
+    /// A file renamed into place whose directory was not synced yet (its
+    /// sync failed): nothing is acknowledged until it is.
+    dir_unsynced: bool,
 }
 
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+/// An entry's length's check: read before anything else at an offset.
+fn check(salt: u64, len: u32) -> u32 {
+    xxh3_64_with_seed(&len.to_le_bytes(), !salt) as u32
 }
 
 /// What `change` takes in a batch.
@@ -81,44 +103,59 @@ fn size(change: &Change<'_>) -> usize {
     }
 }
 
-/// `[u32 length of the rest][u8 kind][u16 scope length][scope][payload]`.
-fn unsealed(out: &mut Vec<u8>, kind: u8, scope: &str, payload: &[u8]) {
-    out.extend_from_slice(&(3 + scope.len() as u32 + payload.len() as u32).to_le_bytes());
+/// `[kind][u16 scope length][scope][payload]`.
+fn body(out: &mut Vec<u8>, kind: u8, scope: &str, payload: &[u8]) {
     out.push(kind);
     out.extend_from_slice(&(scope.len() as u16).to_le_bytes());
     out.extend_from_slice(scope.as_bytes());
     out.extend_from_slice(payload);
 }
 
+/// A change inside a batch: `[u32 length][body]`.
 fn change(out: &mut Vec<u8>, change: &Change<'_>) {
-    match change {
-        Change::Put(scope, payload) => unsealed(out, PUT, scope, payload),
-        Change::Forget(scope) => unsealed(out, FORGET, scope, &[]),
-    }
+    let (kind, scope, payload) = match change {
+        Change::Put(scope, payload) => (PUT, scope, *payload),
+        Change::Forget(scope) => (FORGET, scope, &[][..]),
+    };
+    out.extend_from_slice(&(3 + scope.len() as u32 + payload.len() as u32).to_le_bytes());
+    body(out, kind, scope, payload);
 }
 
-/// The entry begun at `start`, summed and its length set.
-fn seal(out: &mut Vec<u8>, start: usize) {
-    let sum = fnv(&out[start + 4..]);
+/// An entry whose body `fill` writes.
+fn entry_of(out: &mut Vec<u8>, salt: u64, fill: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 8]);
+    fill(out);
+    let len = (out.len() - start - 8) as u32;
+    let sum = xxh3_64_with_seed(&out[start + 8..], salt);
     out.extend_from_slice(&sum.to_le_bytes());
-    let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&check(salt, len).to_le_bytes());
 }
 
-/// One change as an entry of its own (a journal written anew).
-fn encode(out: &mut Vec<u8>, c: &Change<'_>) {
-    let start = out.len();
-    change(out, c);
-    seal(out, start);
+fn encode_batch(out: &mut Vec<u8>, salt: u64, changes: &[Change<'_>]) {
+    entry_of(out, salt, |out| {
+        body(out, BATCH, "", &[]);
+        for c in changes {
+            change(out, c);
+        }
+    });
 }
 
-fn encode_batch(out: &mut Vec<u8>, changes: &[Change<'_>]) {
-    let start = out.len();
-    unsealed(out, BATCH, "", &[]);
-    for c in changes {
-        change(out, c);
-    }
-    seal(out, start);
+fn header(salt: u64) -> Vec<u8> {
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&salt.to_le_bytes());
+    let sum = xxh3_64_with_seed(&out, 0);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().expect("4 bytes")))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().expect("8 bytes")))
 }
 
 /// `[u8 kind][u16 scope length][scope][payload]`: (kind, scope, payload).
@@ -128,24 +165,43 @@ fn fields(body: &[u8]) -> Option<(u8, &str, &[u8])> {
     Some((body[0], scope, &body[3 + scope_len..]))
 }
 
-/// The entry at the start of `bytes`, if one checks out: (kind, scope,
-/// payload, its whole length).
-fn entry(bytes: &[u8]) -> Option<(u8, &str, &[u8], usize)> {
-    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().expect("4 bytes"));
-    let entry = bytes.get(4..4 + len as usize).filter(|_| (11..=MAX_ENTRY).contains(&len))?;
-    let (body, sum) = entry.split_at(entry.len() - 8);
-    if fnv(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+/// An entry read at the start of some bytes: (kind, scope, payload, its
+/// whole length).
+type Entry<'a> = (u8, &'a str, &'a [u8], usize);
+
+/// This format's entry at the start of `bytes`, if one checks out.
+fn entry(bytes: &[u8], salt: u64) -> Option<Entry<'_>> {
+    let len = u32_at(bytes, 0)?;
+    if !(3..=MAX_ENTRY).contains(&len) || u32_at(bytes, 4)? != check(salt, len) {
+        return None;
+    }
+    let body = bytes.get(8..8 + len as usize)?;
+    if xxh3_64_with_seed(body, salt) != u64_at(bytes, 8 + len as usize)? {
         return None;
     }
     let (kind, scope, payload) = fields(body)?;
-    matches!(kind, PUT | FORGET | BATCH).then_some((kind, scope, payload, 4 + len as usize))
+    matches!(kind, PUT | FORGET | BATCH).then_some((kind, scope, payload, 16 + len as usize))
+}
+
+/// An entry of state formats 3 and before: `[u32 length of the rest][body]
+/// [u64 FNV-1a of the body]`, a change each.
+fn legacy_entry(bytes: &[u8]) -> Option<Entry<'_>> {
+    let len = u32_at(bytes, 0)?;
+    let entry = bytes.get(4..4 + len as usize).filter(|_| (11..=MAX_ENTRY).contains(&len))?;
+    let (body, sum) = entry.split_at(entry.len() - 8);
+    let fnv = body.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    if fnv != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+        return None;
+    }
+    let (kind, scope, payload) = fields(body)?;
+    matches!(kind, PUT | FORGET).then_some((kind, scope, payload, 4 + len as usize))
 }
 
 /// A batch's changes, if they read whole: (kind, scope, payload).
 fn batch(mut bytes: &[u8]) -> Option<Vec<(u8, &str, &[u8])>> {
     let mut changes = Vec::new();
     while !bytes.is_empty() {
-        let len = u32::from_le_bytes(bytes.get(..4)?.try_into().expect("4 bytes")) as usize;
+        let len = u32_at(bytes, 0)? as usize;
         let (kind, scope, payload) = fields(bytes.get(4..4 + len)?)?;
         if !matches!(kind, PUT | FORGET) {
             return None;
@@ -156,8 +212,13 @@ fn batch(mut bytes: &[u8]) -> Option<Vec<(u8, &str, &[u8])>> {
     Some(changes)
 }
 
-/// The entries of `bytes` applied in order, and where the valid ones end.
-fn replay(bytes: &[u8]) -> (HashMap<String, Vec<u8>>, usize) {
+/// The entries of `bytes` from `at` applied in order, and where the valid
+/// ones end.
+fn replay<'a>(
+    bytes: &'a [u8],
+    mut at: usize,
+    entry: impl Fn(&'a [u8]) -> Option<Entry<'a>>,
+) -> (HashMap<String, Vec<u8>>, usize) {
     let mut live = HashMap::new();
     let mut apply = |kind, scope: &str, payload: &[u8]| {
         if kind == PUT {
@@ -166,7 +227,6 @@ fn replay(bytes: &[u8]) -> (HashMap<String, Vec<u8>>, usize) {
             live.remove(scope);
         }
     };
-    let mut at = 0;
     while let Some((kind, scope, payload, len)) = entry(&bytes[at..]) {
         if kind == BATCH {
             // Summed whole but not of our making: where the valid ones end.
@@ -182,30 +242,115 @@ fn replay(bytes: &[u8]) -> (HashMap<String, Vec<u8>>, usize) {
     (live, at)
 }
 
+/// What follows the valid entries of `bytes` at `valid`: `Ok(true)` if it is
+/// a torn tail to cut, `Ok(false)` if only zeros, an error if a valid entry
+/// comes after it (damage).
+fn torn<'a>(
+    path: &Path,
+    bytes: &'a [u8],
+    valid: usize,
+    entry: impl Fn(&'a [u8]) -> Option<Entry<'a>>,
+) -> io::Result<bool> {
+    if bytes[valid..].iter().all(|b| *b == 0) {
+        return Ok(false);
+    }
+    match (valid + 1..bytes.len()).find(|at| entry(&bytes[*at..]).is_some()) {
+        Some(at) => Err(io::Error::other(format!(
+            "{}: a damaged entry at byte {valid} with valid entries after it (at {at}); move the file aside to start without the records",
+            path.display()
+        ))),
+        None => Ok(true),
+    }
+}
+
+fn sync_dir(path: &Path) -> io::Result<()> {
+    File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+}
+
+/// `live` as a journal of its own at `path`, with `salt`: written to a
+/// new file, fsync'd and renamed over `path` (the directory not synced
+/// yet). The file and its length.
+fn write_anew<'a, B: AsRef<[u8]>>(
+    path: &Path,
+    salt: u64,
+    live: impl IntoIterator<Item = (&'a str, B)>,
+) -> io::Result<(File, u64)> {
+    let tmp = path.with_extension("log.new");
+    let mut out = header(salt);
+    for (scope, bytes) in live {
+        entry_of(&mut out, salt, |out| body(out, PUT, scope, bytes.as_ref()));
+    }
+    let mut f = File::create(&tmp)?;
+    f.write_all(&out)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok((f, out.len() as u64))
+}
+
 impl Journal {
     /// Open (or create) the journal in `dir` and replay it.
     pub fn open(dir: &Path) -> io::Result<(Journal, Stored)> {
         let path = dir.join("idempotency.log");
-        let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
-        let (live, valid) = replay(&bytes);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        if !bytes.starts_with(MAGIC) {
+            return Journal::upgrade(path, &bytes);
+        }
+        let salt = u64_at(&bytes, 8).filter(|_| u64_at(&bytes, 16) == Some(xxh3_64_with_seed(&bytes[..16], 0)));
+        let salt = salt.ok_or_else(|| {
+            io::Error::other(format!(
+                "{}: its header is damaged; move the file aside to start without the records",
+                path.display()
+            ))
+        })?;
+        let ours = |b| entry(b, salt);
+        let (live, valid) = replay(&bytes, HEADER, ours);
+        let file = OpenOptions::new().write(true).open(&path)?;
         let mut len = bytes.len() as u64;
-        if bytes[valid..].iter().any(|b| *b != 0) {
-            if let Some(at) = (valid + 1..bytes.len()).find(|at| entry(&bytes[*at..]).is_some()) {
-                return Err(io::Error::other(format!(
-                    "{}: a damaged entry at byte {valid} with valid entries after it (at {at}); move the file aside to start without the records",
-                    path.display()
-                )));
-            }
+        if torn(&path, &bytes, valid, ours)? {
             tracing::warn!(path = %path.display(), cut = bytes.len() - valid, "idempotency journal: a torn last batch, cut off");
             file.set_len(valid as u64)?;
             file.sync_all()?;
             len = valid as u64;
         }
-        // The file's own directory entry, for a journal just made.
-        File::open(dir)?.sync_all()?;
-        Ok((Journal { path, file, bytes: valid as u64, len }, live.into_iter().collect()))
+        // The directory's entries, for a state directory just made.
+        sync_dir(&path)?;
+        let journal = Journal { path, file, salt, bytes: valid as u64, len, dir_unsynced: false };
+        Ok((journal, live.into_iter().collect()))
+    }
+
+    /// A journal of an older build (or none): replayed, and written anew
+    /// in this format.
+    fn upgrade(path: PathBuf, bytes: &[u8]) -> io::Result<(Journal, Stored)> {
+        let (live, valid) = replay(bytes, 0, legacy_entry);
+        // Nothing valid and more than zeros is not a journal an older
+        // build wrote (or one whose first entry tore; nothing in it was
+        // acknowledged): not cut away unasked.
+        if valid == 0 && bytes.iter().any(|b| *b != 0) {
+            return Err(io::Error::other(format!(
+                "{}: not an idempotency journal this build can read; move the file aside to start without the records",
+                path.display()
+            )));
+        }
+        if torn(&path, bytes, valid, legacy_entry)? {
+            tracing::warn!(path = %path.display(), cut = bytes.len() - valid, "idempotency journal: a torn last entry, cut off");
+        }
+        let salt = rand::random();
+        let (file, bytes_now) = write_anew(&path, salt, live.iter().map(|(s, b)| (s.as_str(), b)))?;
+        sync_dir(&path)?;
+        if !bytes.is_empty() {
+            tracing::info!(path = %path.display(), records = live.len(), "idempotency journal: written anew in this build's format");
+        }
+        let journal = Journal { path, file, salt, bytes: bytes_now, len: bytes_now, dir_unsynced: false };
+        Ok((journal, live.into_iter().collect()))
+    }
+
+    /// Whether it holds no entries.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == HEADER as u64
     }
 
     /// Append `changes` and make them durable: one batch, or several (each
@@ -216,6 +361,10 @@ impl Journal {
             if scope.len() > usize::from(u16::MAX) {
                 return Err(io::Error::other("a scope too long for the journal"));
             }
+        }
+        if self.dir_unsynced {
+            sync_dir(&self.path)?;
+            self.dir_unsynced = false;
         }
         let mut rest = changes;
         while !rest.is_empty() {
@@ -232,17 +381,16 @@ impl Journal {
     }
 
     fn append_batch(&mut self, changes: &[Change<'_>], bytes: usize) -> io::Result<()> {
-        // Its own header (an empty scope), its changes, its sum.
-        let total = 7 + bytes + 8;
-        if total - 4 > MAX_ENTRY as usize {
+        let total = BATCH_FRAME + bytes;
+        if total - 16 > MAX_ENTRY as usize {
             return Err(io::Error::other("an entry too large for the journal"));
         }
         let end = self.bytes + total as u64;
         // Past the zeros: more of them, in the same write and flush.
         let zeros = if end > self.len { ZEROS_AHEAD as usize } else { 0 };
         let mut out = Vec::with_capacity(total + zeros);
-        encode_batch(&mut out, changes);
-        debug_assert_eq!(out.len(), total);
+        encode_batch(&mut out, self.salt, changes);
+        assert_eq!(out.len(), total, "a batch's length counted ahead");
         out.resize(total + zeros, 0);
         let written = self.file.write_all_at(&out, self.bytes).and_then(|()| self.file.sync_data());
         if written.is_err() {
@@ -261,23 +409,13 @@ impl Journal {
     /// taken as it is written: a new file, fsync'd, renamed over the old
     /// one, the directory fsync'd.
     pub fn rewrite<'a, B: AsRef<[u8]>>(&mut self, live: impl IntoIterator<Item = (&'a str, B)>) -> io::Result<()> {
-        let tmp = self.path.with_extension("log.new");
-        let mut out = Vec::new();
-        for (scope, bytes) in live {
-            encode(&mut out, &Change::Put(scope, bytes.as_ref()));
-        }
-        let mut f = File::create(&tmp)?;
-        f.write_all(&out)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &self.path)?;
+        let (file, bytes) = write_anew(&self.path, self.salt, live)?;
         // The new file is the journal from here, whatever fails next: a
-        // reopen must not cut it to the old one's length.
-        self.file = f;
-        self.bytes = out.len() as u64;
-        self.len = self.bytes;
-        if let Some(dir) = self.path.parent() {
-            File::open(dir)?.sync_all()?;
-        }
+        // reopen must not cut it to the old one's length, and no batch is
+        // acknowledged before its name is durable.
+        (self.file, self.bytes, self.len, self.dir_unsynced) = (file, bytes, bytes, true);
+        sync_dir(&self.path)?;
+        self.dir_unsynced = false;
         Ok(())
     }
 
@@ -387,8 +525,8 @@ mod tests {
             j.append(&changes).unwrap();
             let bytes = std::fs::read(&path).unwrap();
             let mut entries = 0;
-            let mut at = 0;
-            while let Some((kind, _, _, len)) = entry(&bytes[at..]) {
+            let mut at = HEADER;
+            while let Some((kind, _, _, len)) = entry(&bytes[at..], j.salt) {
                 assert_eq!(kind, BATCH);
                 (entries, at) = (entries + 1, at + len);
             }
@@ -408,7 +546,7 @@ mod tests {
         }
         let path = dir.path().join("idempotency.log");
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes[8] ^= 0xff; // inside the first entry
+        bytes[HEADER + 8] ^= 0xff; // inside the first entry
         std::fs::write(&path, &bytes).unwrap();
         let e = Journal::open(dir.path()).err().expect("refused");
         assert!(e.to_string().contains("damaged entry"), "{e}");
@@ -418,12 +556,118 @@ mod tests {
     #[test]
     fn a_corrupt_entry_ends_the_replay() {
         let mut out = Vec::new();
-        encode(&mut out, &Change::Put("k", b"v"));
+        let put = |out: &mut Vec<u8>, v: &[u8]| entry_of(out, 7, |out| body(out, PUT, "k", v));
+        put(&mut out, b"v");
         let good = out.len();
-        encode(&mut out, &Change::Put("k", b"w"));
+        put(&mut out, b"w");
         let last = out.len() - 1;
         out[last] ^= 1;
-        let (live, valid) = replay(&out);
+        let (live, valid) = replay(&out, 0, |b| entry(b, 7));
         assert_eq!((live.get("k").map(Vec::as_slice), valid), (Some(&b"v"[..]), good));
+    }
+
+    /// A record's bytes (an upstream's answer) holding a whole entry as an
+    /// older build or another journal would sum it: in a torn batch, no
+    /// valid entry (the sum is salted), so the batch is cut, not taken for
+    /// damage.
+    #[test]
+    fn an_entry_forged_inside_a_torn_batch_does_not_pass_for_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idempotency.log");
+        let mut forged = vec![7; 8000];
+        legacy(&mut forged, "a\nforged", b"x");
+        for salt in [0, 1, u64::MAX] {
+            entry_of(&mut forged, salt, |out| body(out, PUT, "a\nforged", b"x"));
+        }
+        let first = {
+            let (mut j, _) = Journal::open(dir.path()).unwrap();
+            j.append(&[Change::Put("a\n1", b"one")]).unwrap();
+            let first = j.bytes;
+            j.append(&[Change::Put("a\n2", &forged)]).unwrap();
+            first
+        };
+        let mut bytes = std::fs::read(&path).unwrap();
+        let page = (first as usize / 4096 + 1) * 4096;
+        bytes[first as usize..page].fill(0);
+        std::fs::write(&path, &bytes).unwrap();
+        let (j, live) = Journal::open(dir.path()).expect("nothing forged is taken for an entry");
+        assert_eq!((live.len(), j.bytes), (1, first));
+    }
+
+    /// Looking past a bad entry for valid ones is linear in the file. An
+    /// answer of bytes `ff ff 3f 00` over and over reads, at every fourth
+    /// offset, as the length of a body that fits in what follows: summing
+    /// each (as a build before the length check did) would hold the start
+    /// for hours.
+    #[test]
+    fn a_torn_batch_of_crafted_lengths_is_cut_off_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idempotency.log");
+        let crafted = [0xff, 0xff, 0x3f, 0x00].repeat((BATCH_BYTES - 64) / 4);
+        {
+            let (mut j, _) = Journal::open(dir.path()).unwrap();
+            j.append(&[Change::Put("a\n1", &crafted)]).unwrap();
+        }
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER..HEADER + 4096].fill(0);
+        std::fs::write(&path, &bytes).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let at = dir.path().to_owned();
+        std::thread::spawn(move || tx.send(Journal::open(&at).map(|(j, live)| (j.bytes, live.len()))));
+        let opened = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("opened within 30 s");
+        assert_eq!(opened.unwrap(), (HEADER as u64, 0));
+    }
+
+    /// An entry as state formats 3 and before wrote it.
+    fn legacy(out: &mut Vec<u8>, scope: &str, payload: &[u8]) {
+        let mut b = Vec::new();
+        body(&mut b, PUT, scope, payload);
+        let fnv = b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3));
+        out.extend_from_slice(&(b.len() as u32 + 8).to_le_bytes());
+        out.extend_from_slice(&b);
+        out.extend_from_slice(&fnv.to_le_bytes());
+    }
+
+    #[test]
+    fn an_older_builds_journal_is_replayed_and_written_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idempotency.log");
+        let mut old = Vec::new();
+        legacy(&mut old, "a\n1", b"one");
+        legacy(&mut old, "a\n2", b"two");
+        old.extend_from_slice(&[9, 0, 0]); // a torn last entry
+        old.extend_from_slice(&[0; 4096]); // and zeros ahead (format 3)
+        std::fs::write(&path, &old).unwrap();
+        let (mut j, mut live) = Journal::open(dir.path()).unwrap();
+        live.sort();
+        assert_eq!(live, vec![("a\n1".into(), b"one".to_vec()), ("a\n2".into(), b"two".to_vec())]);
+        assert!(std::fs::read(&path).unwrap().starts_with(MAGIC), "written anew");
+        j.append(&[Change::Forget("a\n1")]).unwrap();
+        drop(j);
+        let (_, live) = Journal::open(dir.path()).unwrap();
+        assert_eq!(live, vec![("a\n2".into(), b"two".to_vec())]);
+    }
+
+    /// Bytes that are neither this format nor an older one, or a damaged
+    /// header: refused, and left as they are.
+    #[test]
+    fn a_file_that_is_no_journal_or_has_a_damaged_header_is_refused_not_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idempotency.log");
+        std::fs::write(&path, b"{\"not\": \"a journal\"}").unwrap();
+        let e = Journal::open(dir.path()).err().expect("refused");
+        assert!(e.to_string().contains("not an idempotency journal"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"not\": \"a journal\"}");
+        std::fs::remove_file(&path).unwrap();
+        {
+            let (mut j, _) = Journal::open(dir.path()).unwrap();
+            j.append(&[Change::Put("a\n1", b"one")]).unwrap();
+        }
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[9] ^= 1; // the salt
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Journal::open(dir.path()).err().expect("refused");
+        assert!(e.to_string().contains("header is damaged"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing cut");
     }
 }

@@ -45,8 +45,11 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// format-1 build would read as unreadable records (unknown outcomes); it
 /// reads format 1's arrays. Format 3 writes records as binary fields
 /// instead of JSON (`record_bytes.rs`), which older builds would read as
-/// unreadable records too; it reads both JSON formats.
-pub const STATE_FORMAT: u64 = 3;
+/// unreadable records too; it reads both JSON formats. Format 4's journal
+/// has a header and salted batch entries (`journal.rs`), which a format-3
+/// build would take for a torn tail and cut away; it reads the journals of
+/// formats 1 to 3 and writes them anew.
+pub const STATE_FORMAT: u64 = 4;
 
 #[derive(Debug, Clone, Error)]
 #[error("state store: {0}")]
@@ -249,7 +252,7 @@ fn migrate(db: &Database, journal: &mut Journal, records: &mut Vec<(String, Vec<
             Err(e) => return Err(err(e)),
         }
     };
-    if journal.bytes == 0 && !old.is_empty() {
+    if journal.is_empty() && !old.is_empty() {
         let changes: Vec<Change<'_>> = old.iter().map(|(s, b)| Change::Put(s, b)).collect();
         journal.append(&changes).map_err(|e| err(format!("moving records into the journal: {e}")))?;
         tracing::info!(records = old.len(), "idempotency records moved from floors.redb into the journal");
