@@ -36,9 +36,11 @@
 //! torn entry would, but are no damage: a journal ending in zeros opens as
 //! it is.
 //!
-//! Journals of state formats 3 and before (no header, one entry per change
-//! summed by FNV-1a) are replayed and written anew in this format at
-//! start.
+//! Journals of state formats 3 and before (no header, entries summed by
+//! FNV-1a) are replayed and written anew in this format at start. Their
+//! entries have no length check, so the scan past a bad one sums at most
+//! `LEGACY_SCAN_BYTES`, and a journal it cannot tell from damaged within
+//! that is refused, not cut.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -66,6 +68,10 @@ const MAX_ENTRY: u32 = 80 << 20;
 /// batch that reaches the end of them writes this much more. Flushing a
 /// mebibyte of zeros holds that one batch ~2.5 ms here.
 const ZEROS_AHEAD: u64 = 1 << 20;
+/// How much of an older journal, at most, is summed looking for valid
+/// entries after a bad one (its entries have no length check: a scan can
+/// sum most of the file at every offset). About a second of FNV-1a.
+const LEGACY_SCAN_BYTES: usize = 1 << 30;
 
 /// Records as stored: (scope, encoding).
 pub type Stored = Vec<(String, Vec<u8>)>;
@@ -184,7 +190,8 @@ fn entry(bytes: &[u8], salt: u64) -> Option<Entry<'_>> {
 }
 
 /// An entry of state formats 3 and before: `[u32 length of the rest][body]
-/// [u64 FNV-1a of the body]`, a change each.
+/// [u64 FNV-1a of the body]`, a change each (or, in builds between, a
+/// batch of them).
 fn legacy_entry(bytes: &[u8]) -> Option<Entry<'_>> {
     let len = u32_at(bytes, 0)?;
     let entry = bytes.get(4..4 + len as usize).filter(|_| (11..=MAX_ENTRY).contains(&len))?;
@@ -194,7 +201,7 @@ fn legacy_entry(bytes: &[u8]) -> Option<Entry<'_>> {
         return None;
     }
     let (kind, scope, payload) = fields(body)?;
-    matches!(kind, PUT | FORGET).then_some((kind, scope, payload, 4 + len as usize))
+    matches!(kind, PUT | FORGET | BATCH).then_some((kind, scope, payload, 4 + len as usize))
 }
 
 /// A batch's changes, if they read whole: (kind, scope, payload).
@@ -326,16 +333,31 @@ impl Journal {
     /// in this format.
     fn upgrade(path: PathBuf, bytes: &[u8]) -> io::Result<(Journal, Stored)> {
         let (live, valid) = replay(bytes, 0, legacy_entry);
-        // Nothing valid and more than zeros is not a journal an older
-        // build wrote (or one whose first entry tore; nothing in it was
-        // acknowledged): not cut away unasked.
-        if valid == 0 && bytes.iter().any(|b| *b != 0) {
-            return Err(io::Error::other(format!(
-                "{}: not an idempotency journal this build can read; move the file aside to start without the records",
-                path.display()
-            )));
-        }
-        if torn(&path, bytes, valid, legacy_entry)? {
+        let budget = std::cell::Cell::new(LEGACY_SCAN_BYTES);
+        let exhausted = std::cell::Cell::new(false);
+        let bounded = |b| {
+            let len = u32_at(b, 0)? as usize;
+            if len + 4 <= b.len() {
+                exhausted.set(exhausted.get() || budget.get() < len);
+                budget.set(budget.get().checked_sub(len)?);
+            }
+            legacy_entry(b)
+        };
+        if torn(&path, bytes, valid, bounded)? {
+            let refused = |why: &str| {
+                io::Error::other(format!("{}: {why}; move the file aside to start without the records", path.display()))
+            };
+            if exhausted.get() {
+                return Err(refused(&format!(
+                    "a bad entry at byte {valid}, and too much after it to tell a torn tail from damage"
+                )));
+            }
+            // Nothing valid and more than zeros is not a journal an older
+            // build wrote (or one whose first entry tore; nothing in it was
+            // acknowledged): not cut away unasked.
+            if valid == 0 {
+                return Err(refused("not an idempotency journal this build can read"));
+            }
             tracing::warn!(path = %path.display(), cut = bytes.len() - valid, "idempotency journal: a torn last entry, cut off");
         }
         let salt = rand::random();
@@ -409,11 +431,14 @@ impl Journal {
     /// taken as it is written: a new file, fsync'd, renamed over the old
     /// one, the directory fsync'd.
     pub fn rewrite<'a, B: AsRef<[u8]>>(&mut self, live: impl IntoIterator<Item = (&'a str, B)>) -> io::Result<()> {
-        let (file, bytes) = write_anew(&self.path, self.salt, live)?;
+        // A salt of its own: stale blocks of the old file (a crash on a
+        // filesystem that can show them) cannot read as the new one's.
+        let salt = rand::random();
+        let (file, bytes) = write_anew(&self.path, salt, live)?;
         // The new file is the journal from here, whatever fails next: a
         // reopen must not cut it to the old one's length, and no batch is
         // acknowledged before its name is durable.
-        (self.file, self.bytes, self.len, self.dir_unsynced) = (file, bytes, bytes, true);
+        (self.file, self.salt, self.bytes, self.len, self.dir_unsynced) = (file, salt, bytes, bytes, true);
         sync_dir(&self.path)?;
         self.dir_unsynced = false;
         Ok(())
@@ -566,32 +591,46 @@ mod tests {
         assert_eq!((live.get("k").map(Vec::as_slice), valid), (Some(&b"v"[..]), good));
     }
 
-    /// A record's bytes (an upstream's answer) holding a whole entry as an
-    /// older build or another journal would sum it: in a torn batch, no
-    /// valid entry (the sum is salted), so the batch is cut, not taken for
-    /// damage.
-    #[test]
-    fn an_entry_forged_inside_a_torn_batch_does_not_pass_for_one() {
+    /// A journal whose second batch holds `forged` (given the journal's
+    /// salt), torn in its first page, opened again: (entries' end, records)
+    /// and where the first batch ended.
+    fn torn_after(forged: impl Fn(u64) -> Vec<u8>) -> (io::Result<(u64, usize)>, u64) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idempotency.log");
-        let mut forged = vec![7; 8000];
-        legacy(&mut forged, "a\nforged", b"x");
-        for salt in [0, 1, u64::MAX] {
-            entry_of(&mut forged, salt, |out| body(out, PUT, "a\nforged", b"x"));
-        }
         let first = {
             let (mut j, _) = Journal::open(dir.path()).unwrap();
             j.append(&[Change::Put("a\n1", b"one")]).unwrap();
             let first = j.bytes;
-            j.append(&[Change::Put("a\n2", &forged)]).unwrap();
+            j.append(&[Change::Put("a\n2", &forged(j.salt))]).unwrap();
             first
         };
         let mut bytes = std::fs::read(&path).unwrap();
         let page = (first as usize / 4096 + 1) * 4096;
         bytes[first as usize..page].fill(0);
         std::fs::write(&path, &bytes).unwrap();
-        let (j, live) = Journal::open(dir.path()).expect("nothing forged is taken for an entry");
-        assert_eq!((live.len(), j.bytes), (1, first));
+        (Journal::open(dir.path()).map(|(j, live)| (j.bytes, live.len())), first)
+    }
+
+    /// A record's bytes (an upstream's answer) holding a whole entry as an
+    /// older build or another journal would sum it: in a torn batch, no
+    /// valid entry (the sum is salted), so the batch is cut, not taken for
+    /// damage. With the journal's own salt (which no one outside has) the
+    /// same bytes would be taken for damage: the scan does reach them.
+    #[test]
+    fn an_entry_forged_inside_a_torn_batch_does_not_pass_for_one() {
+        let forge = |salts: &[u64]| {
+            let mut forged = vec![7; 8000];
+            legacy(&mut forged, PUT, "a\nforged", b"x");
+            for salt in salts {
+                entry_of(&mut forged, *salt, |out| body(out, PUT, "a\nforged", b"x"));
+            }
+            forged
+        };
+        let (opened, first) = torn_after(|salt| forge(&[0, 1, u64::MAX, salt ^ 1]));
+        assert_eq!(opened.expect("nothing forged is taken for an entry"), (first, 1));
+        let (opened, _) = torn_after(|salt| forge(&[salt]));
+        let e = opened.expect_err("with the salt, taken for an entry");
+        assert!(e.to_string().contains("damaged entry"), "{e}");
     }
 
     /// Looking past a bad entry for valid ones is linear in the file. An
@@ -619,9 +658,9 @@ mod tests {
     }
 
     /// An entry as state formats 3 and before wrote it.
-    fn legacy(out: &mut Vec<u8>, scope: &str, payload: &[u8]) {
+    fn legacy(out: &mut Vec<u8>, kind: u8, scope: &str, payload: &[u8]) {
         let mut b = Vec::new();
-        body(&mut b, PUT, scope, payload);
+        body(&mut b, kind, scope, payload);
         let fnv = b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3));
         out.extend_from_slice(&(b.len() as u32 + 8).to_le_bytes());
         out.extend_from_slice(&b);
@@ -633,19 +672,56 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idempotency.log");
         let mut old = Vec::new();
-        legacy(&mut old, "a\n1", b"one");
-        legacy(&mut old, "a\n2", b"two");
+        legacy(&mut old, PUT, "a\n1", b"one");
+        legacy(&mut old, PUT, "a\n2", b"two");
+        // A batch, as builds between formats 3 and 4 wrote them.
+        let mut changes = Vec::new();
+        change(&mut changes, &Change::Put("a\n3", b"three"));
+        change(&mut changes, &Change::Forget("a\n2"));
+        legacy(&mut old, BATCH, "", &changes);
+        legacy(&mut old, PUT, "a\n2", b"two");
         old.extend_from_slice(&[9, 0, 0]); // a torn last entry
         old.extend_from_slice(&[0; 4096]); // and zeros ahead (format 3)
         std::fs::write(&path, &old).unwrap();
         let (mut j, mut live) = Journal::open(dir.path()).unwrap();
         live.sort();
-        assert_eq!(live, vec![("a\n1".into(), b"one".to_vec()), ("a\n2".into(), b"two".to_vec())]);
+        let three = ("a\n3".to_string(), b"three".to_vec());
+        assert_eq!(live, vec![("a\n1".into(), b"one".to_vec()), ("a\n2".into(), b"two".to_vec()), three.clone()]);
         assert!(std::fs::read(&path).unwrap().starts_with(MAGIC), "written anew");
-        j.append(&[Change::Forget("a\n1")]).unwrap();
+        j.append(&[Change::Forget("a\n1"), Change::Forget("a\n2")]).unwrap();
         drop(j);
         let (_, live) = Journal::open(dir.path()).unwrap();
-        assert_eq!(live, vec![("a\n2".into(), b"two".to_vec())]);
+        assert_eq!(live, vec![three]);
+    }
+
+    /// An older journal with a bad entry and valid ones after it is refused
+    /// as damaged, and one whose torn tail is too much to look through in
+    /// time is refused too (its entries have no length check), not cut.
+    #[test]
+    fn an_older_damaged_journal_is_refused_and_its_scan_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idempotency.log");
+        let mut old = Vec::new();
+        legacy(&mut old, PUT, "a\n1", b"one");
+        legacy(&mut old, PUT, "a\n2", b"two");
+        old[6] ^= 1;
+        std::fs::write(&path, &old).unwrap();
+        let e = Journal::open(dir.path()).err().expect("refused");
+        assert!(e.to_string().contains("damaged entry"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), old, "left as it was");
+
+        let mut old = Vec::new();
+        legacy(&mut old, PUT, "a\n1", b"one");
+        let valid = old.len();
+        legacy(&mut old, PUT, "a\n2", &[0xff, 0xff, 0x3f, 0x00].repeat(2 << 20));
+        old[valid..valid + 4096].fill(0);
+        std::fs::write(&path, &old).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let at = dir.path().to_owned();
+        std::thread::spawn(move || tx.send(Journal::open(&at).map(|_| ())));
+        let e = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("within 30 s").expect_err("refused");
+        assert!(e.to_string().contains("too much after it"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), old, "left as it was");
     }
 
     /// Bytes that are neither this format nor an older one, or a damaged
