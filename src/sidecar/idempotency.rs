@@ -181,6 +181,21 @@ pub fn judge(record: Option<&Record>, fingerprint: &str) -> Verdict {
     }
 }
 
+/// A record in `state` with a body of text and bytes, for tests.
+#[cfg(test)]
+pub fn sample(state: State) -> Record {
+    Record {
+        route: "r".into(),
+        fingerprint: "f".into(),
+        token: 5,
+        created_ms: 1,
+        expires_ms: 2,
+        state,
+        body: Bytes::from_static(b"{\"ok\":1}\n\0\xff"),
+        reserve: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use hyper::header::HeaderValue;
@@ -230,31 +245,18 @@ mod tests {
         }
     }
 
-    fn record(state: State) -> Record {
-        Record {
-            route: "r".into(),
-            fingerprint: "f".into(),
-            token: 5,
-            created_ms: 1,
-            expires_ms: 2,
-            state,
-            body: Bytes::from_static(b"{\"ok\":1}\n\0\xff"),
-            reserve: 0,
-        }
-    }
-
     #[test]
     fn requests_are_judged_by_their_keys_record() {
-        let done = record(State::Done { status: 201, headers: vec![("x".into(), vec![0, 255])], kept: true });
+        let done = sample(State::Done { status: 201, headers: vec![("x".into(), vec![0, 255])], kept: true });
         assert_eq!(judge(None, "f"), Verdict::Forward);
         assert_eq!(judge(Some(&done), "f"), Verdict::Replay(done.clone()));
         assert_eq!(judge(Some(&done), "g"), Verdict::Mismatch);
-        let pending = record(State::Pending);
+        let pending = sample(State::Pending);
         assert_eq!(judge(Some(&pending), "f"), Verdict::InFlight);
         assert_eq!(judge(Some(&pending), "g"), Verdict::Mismatch, "another request is refused whatever the state");
-        let unknown = record(State::Unknown { why: "cut".into() });
+        let unknown = sample(State::Unknown { why: "cut".into() });
         assert_eq!(judge(Some(&unknown), "f"), Verdict::Unknown(unknown.clone()));
-        let big = record(State::Done { status: 200, headers: vec![], kept: false });
+        let big = sample(State::Done { status: 200, headers: vec![], kept: false });
         assert_eq!(judge(Some(&big), "f"), Verdict::NotKept(200));
         let lost = Record::unreadable("bad".into(), 0, 10);
         assert_eq!(judge(Some(&lost), "any"), Verdict::Unknown(lost.clone()), "unknown for every request");

@@ -519,22 +519,9 @@ mod tests {
     /// reads as an entry of its own). The batch was never acknowledged.
     #[test]
     fn a_batch_torn_in_any_order_is_cut_off_not_taken_for_damage() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("idempotency.log");
-        let first = {
-            let (mut j, _) = Journal::open(dir.path()).unwrap();
-            j.append(&[Change::Put("a\n1", b"one")]).unwrap();
-            let first = j.bytes;
-            j.append(&[Change::Put("a\n2", &[7; 8000]), Change::Put("a\n3", b"three")]).unwrap();
-            first
-        };
-        let mut bytes = std::fs::read(&path).unwrap();
-        let page = (first as usize / 4096 + 1) * 4096;
-        bytes[first as usize..page].fill(0);
-        std::fs::write(&path, &bytes).unwrap();
-        let (j, live) = Journal::open(dir.path()).expect("a torn batch does not stop the journal");
-        assert_eq!(live, vec![("a\n1".to_string(), b"one".to_vec())]);
-        assert_eq!((j.bytes, std::fs::metadata(&path).unwrap().len()), (first, first), "cut where it tore");
+        let (opened, first, len) = torn_after(|_| vec![7; 8000]);
+        assert_eq!(opened.expect("a torn batch does not stop the journal"), (first, 1));
+        assert_eq!(len, first, "cut where it tore");
     }
 
     /// More than `BATCH_BYTES` at once goes as several batches, each whole.
@@ -591,24 +578,26 @@ mod tests {
         assert_eq!((live.get("k").map(Vec::as_slice), valid), (Some(&b"v"[..]), good));
     }
 
-    /// A journal whose second batch holds `forged` (given the journal's
-    /// salt), torn in its first page, opened again: (entries' end, records)
-    /// and where the first batch ended.
-    fn torn_after(forged: impl Fn(u64) -> Vec<u8>) -> (io::Result<(u64, usize)>, u64) {
+    /// A journal whose second batch holds `payload` (given the journal's
+    /// salt) and another change, torn in its first page, opened again:
+    /// (entries' end, records), where the first batch ended, and the
+    /// file's length after.
+    fn torn_after(payload: impl Fn(u64) -> Vec<u8>) -> (io::Result<(u64, usize)>, u64, u64) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idempotency.log");
         let first = {
             let (mut j, _) = Journal::open(dir.path()).unwrap();
             j.append(&[Change::Put("a\n1", b"one")]).unwrap();
             let first = j.bytes;
-            j.append(&[Change::Put("a\n2", &forged(j.salt))]).unwrap();
+            j.append(&[Change::Put("a\n2", &payload(j.salt)), Change::Put("a\n3", b"three")]).unwrap();
             first
         };
         let mut bytes = std::fs::read(&path).unwrap();
         let page = (first as usize / 4096 + 1) * 4096;
         bytes[first as usize..page].fill(0);
         std::fs::write(&path, &bytes).unwrap();
-        (Journal::open(dir.path()).map(|(j, live)| (j.bytes, live.len())), first)
+        let opened = Journal::open(dir.path()).map(|(j, live)| (j.bytes, live.len()));
+        (opened, first, std::fs::metadata(&path).unwrap().len())
     }
 
     /// A record's bytes (an upstream's answer) holding a whole entry as an
@@ -626,9 +615,9 @@ mod tests {
             }
             forged
         };
-        let (opened, first) = torn_after(|salt| forge(&[0, 1, u64::MAX, salt ^ 1]));
+        let (opened, first, _) = torn_after(|salt| forge(&[0, 1, u64::MAX, salt ^ 1]));
         assert_eq!(opened.expect("nothing forged is taken for an entry"), (first, 1));
-        let (opened, _) = torn_after(|salt| forge(&[salt]));
+        let (opened, ..) = torn_after(|salt| forge(&[salt]));
         let e = opened.expect_err("with the salt, taken for an entry");
         assert!(e.to_string().contains("damaged entry"), "{e}");
     }
@@ -650,11 +639,16 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[HEADER..HEADER + 4096].fill(0);
         std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(open_in_time(dir.path()).unwrap(), (HEADER as u64, 0));
+    }
+
+    /// The journal in `dir` opened within 30 s (or the test fails):
+    /// (entries' end, records).
+    fn open_in_time(dir: &Path) -> io::Result<(u64, usize)> {
         let (tx, rx) = std::sync::mpsc::channel();
-        let at = dir.path().to_owned();
+        let at = dir.to_owned();
         std::thread::spawn(move || tx.send(Journal::open(&at).map(|(j, live)| (j.bytes, live.len()))));
-        let opened = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("opened within 30 s");
-        assert_eq!(opened.unwrap(), (HEADER as u64, 0));
+        rx.recv_timeout(std::time::Duration::from_secs(30)).expect("opened or refused within 30 s")
     }
 
     /// An entry as state formats 3 and before wrote it.
@@ -667,13 +661,19 @@ mod tests {
         out.extend_from_slice(&fnv.to_le_bytes());
     }
 
+    /// `a\n1` = one, `a\n2` = two, as an older build wrote them.
+    fn two_legacy_entries() -> Vec<u8> {
+        let mut old = Vec::new();
+        legacy(&mut old, PUT, "a\n1", b"one");
+        legacy(&mut old, PUT, "a\n2", b"two");
+        old
+    }
+
     #[test]
     fn an_older_builds_journal_is_replayed_and_written_anew() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idempotency.log");
-        let mut old = Vec::new();
-        legacy(&mut old, PUT, "a\n1", b"one");
-        legacy(&mut old, PUT, "a\n2", b"two");
+        let mut old = two_legacy_entries();
         // A batch, as builds between formats 3 and 4 wrote them.
         let mut changes = Vec::new();
         change(&mut changes, &Change::Put("a\n3", b"three"));
@@ -701,9 +701,7 @@ mod tests {
     fn an_older_damaged_journal_is_refused_and_its_scan_bounded() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idempotency.log");
-        let mut old = Vec::new();
-        legacy(&mut old, PUT, "a\n1", b"one");
-        legacy(&mut old, PUT, "a\n2", b"two");
+        let mut old = two_legacy_entries();
         old[6] ^= 1;
         std::fs::write(&path, &old).unwrap();
         let e = Journal::open(dir.path()).err().expect("refused");
@@ -716,10 +714,7 @@ mod tests {
         legacy(&mut old, PUT, "a\n2", &[0xff, 0xff, 0x3f, 0x00].repeat(2 << 20));
         old[valid..valid + 4096].fill(0);
         std::fs::write(&path, &old).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let at = dir.path().to_owned();
-        std::thread::spawn(move || tx.send(Journal::open(&at).map(|_| ())));
-        let e = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("within 30 s").expect_err("refused");
+        let e = open_in_time(dir.path()).expect_err("refused");
         assert!(e.to_string().contains("too much after it"), "{e}");
         assert_eq!(std::fs::read(&path).unwrap(), old, "left as it was");
     }

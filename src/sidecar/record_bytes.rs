@@ -216,30 +216,18 @@ impl JsonValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(state: State) -> Record {
-        Record {
-            route: "r".into(),
-            fingerprint: "f".into(),
-            token: 5,
-            created_ms: 1,
-            expires_ms: 2,
-            state,
-            body: Bytes::from_static(b"{\"ok\":1}\n\0\xff"),
-            reserve: 0,
-        }
-    }
+    use crate::sidecar::idempotency::sample;
 
     fn every_state() -> Vec<Record> {
         vec![
-            record(State::Pending),
-            record(State::Unknown { why: "cut \"mid\" answer".into() }),
-            record(State::Done {
+            sample(State::Pending),
+            sample(State::Unknown { why: "cut \"mid\" answer".into() }),
+            sample(State::Done {
                 status: 201,
                 headers: vec![("x".into(), vec![0, 255]), ("date".into(), b"Tue, 1 Dec".to_vec())],
                 kept: true,
             }),
-            record(State::Done { status: 200, headers: vec![], kept: false }),
+            sample(State::Done { status: 200, headers: vec![], kept: false }),
             Record::unreadable("bad".into(), 7, 10),
         ]
     }
@@ -265,11 +253,11 @@ mod tests {
         let mut bad_state = bytes.clone();
         bad_state[4 + 24 + 5 + 5] = 9;
         assert!(Record::decode(&bad_state).unwrap_err().contains("state 9"));
-        let mut many = record(State::Done { status: 200, headers: vec![], kept: true }).encode();
+        let mut many = sample(State::Done { status: 200, headers: vec![], kept: true }).encode();
         let n = many.len() - 13 - 4;
         many[n..n + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(Record::decode(&many).unwrap_err().contains("headers"), "a count past the bytes");
-        let mut not_utf8 = record(State::Pending).encode();
+        let mut not_utf8 = sample(State::Pending).encode();
         not_utf8[4 + 24 + 4] = 0xff;
         assert!(Record::decode(&not_utf8).unwrap_err().contains("UTF-8"));
     }
