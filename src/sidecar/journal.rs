@@ -189,6 +189,11 @@ fn entry(bytes: &[u8], salt: u64) -> Option<Entry<'_>> {
     matches!(kind, PUT | FORGET | BATCH).then_some((kind, scope, payload, 16 + len as usize))
 }
 
+/// FNV-1a, what state formats 3 and before summed entries with.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// An entry of state formats 3 and before: `[u32 length of the rest][body]
 /// [u64 FNV-1a of the body]`, a change each (or, in builds between, a
 /// batch of them).
@@ -196,8 +201,7 @@ fn legacy_entry(bytes: &[u8]) -> Option<Entry<'_>> {
     let len = u32_at(bytes, 0)?;
     let entry = bytes.get(4..4 + len as usize).filter(|_| (11..=MAX_ENTRY).contains(&len))?;
     let (body, sum) = entry.split_at(entry.len() - 8);
-    let fnv = body.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
-    if fnv != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+    if fnv(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
         return None;
     }
     let (kind, scope, payload) = fields(body)?;
@@ -262,12 +266,16 @@ fn torn<'a>(
         return Ok(false);
     }
     match (valid + 1..bytes.len()).find(|at| entry(&bytes[*at..]).is_some()) {
-        Some(at) => Err(io::Error::other(format!(
-            "{}: a damaged entry at byte {valid} with valid entries after it (at {at}); move the file aside to start without the records",
-            path.display()
-        ))),
+        Some(at) => {
+            Err(refused(path, format!("a damaged entry at byte {valid} with valid entries after it (at {at})")))
+        }
         None => Ok(true),
     }
+}
+
+/// A journal not opened, and why: left as it is for the operator.
+fn refused(path: &Path, why: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("{}: {why}; move the file aside to start without the records", path.display()))
 }
 
 fn sync_dir(path: &Path) -> io::Result<()> {
@@ -306,13 +314,8 @@ impl Journal {
         if !bytes.starts_with(MAGIC) {
             return Journal::upgrade(path, &bytes);
         }
-        let salt = u64_at(&bytes, 8).filter(|_| u64_at(&bytes, 16) == Some(xxh3_64_with_seed(&bytes[..16], 0)));
-        let salt = salt.ok_or_else(|| {
-            io::Error::other(format!(
-                "{}: its header is damaged; move the file aside to start without the records",
-                path.display()
-            ))
-        })?;
+        let salt = u64_at(&bytes, 8).filter(|salt| bytes.get(..HEADER) == Some(&header(*salt)[..]));
+        let salt = salt.ok_or_else(|| refused(&path, "its header is damaged"))?;
         let ours = |b| entry(b, salt);
         let (live, valid) = replay(&bytes, HEADER, ours);
         let file = OpenOptions::new().write(true).open(&path)?;
@@ -344,19 +347,15 @@ impl Journal {
             legacy_entry(b)
         };
         if torn(&path, bytes, valid, bounded)? {
-            let refused = |why: &str| {
-                io::Error::other(format!("{}: {why}; move the file aside to start without the records", path.display()))
-            };
             if exhausted.get() {
-                return Err(refused(&format!(
-                    "a bad entry at byte {valid}, and too much after it to tell a torn tail from damage"
-                )));
+                let why = format!("a bad entry at byte {valid}, and too much after it to tell a torn tail from damage");
+                return Err(refused(&path, why));
             }
             // Nothing valid and more than zeros is not a journal an older
             // build wrote (or one whose first entry tore; nothing in it was
             // acknowledged): not cut away unasked.
             if valid == 0 {
-                return Err(refused("not an idempotency journal this build can read"));
+                return Err(refused(&path, "not an idempotency journal this build can read"));
             }
             tracing::warn!(path = %path.display(), cut = bytes.len() - valid, "idempotency journal: a torn last entry, cut off");
         }
@@ -655,10 +654,9 @@ mod tests {
     fn legacy(out: &mut Vec<u8>, kind: u8, scope: &str, payload: &[u8]) {
         let mut b = Vec::new();
         body(&mut b, kind, scope, payload);
-        let fnv = b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3));
         out.extend_from_slice(&(b.len() as u32 + 8).to_le_bytes());
         out.extend_from_slice(&b);
-        out.extend_from_slice(&fnv.to_le_bytes());
+        out.extend_from_slice(&fnv(&b).to_le_bytes());
     }
 
     /// `a\n1` = one, `a\n2` = two, as an older build wrote them.
