@@ -301,6 +301,7 @@ where
     builder
         .http1()
         .timer(TokioTimer::new())
+        .writev(false)
         .header_read_timeout(opts.header_timeout)
         .max_buf_size(opts.max_header_bytes);
     builder

@@ -120,7 +120,7 @@ impl Pool {
 
     async fn connect(&self, base: &Uri) -> Result<Conn, BoxError> {
         let io = self.connector.clone().call(base.clone()).await?;
-        let (mut send, connection) = http1::handshake(io).await?;
+        let (mut send, connection) = http1::Builder::new().writev(false).handshake(io).await?;
         // Driven on this loop; it ends when the connection closes.
         tokio::spawn(async move {
             if let Err(e) = connection.await {
