@@ -3,6 +3,8 @@
 //! fencing on; and the same process on a route with fencing off) and nginx
 //! (and HAProxy), each run under valgrind's callgrind, in front of the same
 //! upstream (not under callgrind), the same `PUT /racks/1` with a live token.
+//! Also hyper's floor (`common/floor.rs`): hyper's server and client and
+//! nothing else, what any proxy on these parts costs at the least.
 //!
 //! Per proxy and repetition, on connections opened and warmed up before:
 //! zero the counters, send exactly `BENCH_REQUESTS` requests, dump; then as
@@ -19,6 +21,8 @@
 //! target/tmp/instructions/ for `callgrind_annotate`.
 
 mod common;
+#[path = "common/floor.rs"]
+mod floor;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,8 +71,13 @@ struct Samples {
     last: Option<Dump>,
 }
 
+fn main() {
+    floor::run_if_asked();
+    measure();
+}
+
 #[tokio::main(flavor = "multi_thread")]
-async fn main() {
+async fn measure() {
     let reps: usize = env_or("BENCH_REPS", 3);
     let requests: u64 = env_or("BENCH_REQUESTS", 2000);
     let connections: usize = env_or("BENCH_CONNECTIONS", 4);
@@ -85,12 +94,16 @@ async fn main() {
 
     // One nginx process and one HAProxy thread: callgrind runs a process's
     // threads one at a time anyway, and counts the process it started.
-    let [nginx_port, haproxy_port] = free_ports();
+    let [nginx_port, haproxy_port, floor_port] = free_ports();
     let nginx_cg = callgrind::wrap(&out, "nginx", Path::new("nginx"));
     let nginx = proxies::nginx(&dir, &nginx_cg.script, nginx_port, up, NginxProcesses::Single);
     let haproxy_cg = callgrind::wrap(&out, "haproxy", Path::new("haproxy"));
     let haproxy = proxies::haproxy(&dir, &haproxy_cg.script, haproxy_port, up, 1);
     let sidecar_cg = callgrind::wrap(&out, "sidecar", bin!().path());
+    // hyper's floor (`floor.rs`) on one event loop: its cheapest (two cost
+    // ~3 % more, as they would the sidecar, which runs one per core).
+    let floor_cg = callgrind::wrap(&out, "floor", &std::env::current_exe().unwrap());
+    let floor = floor::start(&dir, &floor_cg.script, floor_port, up, 1);
     // The rack route, and the same fenced writes with idempotency keys (I1)
     // under `/keyed/`: what a key costs on top of a fenced write.
     let fence = "{ mode: strict, consistency: cached }";
@@ -108,10 +121,12 @@ async fn main() {
         Sidecar::start_with(&Bin::new(&sidecar_cg.script), dir.join("sidecar-cached"), &upstream_url, options).await;
     wait_for_port(nginx_port).await;
     wait_for_port(haproxy_port).await;
+    wait_for_port(floor_port).await;
     let mut counters: Vec<Counter> = vec![
         nginx_cg.counter(nginx.pid()),
         haproxy_cg.counter(haproxy.pid()),
         sidecar_cg.counter(sidecar.pid().unwrap()),
+        floor_cg.counter(floor.pid()),
     ];
 
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
@@ -130,6 +145,7 @@ async fn main() {
     let mut targets = vec![
         target("nginx", 0, nginx_port, put("/racks/1")).await,
         target("haproxy", 1, haproxy_port, put("/racks/1")).await,
+        target("hyper floor", 3, floor_port, put("/racks/1")).await,
         // The route `rest` (fence: off) takes any path but /racks/{rack}.
         target("sidecar (fence off)", 2, sidecar.port, put("/unfenced/1")).await,
         target("sidecar (cached)", 2, sidecar.port, put("/racks/1")).await,
@@ -235,6 +251,17 @@ fn write_results(
         format!("{ratio:.2}× (per repetition {})", shown.join(", ")),
         if ratio <= 1.0 { "yes" } else { "no" }.into(),
     ]);
+    // What the target asks of hyper itself, and what is fencegate's own.
+    let floor = med(&samples[at("hyper floor")].net);
+    targets_t.row(&[
+        "(the floor: hyper's server and client alone ÷ nginx)".into(),
+        format!(
+            "{:.2}×; the sidecar (cached) is {:.2}× the floor",
+            floor / med(&samples[nginx].net),
+            med(&samples[cached].net) / floor
+        ),
+        "–".into(),
+    ]);
 
     let profile = |i: usize, n: usize| -> (String, Vec<serde_json::Value>) {
         let mut t = Table::new(&["function (self cost)", "instructions per request", "% of the requests' dump"]);
@@ -257,7 +284,9 @@ fn write_results(
     let markdown = format!(
         "`PUT /racks/1` with a valid `X-Fence-Token` (the fence-off row: `PUT /unfenced/1`), {requests} requests \
          per repetition over {connections} keep-alive connections opened and warmed up before, {reps} \
-         repetitions: median (min–max). Each proxy runs under `valgrind --tool=callgrind` (all its threads); the \
+         repetitions: median (min–max). hyper floor: hyper's HTTP/1 server and client, one upstream connection per \
+         client connection, nothing else, on one event loop (`bench/common/floor.rs`): the least any proxy built \
+         on hyper and tokio costs. Each proxy runs under `valgrind --tool=callgrind` (all its threads); the \
          upstream and the lock cluster do not. \"Instructions per request\" subtracts what the process does \
          without requests over as long (its background, measured right after); \"as counted\" does not. nginx: one \
          process (`master_process off`), HAProxy: one thread. The sidecar has its default `workers` (one event \
@@ -282,6 +311,7 @@ fn write_results(
         })).collect::<Vec<_>>(),
         "ratio_sidecar_cached_to_nginx": ratio,
         "ratio_per_rep": per_rep,
+        "ratio_floor_to_nginx": floor / med(&samples[nginx].net),
         "top_self_sidecar_cached": sidecar_json,
         "top_self_nginx": nginx_json,
     });

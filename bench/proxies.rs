@@ -1,7 +1,8 @@
 //! What the sidecar costs next to the proxy you already run: the same small
 //! upstream and the same load, straight, through nginx (`proxy_pass`),
 //! through HAProxy, and through `fencegate sidecar` (fencing on, strict;
-//! `cached` and `linearizable`), in one run.
+//! `cached` and `linearizable`), in one run; and hyper's floor
+//! (`common/floor.rs`), hyper's server and client with nothing else.
 //!
 //! Per path and repetition: closed-loop throughput over `BENCH_CONNECTIONS`
 //! keep-alive connections, then latency at each fixed rate of `BENCH_RATES`
@@ -15,6 +16,8 @@
 //! ("2000,5000,10000"). Writes bench/results/proxies.{md,json}.
 
 mod common;
+#[path = "common/floor.rs"]
+mod floor;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -32,10 +35,19 @@ use fencegate_testkit::http::fenced_put;
 use fencegate_testkit::upstream::{Recording, Upstream};
 use serde_json::json;
 
+/// "hyper floor" is hyper's server and client and nothing else
+/// (`common/floor.rs`): the least a proxy on the sidecar's parts costs.
 /// "sidecar (fence off)" is the cached sidecar on a route with fencing off:
 /// the proxying alone, to tell its cost from the fencing's.
-const PATHS: [&str; 6] =
-    ["straight", "nginx", "haproxy", "sidecar (fence off)", "sidecar (cached)", "sidecar (linearizable)"];
+const PATHS: [&str; 7] = [
+    "straight",
+    "nginx",
+    "haproxy",
+    "hyper floor",
+    "sidecar (fence off)",
+    "sidecar (cached)",
+    "sidecar (linearizable)",
+];
 
 /// One path under test: where to send what, and whose CPU to charge.
 struct Target {
@@ -75,8 +87,13 @@ fn at(name: &str) -> usize {
 
 const QUANTILES: [(&str, f64); 3] = [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)];
 
+fn main() {
+    floor::run_if_asked();
+    measure();
+}
+
 #[tokio::main(flavor = "multi_thread")]
-async fn main() {
+async fn measure() {
     let seconds = Duration::from_secs(env_or("BENCH_SECONDS", 5));
     let reps: usize = env_or("BENCH_REPS", 3);
     let connections: usize = env_or("BENCH_CONNECTIONS", 32);
@@ -92,16 +109,18 @@ async fn main() {
     let up = upstream.port;
     let cluster = fencegate_cluster("").await;
     let dir = cluster.dir().to_path_buf();
-    let [nginx_port, haproxy_port] = free_ports();
-    // Two workers and two threads for two cores.
+    let [nginx_port, haproxy_port, floor_port] = free_ports();
+    // Two workers, threads or event loops for two cores.
     let nginx = proxies::nginx(&dir, Path::new("nginx"), nginx_port, up, NginxProcesses::Workers(2));
     let haproxy = proxies::haproxy(&dir, Path::new("haproxy"), haproxy_port, up, 2);
+    let floor = floor::start(&dir, &std::env::current_exe().unwrap(), floor_port, up, 2);
     let cached = fenced_sidecar(&cluster, "sidecar-cached", up, "cached").await;
     let linearizable = fenced_sidecar(&cluster, "sidecar-linearizable", up, "linearizable").await;
     let (cached_port, cached_pid) = (cached.port, cached.pid().unwrap());
     let (lin_port, lin_pid) = (linearizable.port, linearizable.pid().unwrap());
     wait_for_port(nginx_port).await;
     wait_for_port(haproxy_port).await;
+    wait_for_port(floor_port).await;
     let cluster_pids: Vec<u32> = cluster.ids().into_iter().map(|id| cluster.pid(id)).collect();
 
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
@@ -111,6 +130,7 @@ async fn main() {
         Target { port: up, make: put("/racks/1"), proxy_pid: None, cluster_pids: vec![] },
         Target { port: nginx_port, make: put("/racks/1"), proxy_pid: Some(nginx.pid()), cluster_pids: vec![] },
         Target { port: haproxy_port, make: put("/racks/1"), proxy_pid: Some(haproxy.pid()), cluster_pids: vec![] },
+        Target { port: floor_port, make: put("/racks/1"), proxy_pid: Some(floor.pid()), cluster_pids: vec![] },
         // The route `rest` (fence: off) takes any path but /racks/{rack}.
         Target { port: cached_port, make: put("/unfenced/1"), proxy_pid: Some(cached_pid), cluster_pids: vec![] },
         Target {
@@ -227,6 +247,18 @@ fn write_results(samples: &[Samples], rates: &[u64], reps: usize, seconds: Durat
     target(&format!("added p50 over straight ≤ 100 µs @{mid}/s"), format!("{added:.0} µs"), added <= 100.0);
     let c = med(cached, cpu);
     target(&format!("≤ 0.05 CPU s per 1,000 requests @{mid}/s"), format!("{c:.3}"), c <= 0.05);
+    // What the targets ask of hyper itself (`common/floor.rs`).
+    let floor = at("hyper floor");
+    targets.row(&[
+        "(the floor: hyper's server and client alone ÷ nginx)".into(),
+        format!(
+            "throughput {:.2}×, p99 @{mid}/s {:.2}×, CPU s per 1,000 requests @{mid}/s {:.2}×",
+            med(floor, rps) / med(nginx, rps),
+            med(floor, p99) / med(nginx, p99),
+            med(floor, cpu) / med(nginx, cpu),
+        ),
+        "–".into(),
+    ]);
 
     let lock_cpu: Vec<String> = [at("sidecar (cached)"), at("sidecar (linearizable)")]
         .iter()
