@@ -111,19 +111,17 @@ impl Routes {
     /// received, still percent-encoded, without the query), with its lock key.
     pub fn find(&self, method: &Method, path: &str) -> Result<Matched<'_>, MatchError> {
         let body = canonical(path)?;
-        let segments = split(body);
         for route in &self.routes {
             if route.methods.as_ref().is_some_and(|m| !m.contains(method)) {
                 continue;
             }
-            let Some(values) = route.matches(&segments, body) else { continue };
+            let Some(values) = route.matches(body) else { continue };
             let values = values.map_err(|message| MatchError::BadParam { route: route.name.clone(), message })?;
             let Some(template) = &route.lock_key else {
                 // A write the fenced route would have taken with another
                 // method must not slip through an unfenced one.
                 if !is_safe(method) && !route.allow_unfenced_writes {
-                    let fenced =
-                        self.routes.iter().find(|r| r.lock_key.is_some() && r.matches(&segments, body).is_some());
+                    let fenced = self.routes.iter().find(|r| r.lock_key.is_some() && r.fits(body));
                     if let Some(fenced) = fenced {
                         return Err(MatchError::UnfencedWrite {
                             method: method.to_string(),
@@ -246,9 +244,24 @@ impl Route {
         })
     }
 
-    /// The path's parameters if it is this route's (see `PathTemplate::matches`),
-    /// trying it without a listed format suffix first.
-    fn matches<'p>(&self, segments: &[(usize, &'p str)], body: &'p str) -> Option<Result<Vec<Cow<'p, str>>, String>> {
+    /// The parameters' values if the canonical path `body` is this route's,
+    /// each in its canonical spelling; `Err` if it is, but a typed value has
+    /// no canonical form.
+    fn matches<'p>(&self, body: &'p str) -> Option<Result<Vec<Cow<'p, str>>, String>> {
+        let body = self.without_suffix(body);
+        // Nothing is allocated for the routes a request tries and misses.
+        self.path.fits(body).then(|| self.path.values(body))
+    }
+
+    /// Whether the canonical path `body` is this route's, its typed values
+    /// aside: `matches(body).is_some()`.
+    fn fits(&self, body: &str) -> bool {
+        self.path.fits(self.without_suffix(body))
+    }
+
+    /// `body` without a listed format suffix, if it has one: the route is
+    /// then matched without it (and not with it).
+    fn without_suffix<'p>(&self, body: &'p str) -> &'p str {
         let bare = self.suffixes.iter().find_map(|suffix| {
             let cut = body.len().checked_sub(suffix.len())?;
             let (bare, tail) = (body.get(..cut)?, &body[cut..]);
@@ -256,10 +269,7 @@ impl Route {
             let keeps_a_name = !bare.is_empty() && !bare.ends_with('/');
             (keeps_a_name && tail.eq_ignore_ascii_case(suffix)).then_some(bare)
         });
-        match bare {
-            Some(bare) => self.path.matches(&split(bare), bare),
-            None => self.path.matches(segments, body),
-        }
+        bare.unwrap_or(body)
     }
 
     /// The path template as configured, e.g. `/racks/{rack}`.
@@ -502,29 +512,36 @@ impl PathTemplate {
         Ok(template)
     }
 
-    /// The parameters' values if `segments` (of the canonical path `body`)
-    /// match; `Err` if they match but a typed value has no canonical form.
-    fn matches<'p>(&self, segments: &[(usize, &'p str)], body: &'p str) -> Option<Result<Vec<Cow<'p, str>>, String>> {
-        let mut values = Vec::with_capacity(self.params.len());
-        let mut next = segments.iter();
+    /// Whether the canonical path `body` has this template's literals and
+    /// number of segments (its typed values aside).
+    fn fits(&self, body: &str) -> bool {
+        let mut next = Segments::new(body);
         for segment in &self.segments {
-            match segment {
-                Segment::Literal(literal) => {
-                    let (_, s) = next.next()?;
-                    if !literal_eq(s, literal) {
-                        return None;
-                    }
-                }
-                Segment::Param(_) => values.push(next.next()?.1),
-                Segment::Rest => {
-                    // Slicing `body` keeps the separators: the remainder is
-                    // exactly what follows, trailing slash aside.
-                    values.push(next.next().map_or("", |&(at, _)| &body[at..]));
-                    return Some(self.canonical(values));
-                }
+            match (segment, next.next()) {
+                (Segment::Rest, _) => return true,
+                (_, None) => return false,
+                (Segment::Literal(literal), Some((_, s))) if !literal_eq(s, literal) => return false,
+                _ => {}
             }
         }
-        next.next().is_none().then(|| self.canonical(values))
+        next.next().is_none()
+    }
+
+    /// The parameters' values of a path that `fits`, each in its canonical
+    /// spelling; `Err` for the first typed one that has none.
+    fn values<'p>(&self, body: &'p str) -> Result<Vec<Cow<'p, str>>, String> {
+        let mut values = Vec::with_capacity(self.params.len());
+        let mut next = Segments::new(body);
+        for segment in &self.segments {
+            match (segment, next.next()) {
+                (Segment::Literal(_), _) => {}
+                (Segment::Param(t), s) => values.push(t.canonical(s.map_or("", |(_, s)| s))?),
+                // Slicing `body` keeps the separators: the remainder is
+                // exactly what follows, trailing slash aside.
+                (Segment::Rest, s) => values.push(Cow::Borrowed(s.map_or("", |(at, _)| &body[at..]))),
+            }
+        }
+        Ok(values)
     }
 
     /// A request path this template matches (`x` for a parameter, `1` for
@@ -537,16 +554,6 @@ impl PathTemplate {
             None => part,
         });
         format!("/{}", parts.collect::<Vec<_>>().join("/"))
-    }
-
-    /// Typed values in their canonical spelling.
-    fn canonical<'p>(&self, values: Vec<&'p str>) -> Result<Vec<Cow<'p, str>>, String> {
-        let types = self.segments.iter().filter_map(|s| match s {
-            Segment::Param(t) => Some(*t),
-            Segment::Rest => Some(ParamType::Any),
-            Segment::Literal(_) => None,
-        });
-        values.into_iter().zip(types).map(|(value, t)| t.canonical(value)).collect()
     }
 }
 
@@ -605,13 +612,14 @@ impl KeyTemplate {
     }
 
     fn render(&self, values: &[Cow<'_, str>]) -> String {
-        self.parts
-            .iter()
-            .map(|part| match part {
-                KeyPart::Literal(s) => s.as_str(),
-                KeyPart::Param(i) => &values[*i],
-            })
-            .collect()
+        let parts = self.parts.iter().map(|part| match part {
+            KeyPart::Literal(s) => s.as_str(),
+            KeyPart::Param(i) => &values[*i],
+        });
+        // Sized once: collecting would grow it part by part.
+        let mut key = String::with_capacity(parts.clone().map(str::len).sum());
+        parts.for_each(|p| key.push_str(p));
+        key
     }
 }
 
@@ -644,14 +652,14 @@ pub fn canonical(path: &str) -> Result<&str, MatchError> {
     if body.is_empty() {
         return Ok(body);
     }
-    for segment in body.split('/') {
+    for (_, segment) in Segments::new(body) {
         if segment.is_empty() {
             return Err(malformed("empty segment"));
         }
         check_segment(segment).map_err(|why| malformed(&format!("segment {segment:?} {why}")))?;
     }
     // Overlong UTF-8 such as %C0%AE reads as '.' to lenient decoders.
-    if body.contains('%') && std::str::from_utf8(&decode(body)).is_err() {
+    if body.as_bytes().contains(&b'%') && std::str::from_utf8(&decode(body)).is_err() {
         return Err(malformed("percent-encodes bytes that are not UTF-8"));
     }
     Ok(body)
@@ -694,27 +702,40 @@ fn check_segment(segment: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The canonical path without its leading and trailing `/`, cut into segments
-/// with their offsets (so that `{*rest}` can slice the remainder).
-fn split(body: &str) -> Vec<(usize, &str)> {
-    if body.is_empty() {
-        return Vec::new();
+/// The segments of a canonical path without its leading and trailing `/`
+/// (none if it is empty), with their offsets so that `{*rest}` can slice the
+/// remainder. Cut as they are read: a route that differs in its first
+/// segment reads no further.
+struct Segments<'p> {
+    body: &'p str,
+    /// Where the next segment starts; past the end when there is none.
+    at: usize,
+}
+
+impl<'p> Segments<'p> {
+    fn new(body: &'p str) -> Segments<'p> {
+        Segments { body, at: if body.is_empty() { 1 } else { 0 } }
     }
-    let mut at = 0;
-    body.split('/')
-        .map(|s| {
-            let segment = (at, s);
-            at += s.len() + 1;
-            segment
-        })
-        .collect()
+}
+
+impl<'p> Iterator for Segments<'p> {
+    type Item = (usize, &'p str);
+
+    fn next(&mut self) -> Option<(usize, &'p str)> {
+        let rest = self.body.get(self.at..)?;
+        // A byte search: `str::find` sets up a searcher, costly on short segments.
+        let len = rest.bytes().position(|b| b == b'/').unwrap_or(rest.len());
+        let segment = (self.at, &rest[..len]);
+        self.at += len + 1;
+        Some(segment)
+    }
 }
 
 /// Literals compare ignoring ASCII case: many frameworks (Express, ASP.NET,
 /// Spring by default on some versions) route `/RACKS/42` as `/racks/42`, and
 /// a fenced route must catch every spelling its upstream would serve.
 fn literal_eq(segment: &str, literal: &[u8]) -> bool {
-    if segment.contains('%') {
+    if segment.as_bytes().contains(&b'%') {
         decode(segment).eq_ignore_ascii_case(literal)
     } else {
         segment.as_bytes().eq_ignore_ascii_case(literal)
@@ -1063,6 +1084,22 @@ mod tests {
         ] {
             let e = build_err(&format!("[{{ name: r, path: '/r/{{x}}', lock_key: 'r/{{x}}', suffixes: {suffixes} }}]"));
             assert!(e.contains("`routes[0].suffixes`") && e.contains(says), "{suffixes}: {e}");
+        }
+    }
+
+    /// Segments are cut at every `/` (empty ones too: `canonical` refuses
+    /// them), each with its offset for `{*rest}`; an empty path has none.
+    #[test]
+    fn segments_are_cut_at_every_slash_with_their_offsets() {
+        for (body, cut) in [
+            ("", vec![]),
+            ("a", vec![(0, "a")]),
+            ("racks/42", vec![(0, "racks"), (6, "42")]),
+            ("a//b", vec![(0, "a"), (2, ""), (3, "b")]),
+            ("a/", vec![(0, "a"), (2, "")]),
+            ("/a", vec![(0, ""), (1, "a")]),
+        ] {
+            assert_eq!(Segments::new(body).collect::<Vec<_>>(), cut, "{body:?}");
         }
     }
 
