@@ -26,11 +26,12 @@ pub enum InvalidInput {
 pub fn key(k: &str) -> Result<(), InvalidInput> {
     // `.` and `..` are not segments: a proxy in front that normalises paths
     // would read `rack/../fw/1` as another key.
-    let segment_ok = |s: &str| {
-        !matches!(s, "" | "." | "..")
-            && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    let segment_ok = |s: &[u8]| {
+        !matches!(s, b"" | b"." | b"..")
+            && s.iter().all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
     };
-    if k.is_empty() || k.len() > MAX_KEY_LEN || !k.split('/').all(segment_ok) {
+    // Split as bytes: `str::split` sets up a searcher, costly on short segments.
+    if k.is_empty() || k.len() > MAX_KEY_LEN || !k.as_bytes().split(|&b| b == b'/').all(segment_ok) {
         return Err(InvalidInput::Key(k.chars().take(MAX_KEY_LEN).collect()));
     }
     Ok(())
