@@ -3,10 +3,10 @@
 //! files, the etcd cluster and the reverse proxies. The fencegate processes
 //! (cluster, sidecar), the upstream and ports come from `fencegate-testkit`,
 //! the same kit the tests use, set up here for measuring. The root package's
-//! benchmarks and `bench/anchors` (`#[path]`) both include it.
+//! benchmarks and `bench/anchors` (`#[path]`) both include it. `floor.rs`
+//! is not declared here: it needs the `fencegate` library, which
+//! `bench/anchors` does not build; the benchmarks that use it declare it.
 #![allow(dead_code)] // each benchmark uses a part
-                     // `floor.rs` is not declared here: it needs the `fencegate` library, which
-                     // `bench/anchors` does not build; the benchmarks that use it declare it.
 
 pub mod callgrind;
 pub mod etcd;
