@@ -1,6 +1,7 @@
 //! Who a Lock API request comes from and what it may do: identities, bearer
-//! tokens (stored as hashes) and the ACL. Pure: the token file's reloading
-//! and the request handling are in `server::credentials`.
+//! tokens (stored as hashes) and the ACL; and how a member proves itself on
+//! a plaintext peer plane (`PeerSecrets`). Pure: the files' reading and the
+//! request handling are in `server::credentials`.
 //!
 //! Rights are granted per key prefix:
 //! - `read`: `GET /v1/locks/{key}`;
@@ -12,6 +13,7 @@
 use std::collections::HashMap;
 
 use ring::digest::{digest, SHA256};
+use ring::hmac;
 use serde::Deserialize;
 
 /// The identity of every request when clients do not authenticate
@@ -191,9 +193,9 @@ impl Tokens {
         Ok(Tokens { owners })
     }
 
-    /// The identity `token` belongs to, if any.
-    pub fn owner(&self, token: &str) -> Option<&str> {
-        self.owners.get(&token_hash(token)).map(String::as_str)
+    /// The identity the token of this hash belongs to, if any.
+    pub fn owner_of_hash(&self, hash: &[u8; 32]) -> Option<&str> {
+        self.owners.get(hash).map(String::as_str)
     }
 
     /// How many tokens are known.
@@ -222,6 +224,69 @@ pub fn hash_line(token: &str) -> String {
 /// `sha256:<hex>` of `bytes`.
 pub fn sha256_text(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(digest(&SHA256, bytes)))
+}
+
+/// The shortest peer secret: 32 characters (`openssl rand -hex 32` gives 64).
+pub const MIN_PEER_SECRET: usize = 32;
+
+/// The contents of a `peer_secret_file`: the members' shared secret, one
+/// per line. The first is the one this node proves; every line is accepted,
+/// so that a new secret can be rolled out to every member (second line,
+/// then first, then alone: a reload each) without a member refused on the
+/// way.
+///
+/// A member proves it knows the secret, and which member it claims to be,
+/// with `<id>.<hex HMAC-SHA256(secret, "fencegate peer v1 member <id>")>`
+/// (an `Authorization: Bearer` value): the secret itself never crosses the
+/// wire, and a proof names one member id. It is the same for every request:
+/// whoever captures one (on a network: use `tls`) can replay it, and every
+/// holder of the secret can compute every member's. Per-member identity
+/// takes member certificates (`tls`).
+pub struct PeerSecrets {
+    keys: Vec<hmac::Key>,
+}
+
+impl PeerSecrets {
+    pub fn parse(text: &str) -> Result<PeerSecrets, String> {
+        let mut keys = vec![];
+        for (i, line) in text.lines().map(str::trim).enumerate().filter(|(_, l)| !l.is_empty()) {
+            // The value is not repeated: it is a secret.
+            if line.len() < MIN_PEER_SECRET {
+                return Err(format!(
+                    "line {}: a secret must be at least {MIN_PEER_SECRET} characters (`openssl rand -hex 32`)",
+                    i + 1
+                ));
+            }
+            keys.push(hmac::Key::new(hmac::HMAC_SHA256, line.as_bytes()));
+        }
+        if keys.is_empty() {
+            return Err("holds no secret (`openssl rand -hex 32` makes one)".into());
+        }
+        Ok(PeerSecrets { keys })
+    }
+
+    /// What member `id` sends to prove itself, by the first secret.
+    pub fn proof(&self, id: u64) -> String {
+        format!("{id}.{}", hex::encode(hmac::sign(&self.keys[0], &proof_message(id))))
+    }
+
+    /// The member `proof` proves to be, if it is a proof by any of the
+    /// secrets. The tags are compared in constant time (`hmac::verify`).
+    pub fn member(&self, proof: &str) -> Option<u64> {
+        let (id, tag) = proof.split_once('.')?;
+        let id: u64 = id.parse().ok().filter(|n: &u64| n.to_string() == id)?;
+        let tag = hex::decode(tag).ok()?;
+        let message = proof_message(id);
+        // Every secret is tried: which one matched takes no less time.
+        let proven = self.keys.iter().fold(false, |ok, key| hmac::verify(key, &message, &tag).is_ok() | ok);
+        proven.then_some(id)
+    }
+}
+
+/// What a member's proof signs: its id, in a message of its own (a proof
+/// is no valid MAC of anything else).
+fn proof_message(id: u64) -> Vec<u8> {
+    format!("fencegate peer v1 member {id}").into_bytes()
 }
 
 #[cfg(test)]
@@ -301,10 +366,10 @@ mod tests {
     fn tokens_are_found_by_their_hash_only() {
         let file = format!("ci: {}\nops: [{}, {}]\n", hash_line("t-ci"), hash_line("t-ops-old"), hash_line("t-ops"));
         let tokens = Tokens::parse(&file).unwrap();
-        assert_eq!(tokens.owner("t-ci"), Some("ci"));
-        assert_eq!(tokens.owner("t-ops-old"), Some("ops"));
-        assert_eq!(tokens.owner("t-ops"), Some("ops"));
-        assert_eq!(tokens.owner("t-c"), None);
+        assert_eq!(tokens.owner_of_hash(&token_hash("t-ci")), Some("ci"));
+        assert_eq!(tokens.owner_of_hash(&token_hash("t-ops-old")), Some("ops"));
+        assert_eq!(tokens.owner_of_hash(&token_hash("t-ops")), Some("ops"));
+        assert_eq!(tokens.owner_of_hash(&token_hash("t-c")), None);
         assert!(!file.contains("t-ci"), "the file holds no token");
         assert_eq!(Tokens::parse("").unwrap().count(), 0);
         for bad in [
@@ -315,6 +380,44 @@ mod tests {
             "- a list\n",
         ] {
             assert!(Tokens::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_peer_proof_names_one_member_and_holds_only_under_the_secret() {
+        let secret = "a".repeat(MIN_PEER_SECRET);
+        let other = "b".repeat(MIN_PEER_SECRET);
+        let s = PeerSecrets::parse(&format!("{secret}\n")).unwrap();
+        let proof = s.proof(2);
+        assert!(proof.starts_with("2.") && !proof.contains(&secret), "{proof}");
+        assert_eq!(s.member(&proof), Some(2));
+        // Another id with this tag, the tag cut or changed, another secret's proof.
+        let tag = proof.strip_prefix("2.").unwrap();
+        let mut flipped = tag.to_string().into_bytes();
+        flipped[0] = if flipped[0] == b'0' { b'1' } else { b'0' };
+        let flipped = String::from_utf8(flipped).unwrap();
+        let others = PeerSecrets::parse(&other).unwrap();
+        for forged in [
+            format!("3.{tag}"),
+            format!("02.{tag}"),
+            format!("2.{}", &tag[..62]),
+            format!("2.{flipped}"),
+            others.proof(2),
+            secret.clone(),
+            format!("2.{secret}"),
+            String::new(),
+            "2.".into(),
+        ] {
+            assert_eq!(s.member(&forged), None, "{forged}");
+        }
+        // Rotation: the first line is proved, every line accepted.
+        let both = PeerSecrets::parse(&format!("{other}\n\n{secret}\n")).unwrap();
+        assert_eq!(both.member(&s.proof(1)), Some(1));
+        assert_eq!(both.member(&others.proof(1)), Some(1));
+        assert_eq!(both.proof(1), others.proof(1));
+        for bad in ["", "\n  \n", "short", &format!("{secret}\n{}", &other[1..])] {
+            let e = PeerSecrets::parse(bad).err().unwrap_or_else(|| panic!("{bad:?} parsed"));
+            assert!(!e.contains(&secret[1..]), "the secret is not repeated: {e}");
         }
     }
 }

@@ -43,6 +43,62 @@ pub struct Header {
     pub sha256: String,
 }
 
+/// The highest token a cluster may grant, with room to spare below 2^53:
+/// every JSON parser (JavaScript's, `jq`'s) reads a token exactly.
+pub const MAX_TOKEN: u64 = (1 << 53) - (1 << 32);
+
+/// Tokens granted per second that the clock floor of a restore stays ahead
+/// of: one per microsecond, far above what a Raft log that syncs every
+/// entry to disk can commit.
+pub const TOKENS_PER_SECOND: u64 = 1_000_000;
+
+/// The floor a restored cluster's tokens start above, and what set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreFloor {
+    pub floor: u64,
+    pub by: FloorSource,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloorSource {
+    /// The restoring host's clock, in microseconds since 1970.
+    Clock,
+    /// The operator's `--min-token`, above the clock.
+    MinToken,
+}
+
+/// The floor of a restore of a backup at `revision`, on a host whose clock
+/// reads `clock_us` microseconds since 1970, with the operator's
+/// `min_token` (0: none). Pure.
+///
+/// Why the clock: a cluster's revision rises by one per event, far slower
+/// than a microsecond each, and a restore starts it at the clock's reading
+/// (this function). So every cluster restored by this build stays below the
+/// clock for as long as it runs, and a later restore — of any backup, the
+/// newest or the wrong one, once or twice — starts above every token the
+/// lost cluster granted, though nobody knows what that was. (A cluster
+/// never restored has far smaller tokens still.) What it needs: the
+/// restoring host's clock not behind the time of the lost cluster's last
+/// grant by more than that cluster's slack (DESIGN, "Residual windows").
+pub fn restore_floor(revision: u64, min_token: u64, clock_us: u64) -> Result<RestoreFloor, String> {
+    if revision >= clock_us {
+        return Err(format!(
+            "the backup's revision {revision} is at or above this host's clock ({clock_us} µs since 1970): the \
+             clock is behind (set it right and restore again); a cluster's tokens never run ahead of the clock"
+        ));
+    }
+    let (floor, by) = match min_token > clock_us {
+        true => (min_token, FloorSource::MinToken),
+        false => (clock_us, FloorSource::Clock),
+    };
+    if floor >= MAX_TOKEN {
+        return Err(format!(
+            "a floor of {floor} leaves no room below {MAX_TOKEN} (2^53 - 2^32), above which JSON parsers misread tokens"
+        ));
+    }
+    Ok(RestoreFloor { floor, by })
+}
+
 /// Where a backup came from (the header's fields the table does not give).
 pub struct Origin {
     pub taken_at: String,
@@ -133,6 +189,24 @@ mod tests {
     fn file() -> Vec<u8> {
         let origin = Origin { taken_at: "2026-12-01T00:00:00Z".into(), node: 1, term: 3, applied_index: 9 };
         encode(&table(), origin)
+    }
+
+    /// The clock's reading, not the operator's guess, sets the floor; a
+    /// restore never starts below the backup or above 2^53.
+    #[test]
+    fn the_floor_is_the_clock_unless_min_token_is_higher() {
+        let now = 1_796_000_000_000_000; // 2026-12, in µs
+        let f = restore_floor(5, 1, now).unwrap();
+        assert_eq!(f, RestoreFloor { floor: now, by: FloorSource::Clock }, "--min-token 1 changes nothing");
+        let f = restore_floor(5, now + 7, now).unwrap();
+        assert_eq!(f, RestoreFloor { floor: now + 7, by: FloorSource::MinToken });
+        assert!(restore_floor(now, 0, now).unwrap_err().contains("clock is behind"));
+        assert!(restore_floor(5, MAX_TOKEN, now).unwrap_err().contains("2^53"));
+        // Two restores of one backup a second apart: the second starts
+        // above every token the first could grant in that second.
+        let first = restore_floor(5, 0, now).unwrap().floor;
+        let second = restore_floor(5, 0, now + 1_000_000).unwrap().floor;
+        assert!(second >= first + TOKENS_PER_SECOND);
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! Command-line interface (docs/DESIGN.md "CLI"). Each subcommand lives in its own
 //! file; this one parses and dispatches, and owns the exit codes.
 
+// First: its `println!`, `print!` and `eprintln!` are the ones every
+// module below uses.
+#[macro_use]
+mod out;
 mod demo;
 mod dev;
 pub mod exit;
@@ -173,9 +177,11 @@ enum Command {
     },
     /// Back up the lock table, check a backup, or restore one into a new cluster.
     ///
-    /// A restored cluster never grants a token at or below --min-token, so
-    /// the tokens granted after the backup was taken are not handed out
-    /// again; no lease of the backup is live after the restore.
+    /// A restored cluster is a new history (a new cluster id) whose tokens
+    /// start at the restoring host's clock in microseconds: above every
+    /// token the lost cluster granted, also after the backup was taken, with
+    /// no guess from the operator. No lease of the backup is live after the
+    /// restore.
     Snapshot {
         #[command(subcommand)]
         action: SnapshotAction,
@@ -262,19 +268,19 @@ enum SnapshotAction {
     /// Give the config of the node with the smallest id of the new
     /// cluster's `peers`, whose data_dir holds no node's data. Start it,
     /// then the other nodes with empty data directories: they receive the
-    /// table from it. Every key keeps its latest token; no lease, lock-delay
-    /// or request id of the backup survives.
+    /// table from it. No lease, lock-delay or request id of the backup
+    /// survives, and every token up to the restore reads as ended.
     Restore {
         file: PathBuf,
         /// The new cluster's first node.
         #[arg(long, short)]
         config: PathBuf,
-        /// The restored cluster grants only tokens above this. Give at
-        /// least the highest revision the old cluster reached (its
-        /// fencegate_lock_revision gauge, the last `token` in its audit
-        /// log, the sidecars' floors), plus a margin for grants nobody
-        /// saw: the backup alone does not know what was granted after it.
-        #[arg(long)]
+        /// An extra floor: the restored cluster grants only tokens above
+        /// this and above this host's clock in microseconds since 1970
+        /// (which alone is above every token a lost cluster can have
+        /// granted, unless its tokens were set above the clock by an
+        /// earlier --min-token). Not needed; the clock must be right.
+        #[arg(long, default_value_t = 0)]
         min_token: u64,
     },
 }
@@ -308,9 +314,28 @@ struct IdempotencyRecord {
     /// The lock key the request wrote under, e.g. rack/42.
     #[arg(long)]
     lock_key: String,
+    /// The fencing token the request carried (X-Fence-Token): a record is
+    /// its holder's. The 409 `outcome_unknown` answer names it.
+    #[arg(long, value_name = "TOKEN")]
+    fence_token: u64,
     /// The Idempotency-Key, as the client sent it (without quotes).
     #[arg(long)]
     key: String,
+    /// The client certificate's name (common name, else first DNS name),
+    /// where the sidecar takes client certificates (`tls.client_ca`).
+    #[arg(long)]
+    identity: Option<String>,
+}
+
+impl IdempotencyRecord {
+    fn holder(&self) -> idempotency::Holder<'_> {
+        idempotency::Holder {
+            lock_key: &self.lock_key,
+            token: self.fence_token,
+            key: &self.key,
+            identity: self.identity.as_deref(),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -329,21 +354,21 @@ struct Endpoints {
     /// leader, and a node that does not answer is skipped. Default: the
     /// three nodes of `fencegate dev` and config/node{1,2,3}.yaml (not with
     /// --token over plain HTTP: a token goes only where you say).
-    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',')]
+    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', global = true)]
     endpoints: Option<Vec<String>>,
     /// PEM file of the CA that signed the nodes' certificates: speak HTTPS
     /// (the endpoints must then be https://) and trust only it.
-    #[arg(long, env = "FENCEGATE_CA", value_name = "PEM")]
+    #[arg(long, env = "FENCEGATE_CA", value_name = "PEM", global = true)]
     ca: Option<PathBuf>,
     /// PEM client certificate to present (mTLS; with --key and --ca).
-    #[arg(long, env = "FENCEGATE_CERT", value_name = "PEM", requires = "tls_key", requires = "ca")]
+    #[arg(long, env = "FENCEGATE_CERT", value_name = "PEM", requires = "tls_key", requires = "ca", global = true)]
     cert: Option<PathBuf>,
     /// PEM private key of --cert.
-    #[arg(long = "key", id = "tls_key", env = "FENCEGATE_KEY", value_name = "PEM", requires = "cert")]
+    #[arg(long = "key", id = "tls_key", env = "FENCEGATE_KEY", value_name = "PEM", requires = "cert", global = true)]
     tls_key: Option<PathBuf>,
     /// Bearer token for a node with `auth.tokens_file`. Prefer the
     /// environment variable: a command line is visible to every user of the machine.
-    #[arg(long, env = "FENCEGATE_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "FENCEGATE_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
 }
 
@@ -383,6 +408,18 @@ fn operation_id(s: &str) -> Result<String, String> {
 
 /// Run a subcommand, returning the process exit status.
 pub fn run(cli: Cli) -> i32 {
+    // Before any thread: what these write is the process's alone. Not for
+    // `lock`, whose CMD inherits the caller's umask.
+    if matches!(
+        cli.command,
+        Command::Server { .. }
+            | Command::Sidecar { .. }
+            | Command::Snapshot { .. }
+            | Command::Dev { .. }
+            | Command::Demo { .. }
+    ) {
+        crate::private::own_files_only();
+    }
     // The demo prints its own timeline: only errors besides it.
     logging::init(logging::default_filter(matches!(cli.command, Command::Demo { .. })), cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("starting the tokio runtime");
@@ -419,10 +456,10 @@ pub fn run(cli: Cli) -> i32 {
             }
             Command::Token { action: TokenAction::New { identity } } => token::new(&identity),
             Command::Idempotency { action: IdempotencyAction::Show(r) } => {
-                idempotency::run(&r.sidecar, &r.token_file, &r.lock_key, &r.key, None).await
+                idempotency::run(&r.sidecar, &r.token_file, r.holder(), None).await
             }
             Command::Idempotency { action: IdempotencyAction::Resolve { record: r, applied, .. } } => {
-                idempotency::run(&r.sidecar, &r.token_file, &r.lock_key, &r.key, Some(applied)).await
+                idempotency::run(&r.sidecar, &r.token_file, r.holder(), Some(applied)).await
             }
             Command::Demo { ttl, pause, mermaid, endpoints, sidecar, inventory } => {
                 let remote = match (endpoints, sidecar, inventory) {
@@ -480,9 +517,10 @@ fn check_config_file(file: &std::path::Path) -> Result<(), ConfigError> {
         println!("{}: ok (sidecar, {} routes)", file.display(), c.routes.iter().count());
     } else {
         let c = crate::config::node::NodeConfig::from_yaml(&text)?;
-        // The files it names too: certificates, keys, the tokens file.
+        // The files it names too: certificates, keys, the tokens file, the peer secret.
         crate::tls::NodeTls::load(&c)?;
         crate::server::credentials::Credentials::load(&c)?;
+        crate::server::credentials::peer_secrets(&c)?;
         let security = match (&c.tls, c.clients_authenticate()) {
             (Some(_), true) => "TLS, clients authenticate",
             (Some(_), false) => "TLS, clients anonymous",
@@ -490,6 +528,7 @@ fn check_config_file(file: &std::path::Path) -> Result<(), ConfigError> {
             (None, false) => "plain HTTP, clients anonymous",
         };
         println!("{}: ok (lock service node; {security})", file.display());
+        println!("peer plane: {}", c.peer_plane());
     }
     Ok(())
 }
@@ -516,6 +555,19 @@ mod tests {
                 other => panic!("{other:?}"),
             };
             assert_eq!(endpoints.urls().unwrap(), three, "{args:?}");
+        }
+    }
+
+    /// The endpoints may follow a subcommand (`member list --endpoints URL`),
+    /// as they follow `snapshot save FILE`.
+    #[test]
+    fn endpoints_are_taken_after_a_subcommand_too() {
+        for args in
+            [&["member", "list", "--endpoints", "http://n:1"][..], &["member", "--endpoints", "http://n:1", "list"]]
+        {
+            let cli = Cli::try_parse_from(std::iter::once("fencegate").chain(args.iter().copied())).unwrap();
+            let Command::Member { endpoints, .. } = cli.command else { panic!("{args:?}") };
+            assert_eq!(endpoints.urls().unwrap(), ["http://n:1"], "{args:?}");
         }
     }
 

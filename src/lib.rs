@@ -16,6 +16,7 @@ pub mod lock;
 pub mod log_limit;
 pub mod metrics;
 pub mod percent;
+pub mod private;
 pub mod raft;
 pub mod server;
 pub mod sidecar;

@@ -190,12 +190,14 @@ pub enum KeyResult {
     NotKept,
     /// 503: the idempotency store is full.
     Full,
+    /// 429: the lock key's records hold its quota (`per_lock_key`).
+    Quota,
     /// An unknown outcome resolved by an operator.
     Resolved,
 }
 
 impl KeyResult {
-    pub const ALL: [KeyResult; 8] = [
+    pub const ALL: [KeyResult; 9] = [
         KeyResult::Stored,
         KeyResult::Replayed,
         KeyResult::Mismatch,
@@ -203,6 +205,7 @@ impl KeyResult {
         KeyResult::Unknown,
         KeyResult::NotKept,
         KeyResult::Full,
+        KeyResult::Quota,
         KeyResult::Resolved,
     ];
 
@@ -215,6 +218,7 @@ impl KeyResult {
             KeyResult::Unknown => "unknown",
             KeyResult::NotKept => "not_kept",
             KeyResult::Full => "full",
+            KeyResult::Quota => "quota",
             KeyResult::Resolved => "resolved",
         }
     }
@@ -237,6 +241,9 @@ pub struct SidecarMetrics {
     pub stale_knowledge_reads: IntCounterVec,
     /// Probes (`GET /v1/revision`) that failed or were answered too late to prove anything.
     pub freshness_probe_failures: IntCounter,
+    /// Times the lock service answered of another history (cluster id) than
+    /// the one the knowledge was of: a restore, or endpoints of two clusters.
+    pub history_changes: IntCounter,
     /// result: `KeyResult`
     pub idempotency: IntCounterVec,
     /// Idempotency records held.
@@ -330,6 +337,13 @@ impl SidecarMetrics {
                 IntCounter::new(
                     "fencegate_sidecar_freshness_probe_failures_total",
                     "Freshness probes (GET /v1/revision) that failed, or were answered max_staleness or more after they were sent",
+                )?,
+            )?,
+            history_changes: register(
+                r,
+                IntCounter::new(
+                    "fencegate_sidecar_lock_service_history_changes_total",
+                    "Times the lock service answered with another cluster id than the knowledge was of (a restore): knowledge dropped, floors kept",
                 )?,
             )?,
             config_reloads: config_reloads(r, "fencegate_sidecar_config_reloads_total")?,

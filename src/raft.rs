@@ -6,6 +6,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod guard;
+pub mod identity;
 pub mod log_store;
 pub mod network;
 pub mod snapshot_file;

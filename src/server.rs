@@ -43,6 +43,7 @@ use crate::config::node::NodeConfig;
 use crate::http::LiveListener;
 use crate::lock::state::LockState;
 use crate::metrics::{LockMetrics, RaftMetrics};
+use crate::raft::identity::Identity;
 use crate::raft::log_store::{read_meta, write_meta, LogStore};
 use crate::raft::network::{Directory, Network, Peer};
 use crate::raft::snapshot_file::SnapshotFile;
@@ -68,7 +69,12 @@ pub struct Node {
     pub applied: Arc<Applied>,
     /// Where the other members are reached.
     pub directory: Arc<Directory>,
+    /// The cluster id this node's history belongs to, once it has one.
+    pub identity: Arc<Identity>,
     credentials: Arc<credentials::Credentials>,
+    /// Without TLS, the members' shared secret every peer-plane request
+    /// must prove (`peer_secret_file`); a reload replaces it (rotation).
+    peer_secrets: Option<ArcSwap<crate::auth::PeerSecrets>>,
     /// Read once per check; a reload replaces it.
     acl: ArcSwap<Acl>,
     /// Whether both planes serve TLS (`tls`), for the process's life.
@@ -100,6 +106,7 @@ impl Node {
         // Files named by the config first: a bad one is a configuration error (exit 64).
         let tls = NodeTls::load(&config)?;
         let credentials = credentials::Credentials::load(&config)?;
+        let peer_secrets = credentials::peer_secrets(&config)?;
         let db = open_data_dir(&config)?;
 
         let registry = Registry::new();
@@ -110,8 +117,13 @@ impl Node {
         let log_store = LogStore::new(db.clone(), raft_metrics.clone());
         let snapshots = SnapshotFile::new(config.data_dir.clone(), db.clone());
         let protocols = Arc::new(Protocols::default());
-        let sm = StateMachineStore::open(snapshots, lock_metrics.clone(), protocols.clone())?;
+        let identity = Identity::open(db.clone())?;
+        let stored = identity.get();
+        let sm = StateMachineStore::open(snapshots, lock_metrics.clone(), protocols.clone(), identity.clone())?;
         let applied = sm.applied();
+        if let Err(e) = crate::raft::identity::compatible(stored.as_deref(), applied.lock().locks.cluster()) {
+            anyhow::bail!("{}: its snapshot is of another cluster than its log: {e}", config.data_dir.display());
+        }
 
         let r = &config.raft;
         let raft_config = openraft::Config {
@@ -130,8 +142,11 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let directory =
-            Directory::new(config.peers.clone(), tls.as_ref().map(|t| &t.peer_links), MAX_PEER_BODY, protocols);
+        let peer_links = tls.as_ref().map(|t| &t.peer_links);
+        let directory = Directory::new(config.peers.clone(), peer_links, MAX_PEER_BODY, protocols, identity.clone());
+        if let Some(secrets) = &peer_secrets {
+            directory.set_proof(secrets.proof(config.id));
+        }
         let network = Network::new(directory.clone());
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log_store, sm).await?;
 
@@ -148,6 +163,7 @@ impl Node {
             id: config.id,
             acl: ArcSwap::from_pointee(config.acl()),
             credentials,
+            peer_secrets: peer_secrets.map(ArcSwap::from_pointee),
             tls: tls.is_some(),
             client_plane: Arc::new(ArcSwap::from_pointee(client_plane)),
             peer_plane: Arc::new(ArcSwap::from_pointee(peer_plane)),
@@ -156,6 +172,7 @@ impl Node {
             raft,
             applied,
             directory,
+            identity,
             registry,
             reloads,
             lock_metrics,
@@ -292,6 +309,7 @@ pub fn restore(config: &NodeConfig, locks: &LockState) -> anyhow::Result<std::pa
         anyhow::bail!("{} exists: a restore builds a new node's data; give it an empty data_dir", path.display());
     }
     let db = open_data_dir(config)?;
+    Identity::open(db.clone())?.adopt(locks.cluster())?;
     let snapshots = SnapshotFile::new(config.data_dir.clone(), db);
     crate::raft::state_machine::seed(&snapshots, locks, founding_members(config))?;
     Ok(path)
@@ -305,6 +323,8 @@ const LOG_FILE: &str = "raft.redb";
 fn open_data_dir(config: &NodeConfig) -> anyhow::Result<Arc<Database>> {
     crate::durable::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
+    crate::private::tighten(&config.data_dir)
+        .with_context(|| format!("tightening data_dir {}", config.data_dir.display()))?;
     let path = config.data_dir.join(LOG_FILE);
     let snapshot = SnapshotFile::path_in(&config.data_dir);
     if !path.exists() && snapshot.exists() {
@@ -376,7 +396,10 @@ async fn should_bootstrap(id: NodeId, directory: &Directory) -> bool {
 /// table may be applied by rules 1 (`lock::state::RULES`): a build of
 /// format 2 would read such a snapshot as rules 0, silently, and apply what
 /// follows differently from the rest of its cluster.
-pub const DATA_FORMAT: u32 = 3;
+/// Format 4 holds the cluster id (`raft::identity`, in the metadata and the
+/// snapshot's table): a build of format 3 would drop it and take another
+/// cluster's peers for its own.
+pub const DATA_FORMAT: u32 = 4;
 
 /// Refuse a data directory a newer build wrote, instead of misreading it;
 /// mark an older one as this format before anything is written in it (its

@@ -155,7 +155,7 @@ impl Sidecar {
         *kept = (*kept).max(longest);
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>, client_ip: Arc<str>) -> Response<Body> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: crate::http::Conn) -> Response<Body> {
         let arrived = Instant::now();
         // Read once: this request finishes on the config it started with.
         let live = self.live();
@@ -242,6 +242,10 @@ impl Sidecar {
                         headers: &parts.headers,
                         body: &bytes,
                         token: fence::parse_token(&parts.headers).ok().flatten().unwrap_or(0),
+                        // Named once per connection, and only for keyed requests.
+                        identity: conn.leaf().and_then(|cert| {
+                            conn.named.get_or_init(|| crate::tls::identity::client_name(cert)).as_deref()
+                        }),
                     };
                     match keyed::begin(&self.records, &self.metrics, policy, request).await {
                         Ok(keyed::Begun::Forward(k)) => keyed = Some(k),
@@ -271,7 +275,7 @@ impl Sidecar {
             Ok(()) => {
                 let r = live
                     .upstream
-                    .forward(&route.upstream, req, &client_ip, tls, route.timeout, limits.send_timeout)
+                    .forward(&route.upstream, req, &conn.ip, tls, route.timeout, limits.send_timeout)
                     .await;
                 self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
                 r
@@ -398,7 +402,7 @@ pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl 
         // upstream has answered or timed out.
         // Boxed: the task then moves a pointer, not the whole (large)
         // future, each time tokio moves its stage (five times a request).
-        let task = tokio::spawn(Box::pin(sidecar.clone().handle(req, conn.ip)));
+        let task = tokio::spawn(Box::pin(sidecar.clone().handle(req, conn)));
         let sc = sidecar.clone();
         async move {
             task.await.unwrap_or_else(|e| sc.answer("-", None, Answer::Internal(format!("request task failed: {e}"))))

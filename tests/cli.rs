@@ -10,6 +10,54 @@ fn fencegate(args: &[&str]) -> (i32, String, String) {
     (out.code, out.stdout, out.stderr)
 }
 
+/// A plaintext peer plane where identities mean something needs the
+/// members' secret, in a file only its owner may read; `check-config`
+/// refuses it otherwise (64) and says who can speak on the peer plane.
+#[test]
+fn check_config_holds_a_plaintext_peer_plane_to_a_private_secret() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (tokens, secret, node) = (dir.path().join("tokens.yaml"), dir.path().join("secret"), dir.path().join("n.yaml"));
+    std::fs::write(&tokens, "").unwrap();
+    std::fs::write(&secret, format!("{}\n", "7".repeat(64))).unwrap();
+    let base = format!(
+        "id: 1\nlisten: 127.0.0.1:7401\npeer_listen: 127.0.0.1:7501\ndata_dir: d\npeers: {{ 1: http://127.0.0.1:7501 }}\n\
+         auth: {{ tokens_file: {} }}\nacl: [{{ identity: ci, prefixes: [rack/], rights: [acquire] }}]\n",
+        tokens.display()
+    );
+    let check = |yaml: String| {
+        std::fs::write(&node, yaml).unwrap();
+        fencegate(&["check-config", node.to_str().unwrap()])
+    };
+    let (code, _, err) = check(base.clone());
+    assert!(code == 64 && err.contains("`peer_secret_file`") && err.contains("every local user"), "{code} {err}");
+    let with_secret = format!("{base}peer_secret_file: {}\n", secret.display());
+    for (mode, ok) in [(0o644, false), (0o640, false), (0o600, true), (0o400, true)] {
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(mode)).unwrap();
+        let (code, out, err) = check(with_secret.clone());
+        match ok {
+            true => assert!(
+                code == 0
+                    && out.contains(&format!("peer plane: members prove the shared secret in {}", secret.display())),
+                "{mode:o}: {code} {out}{err}"
+            ),
+            false => assert!(code == 64 && err.contains("chmod 600"), "{mode:o}: {code} {err}"),
+        }
+    }
+}
+
+/// With the cluster down, `member list` gives up as `status` does (69
+/// within the client's failover budget), not after a membership change's
+/// 150 s; and it takes `--endpoints` after `list`.
+#[test]
+fn member_list_gives_up_in_seconds_when_no_node_answers() {
+    let down = format!("http://127.0.0.1:{}", free_port());
+    let started = std::time::Instant::now();
+    let (code, _, stderr) = fencegate(&["member", "list", "--endpoints", &down]);
+    assert_eq!(code, 69, "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+}
+
 #[test]
 fn check_config_accepts_the_shipped_configs_and_rejects_bad_ones_with_64() {
     for name in ["node1", "node2", "node3", "sidecar", "dev"] {
@@ -218,4 +266,46 @@ async fn dev_smoke() {
         .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(0));
+}
+
+/// `fencegate args…` with its stdout a pipe whose reader went away before
+/// anything was written (`… | head -0`): (exit status, stderr).
+fn into_closed_pipe(args: &[&str]) -> (Option<i32>, String) {
+    use std::process::{Command, Stdio};
+    // The reader closes at once; fencegate starts a moment later.
+    let mut child = Command::new("sh")
+        .args(["-c", r#"sleep 0.3; exec "$0" "$@""#, bin!().path().to_str().unwrap()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Every command that prints ends quietly with 141 (128 + SIGPIPE, as a
+/// shell reports coreutils there) when its reader is gone, instead of
+/// Rust's panic on a closed stdout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_into_a_closed_pipe_ends_quietly_with_141() {
+    let c = Cluster::start(&bin!(), 1, "").await;
+    let endpoints = c.urls().join(",");
+    let backup = c.dir().join("backup.fgsnap");
+    let (code, _, err) = fencegate(&["snapshot", "save", backup.to_str().unwrap(), "--endpoints", &endpoints]);
+    assert_eq!(code, 0, "{err}");
+    let config = c.config_path(1);
+    for args in [
+        vec!["snapshot", "inspect", backup.to_str().unwrap()],
+        vec!["status", "--endpoints", &endpoints],
+        vec!["status", "rack/1", "--json", "--endpoints", &endpoints],
+        vec!["member", "--endpoints", &endpoints, "list"],
+        vec!["check-config", config.to_str().unwrap()],
+        vec!["token", "new", "ops"],
+    ] {
+        let (code, err) = into_closed_pipe(&args);
+        assert_eq!(code, Some(141), "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
+    }
 }

@@ -1,13 +1,15 @@
 //! Idempotency keys at the sidecar (I1), on a real `fencegate sidecar` and
 //! the recording upstream: a write retried with its key is applied once.
 //! The rack route is `observed` (a floor per key, no lock service needed):
-//! what is shown here is the key store, not the fence.
+//! what is shown here is the key store, not the fence; but where holders
+//! take the lock from real lock nodes (a record is its holder's).
 
 use std::time::Duration;
 
+use fencegate_client::AcquireOptions;
 use fencegate_testkit::routes::{everything_else, table, Route};
 use fencegate_testkit::upstream::{ANSWER_HEADER, DELAY_HEADER};
-use fencegate_testkit::{bin, Sidecar, Upstream};
+use fencegate_testkit::{bin, Cluster, Sidecar, Upstream};
 use serde_json::Value;
 
 const KEY: &str = "idempotency-key";
@@ -189,7 +191,7 @@ async fn a_crash_mid_flight_leaves_an_unknown_outcome_that_is_never_retried_by_i
     let token = dir.path().join("sc/state/admin-token");
     let wrong = dir.path().join("wrong-token");
     std::fs::write(&wrong, "fga_not-it\n").unwrap();
-    let record = ["--lock-key", "rack/1", "--key", "crash"];
+    let record = ["--lock-key", "rack/1", "--fence-token", "5", "--key", "crash"];
     let cli = |token: &std::path::Path, verb: &str, more: &[&str]| {
         let mut args = vec!["idempotency", verb, "--sidecar", &admin, "--token-file", token.to_str().unwrap()];
         args.extend_from_slice(&record);
@@ -198,13 +200,18 @@ async fn a_crash_mid_flight_leaves_an_unknown_outcome_that_is_never_retried_by_i
     };
     let out = cli(&wrong, "resolve", &["--not-applied"]);
     assert!(out.code == 1 && out.stderr.contains("401"), "{}{}", out.stdout, out.stderr);
-    let body = r#"{"lock_key":"rack/1","key":"crash"}"#;
+    let body = r#"{"lock_key":"rack/1","token":5,"key":"crash"}"#;
     let from_page = [("origin", "http://evil.example"), ("authorization", "Bearer x")];
     let req =
         fencegate_testkit::http::request("POST", &format!("{admin}/admin/idempotency/show"), None, &from_page, body);
     assert_eq!(fencegate_testkit::http::send(req, Duration::from_secs(5)).await.0, 403);
     let out = cli(&token, "show", &[]);
     assert!(out.code == 0 && out.stdout.contains(r#""state":"unknown""#), "{}{}", out.stdout, out.stderr);
+    // The record is its holder's: under another token there is none.
+    let other = ["idempotency", "show", "--sidecar", &admin, "--token-file", token.to_str().unwrap()];
+    let other = [&other[..], &["--lock-key", "rack/1", "--fence-token", "6", "--key", "crash"]].concat();
+    let out = bin!().run(&other, Duration::from_secs(10));
+    assert!(out.code == 1 && out.stderr.contains("404"), "{}{}", out.stdout, out.stderr);
     let out = cli(&token, "resolve", &["--applied", "200"]);
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let out = cli(&token, "resolve", &["--not-applied"]);
@@ -235,9 +242,9 @@ async fn a_full_store_refuses_new_keys_and_evicts_none() {
     let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
     // Each pending record holds room for a 1 KiB answer and its headers.
-    let sc =
-        sidecar(dir.path(), &up, "{ retention: 1h, max_response: 1KiB }", "limits: { idempotency_store: 64KiB }\n")
-            .await;
+    // One lock key may take the whole store here: this is the store's bound.
+    let idempotency = "{ retention: 1h, max_response: 1KiB, per_lock_key: 64KiB }";
+    let sc = sidecar(dir.path(), &up, idempotency, "limits: { idempotency_store: 64KiB }\n").await;
     // Fill the store: new keys get 503, none of the live ones is evicted.
     let mut full = None;
     for i in 0..2000 {
@@ -253,4 +260,98 @@ async fn a_full_store_refuses_new_keys_and_evicts_none() {
     let (status, _) = sc.send_body("PUT", "/racks/2", Some(5), &[(KEY, "fill-0")], "{}").await;
     assert_eq!(status, 200, "a live record is still replayed");
     assert_eq!(applied(&up, "/racks/2"), full, "each once");
+}
+
+/// Issue 34: A (token `a`) writes with `op-1` and gets an answer that sets
+/// a cookie; C writes; B, the holder now (token `b`), sends A's request with
+/// A's key. B's write is applied (the upstream sees it, with B's token) and
+/// B gets its own answer: not A's, not A's cookie, not a replay. A's own
+/// retry is still replayed. On real lock nodes, through a `strict` route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_holders_request_with_an_earlier_holders_key_is_its_own() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let up = Upstream::start().await;
+    let table = table(&[
+        Route::fenced("rack-writes", "/racks/{rack}", "rack/{rack}", "{ mode: strict, consistency: cached }")
+            .methods(&["PUT"])
+            .with("idempotency", "{ retention: 1h }"),
+        everything_else(),
+    ]);
+    let sc = c.sidecar("sc", &up.url(), &table).await;
+    let client = c.client();
+    let lease = |who: &'static str| {
+        let client = client.clone();
+        async move {
+            let opts = AcquireOptions::new(Duration::from_secs(30)).holder(who);
+            client.acquire("rack/7", opts).await.unwrap()
+        }
+    };
+    let body = r#"{"state":"drained"}"#;
+    let cookie = format!("{ANSWER_HEADER}: set-cookie: session=A\r\n");
+    let a = lease("A").await;
+    let first = put_raw(sc.port, "/racks/7", a.token(), "op-1", &cookie, body).await;
+    assert!(first.starts_with("HTTP/1.1 200") && first.contains("set-cookie: session=A"), "{first}");
+    let retry = put_raw(sc.port, "/racks/7", a.token(), "op-1", "", body).await;
+    assert!(retry.contains("idempotent-replayed: true") && retry.contains("session=A"), "A's retry: {retry}");
+    let token_a = a.token();
+    a.release().await.unwrap();
+    let c_lease = lease("C").await;
+    assert_eq!(sc.send_body("PUT", "/racks/7", Some(c_lease.token()), &[], r#"{"state":"C"}"#).await.0, 200);
+    let token_c = c_lease.token();
+    c_lease.release().await.unwrap();
+    let b = lease("B").await;
+    // The same method, path, type and body as A's: only the holder differs.
+    let answer = put_raw(sc.port, "/racks/7", b.token(), "op-1", "", body).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(!answer.contains("idempotent-replayed"), "B got a replay: {answer}");
+    assert!(!answer.contains("session=A"), "B got A's cookie: {answer}");
+    assert!(answer.ends_with(r#"{"applied":2}"#), "B's own answer, not A's (applied 0): {answer}");
+    assert_eq!(up.tokens("/racks/7"), vec![Some(token_a), Some(token_c), Some(b.token())], "B's write applied");
+    // B's retry is B's replay; A's key under B's token is B's record.
+    let again = put_raw(sc.port, "/racks/7", b.token(), "op-1", "", body).await;
+    assert!(again.contains("idempotent-replayed: true") && again.ends_with(r#"{"applied":2}"#), "{again}");
+    assert_eq!(applied(&up, "/racks/7"), 3);
+}
+
+/// One lock key's records take at most its quota (`per_lock_key`): past
+/// it, its new keys get 429 `idempotency_quota` naming the quota, whoever
+/// holds it, while another lock key is still served; a retry of a kept
+/// key is still replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_key_past_its_quota_is_refused_while_others_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let sc = sidecar(dir.path(), &up, "{ retention: 1h, max_response: 1KiB, per_lock_key: 16KiB }", "").await;
+    let mut refused = None;
+    for i in 0..2000 {
+        let (status, v) = sc.send_body("PUT", "/racks/2", Some(5), &[(KEY, &format!("fill-{i}"))], "{}").await;
+        if status != 200 {
+            assert_eq!((status, error_of(&v)), (429, "idempotency_quota"), "{v}");
+            let message = v["message"].as_str().unwrap();
+            assert!(
+                message.contains("rack/2") && message.contains("16384 bytes") && message.contains("per_lock_key"),
+                "{v}"
+            );
+            refused = Some(i);
+            break;
+        }
+    }
+    let taken = refused.expect("the quota filled");
+    assert!(taken >= 3, "only {taken} records in 16 KiB");
+    // A kept key is still replayed; another lock key is served.
+    let (status, v) = sc.send_body("PUT", "/racks/2", Some(5), &[(KEY, "fill-0")], "{}").await;
+    assert_eq!((status, v["applied"].as_u64()), (200, Some(0)), "{v}");
+    assert_eq!(sc.send_body("PUT", "/racks/3", Some(5), &[(KEY, "fill-0")], "{}").await.0, 200);
+    // The same lock key under a later holder: the same quota.
+    let (status, v) = sc.send_body("PUT", "/racks/2", Some(6), &[(KEY, "later")], "{}").await;
+    assert_eq!((status, error_of(&v)), (429, "idempotency_quota"), "{v}");
+    assert_eq!(applied(&up, "/racks/2"), taken, "each once; none refused was sent");
+    assert_eq!(applied(&up, "/racks/3"), 1);
+    let m = sc.metrics().await;
+    for line in [
+        r#"fencegate_sidecar_rejections_total{reason="idempotency_quota",route="rack-writes"} 2"#,
+        r#"fencegate_sidecar_idempotency_total{result="quota",route="rack-writes"} 2"#,
+    ] {
+        assert!(m.contains(line), "{line} in\n{m}");
+    }
 }

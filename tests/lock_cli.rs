@@ -52,6 +52,23 @@ async fn runs_the_command_with_the_token_and_releases_after() {
     assert_eq!(out.status.code(), Some(2), "refused by the argument parser");
 }
 
+/// A CMD that cannot run gets a shell's status (127 not found, 126 not
+/// executable), and the lock is given back at once, not held for its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_cannot_run_exits_as_a_shell_would_and_releases_the_lock() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let not_executable = c.dir().join("not-executable");
+    std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
+    for (cmd, code) in [("/nonexistent/cmd", 127), (not_executable.to_str().unwrap(), 126)] {
+        let out = run(lock_cmd(&c, &["rack/42", "--ttl", "30s", "--", cmd])).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{cmd}: {stderr}");
+        assert!(stderr.contains("cannot run") && !stderr.contains("panicked"), "{stderr}");
+        let info = c.client().read("rack/42").await.unwrap();
+        assert!(!info.held, "{cmd}: the lock is still held: {info:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exits_75_when_the_lock_is_not_obtained_within_wait() {
     let c = Cluster::start(&bin!(), 3, "").await;
@@ -151,6 +168,7 @@ async fn speaks_tls_and_authenticates_to_a_secure_cluster() {
     let security = Security {
         acl: "  - { identity: deploy, prefixes: [rack/], rights: [acquire] }\n  - { identity: viewer, prefixes: [rack/], rights: [read] }\n".into(),
         tokens: vec![("deploy".into(), "deploy-token".into())],
+        ..Default::default()
     };
     let c = Cluster::start_with(&bin!(), ClusterOptions { security: Some(security), ..Default::default() }).await;
     let ca = c.pki().unwrap().ca.display().to_string();

@@ -211,13 +211,13 @@ async fn the_rules_move_only_once_every_member_speaks_them() {
         for id in c.ids() {
             rules.push(c.cluster_info(id).await.map(|i| i.rules));
         }
-        if rules.iter().all(|r| *r == Some(1)) {
+        if rules.iter().all(|r| *r == Some(2)) {
             break;
         }
-        assert!(Instant::now() < until, "not every node moved to rules 1: {rules:?}");
+        assert!(Instant::now() < until, "not every node moved to rules 2: {rules:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(c.log_of(leader).contains("every member speaks rules 1"), "{}", c.log_of(leader));
+    assert!(c.log_of(leader).contains("every member speaks rules 2"), "{}", c.log_of(leader));
     // Retries of grants made under rules 0 still get them back: of a live
     // lease, and of one that ended (among the last 4,096 that did).
     assert_eq!(acquire("rack/rules", "before-the-move").await, first);
@@ -255,4 +255,91 @@ async fn a_member_added_over_tls_votes_and_serves() {
     let lease =
         client.acquire("rack/tls", fencegate_client::AcquireOptions::new(Duration::from_secs(5))).await.unwrap();
     assert!(lease.token() > 0);
+}
+
+/// The cluster id `client`'s cluster takes within a few seconds of its
+/// start (`None` from a build without them).
+async fn cluster_id(client: &Client) -> Option<String> {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        if let Some(id) = client.cluster().await.ok().and_then(|c| c.cluster) {
+            return Some(id);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Node 4's data directory holds another cluster's history (it was node 4
+/// of cluster B): adding it to cluster A is refused before anything is
+/// sent to it (`foreign_cluster`, nothing changed), it keeps running, and a
+/// Raft RPC that says it is of another cluster is refused by A's nodes
+/// before openraft sees it. Without the check, such a node joined, panicked
+/// in its log store and flapped A's leadership.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_of_another_cluster_cannot_join() {
+    let bin = bin!();
+    let mut a = Cluster::start(&bin, 3, NODE_YAML).await;
+    let mut b = Cluster::start(&bin, 4, NODE_YAML).await;
+    let b_client = b.client();
+    let granted = b_client.acquire("rack/b", fencegate_client::AcquireOptions::new(Duration::from_secs(30))).await;
+    granted.expect("cluster B grants");
+    let (a_id, b_id) = (cluster_id(&a.client()).await, cluster_id(&b_client).await);
+    b.wait_for_applied(4, 1, Duration::from_secs(20)).await;
+    b.kill_all();
+
+    // A's node 4 starts on a copy of B's node 4's data directory.
+    let four = a.add_node().await;
+    assert_eq!(four, 4);
+    a.kill(four);
+    let (from, to) = (b.data_dir(4), a.data_dir(four));
+    let _ = std::fs::remove_dir_all(&to);
+    std::fs::create_dir_all(&to).unwrap();
+    for f in std::fs::read_dir(&from).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+    }
+    a.start_node(four);
+    let add = AddMember { id: four, peer_url: a.peer_url(four), client_url: Some(a.url(four)), force: false };
+    let admin = a.client();
+    let until = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        match admin.add_member(&add).await {
+            // Not up yet: it answers nothing.
+            Err(ClientError::Refused { error: ErrorCode::MembershipRefused, .. }) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            other => break other,
+        }
+    };
+    match refused {
+        Err(ClientError::Refused { error: ErrorCode::ForeignCluster, message, .. }) => {
+            let (a_id, b_id) = (a_id.as_deref().expect("A has an id"), b_id.as_deref().expect("B has an id"));
+            assert_ne!(a_id, b_id);
+            assert!(message.contains(b_id) && message.contains(a_id), "{message}")
+        }
+        other => panic!("node 4 of another cluster was not refused: {other:?}"),
+    }
+    let list = admin.members().await.unwrap();
+    assert_eq!(voters(&list), BTreeSet::from([1, 2, 3]), "{list:?}");
+    assert!(list.members.iter().all(|m| m.id != four), "added as a learner: {list:?}");
+    assert!(a.is_running(four), "node 4 died: {}", a.log_of(four));
+    assert!(!a.log_of(four).contains("panicked"), "{}", a.log_of(four));
+
+    // A vote request of B's history, from a member's id, to A's node 1.
+    let port: u16 = a.peer_url(1).rsplit(':').next().unwrap().parse().unwrap();
+    let b_id = b_id.unwrap();
+    let body = r#"{"vote":{"leader_id":{"term":99,"node_id":2},"committed":false},"last_log_id":null}"#;
+    let request = format!(
+        "POST /raft/vote HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{}: {b_id}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        fencegate_client::wire::CLUSTER_HEADER,
+        body.len()
+    );
+    let answer = fencegate_testkit::http::raw_tcp(port, &request).await;
+    assert!(answer.starts_with("HTTP/1.1 409") && answer.contains("foreign_cluster"), "{answer}");
+    let term = a.client().cluster().await.unwrap().term;
+    assert!(term < 99, "the foreign vote moved the term to {term}");
+    // A still serves.
+    let lease = a.client().acquire("rack/a", fencegate_client::AcquireOptions::new(Duration::from_secs(5))).await;
+    lease.expect("cluster A grants");
 }

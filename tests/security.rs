@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use fencegate::auth::PeerSecrets;
 use fencegate::raft::types::TypeConfig;
 use fencegate_client::http::{error_chain, HttpClient, Reply};
 use fencegate_client::tls::TlsFiles;
@@ -29,7 +30,7 @@ const ACL: &str = r#"
 
 fn security() -> Security {
     let tokens = ["deploy", "other", "ops", "sidecar"].map(|id| (id.to_string(), format!("{id}-token")));
-    Security { acl: ACL.into(), tokens: tokens.to_vec() }
+    Security { acl: ACL.into(), tokens: tokens.to_vec(), ..Default::default() }
 }
 
 async fn secure_cluster() -> Cluster {
@@ -426,4 +427,315 @@ async fn a_cluster_moves_to_a_new_ca_by_reloads() {
     }
     let after = cluster_info(1).await;
     assert_eq!((after.leader, after.term), (Some(leader), before.term), "the leader's peer links did not come back");
+}
+
+/// The ACL of the peer-plane attacks: `oncall`, whom an attacker forges,
+/// may do everything, so that only the peer plane's check stands between
+/// a forged header and a grant.
+fn oncall_security(plain: bool) -> Security {
+    let acl = format!("{ACL}  - {{ identity: oncall, prefixes: [\"\"], rights: [admin] }}\n");
+    Security { plain, acl, ..security() }
+}
+
+/// An HTTP client for cluster `c` as its clients reach it: HTTPS with the
+/// cluster CA on a TLS cluster, plain HTTP otherwise; with `token`.
+fn client_http(c: &Cluster, token: Option<&str>) -> HttpClient {
+    match (c.pki(), token) {
+        (Some(_), _) => https(c, None, token),
+        (None, Some(t)) => HttpClient::new(1 << 20).with_bearer(t).unwrap(),
+        (None, None) => HttpClient::new(1 << 20),
+    }
+}
+
+/// `fencegate check-config`'s line about node `id`'s peer plane.
+fn peer_plane_said(c: &Cluster, id: u64) -> String {
+    let out = c.bin().run(&["check-config", c.config_path(id).to_str().unwrap()], Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    out.stdout.lines().find_map(|l| l.strip_prefix("peer plane: ")).unwrap_or_default().to_string()
+}
+
+/// The forged calls of the finding (issue 34): a local user's request to a
+/// peer plane, as if member `by` had forwarded it for `oncall`; and a Raft
+/// vote as member `by` in a new term. `auth`: an `Authorization` value.
+fn forgeries(peer: &str, by: u64, term: u64, auth: Option<&str>) -> Vec<(&'static str, hyper::Request<Full>)> {
+    let vote =
+        VoteRequest { vote: Vote { leader_id: LeaderId { term, node_id: by }, committed: false }, last_log_id: None };
+    let calls = [
+        ("acquire", Method::POST, "/v1/locks/rack/forged", r#"{"ttl_ms": 60000}"#.to_string()),
+        ("snapshot", Method::GET, "/v1/snapshot", String::new()),
+        ("members", Method::GET, "/v1/members", String::new()),
+        ("raft vote", Method::POST, "/raft/vote", serde_json::to_string(&vote).unwrap()),
+    ];
+    let by = by.to_string();
+    calls
+        .into_iter()
+        .map(|(what, method, path, body)| {
+            let mut r = hyper::Request::builder().method(method).uri(format!("{peer}{path}"));
+            if !path.starts_with("/raft/") {
+                r = r.header("x-fencegate-forwarded-by", &by).header("x-fencegate-identity", "oncall");
+            }
+            if let Some(a) = auth {
+                r = r.header("authorization", a);
+            }
+            (what, r.header("content-type", "application/json").body(Full::new(body.into())).unwrap())
+        })
+        .collect()
+}
+
+type Full = http_body_util::Full<bytes::Bytes>;
+
+/// Issue 34: with clients authenticating, a local user who sends
+/// `x-fencegate-identity`/`x-fencegate-forwarded-by` to a peer plane, or
+/// speaks Raft to it, is refused in every peer-plane configuration
+/// `check-config` accepts (plaintext on loopback with the peer secret,
+/// `insecure_peers` with it, TLS), with an audit line; nothing is granted
+/// and no term moves. The same forgery carrying a member's proof of the
+/// secret goes through (the control: the proof is what is checked), and the
+/// real cluster elects, replicates and forwards calls as their caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_identity_or_raft_on_the_peer_plane_is_refused_in_every_configuration() {
+    let plain =
+        |yaml: &str| ClusterOptions { security: Some(oncall_security(true)), yaml: yaml.into(), ..Default::default() };
+    let configurations = [
+        ("plaintext loopback with the secret", plain(""), "members prove the shared secret in "),
+        ("insecure_peers with the secret", plain("insecure_peers: true\n"), "members prove the shared secret in "),
+        (
+            "tls",
+            ClusterOptions { security: Some(oncall_security(false)), ..Default::default() },
+            "TLS, each member by its certificate",
+        ),
+    ];
+    for (name, options, said) in configurations {
+        let c = Cluster::start_with(&bin!(), options).await;
+        assert!(peer_plane_said(&c, 1).starts_with(said), "{name}: {}", peer_plane_said(&c, 1));
+        let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+        let term = c.cluster_info(leader).await.unwrap().term;
+        let local_user = client_http(&c, None);
+        let proof = |id| {
+            c.peer_secret_file().map(|f| PeerSecrets::parse(&std::fs::read_to_string(f).unwrap()).unwrap().proof(id))
+        };
+        let wrong = PeerSecrets::parse(&"f".repeat(64)).unwrap();
+        for id in c.ids() {
+            let by = c.ids().into_iter().find(|o| *o != id).unwrap();
+            let mut attempts = vec![("no proof", forgeries(&c.peer_url(id), by, term + 1, None))];
+            if c.pki().is_none() {
+                let bearer = |p: String| format!("Bearer {p}");
+                attempts.push((
+                    "another secret's proof",
+                    forgeries(&c.peer_url(id), by, term + 1, Some(&bearer(wrong.proof(by)))),
+                ));
+                let own = bearer(proof(id).unwrap());
+                attempts.push(("its own id's proof", forgeries(&c.peer_url(id), by, term + 1, Some(&own))));
+            }
+            for (how, requests) in attempts {
+                for (what, req) in requests {
+                    match local_user.send(req, Duration::from_secs(5)).await {
+                        // TLS: no member certificate, no handshake.
+                        Err(e) => {
+                            assert!(c.pki().is_some(), "{name}, node {id}, {what} with {how}: {}", error_chain(&e))
+                        }
+                        Ok(a) => assert!(
+                            matches!(a.status.as_u16(), 401 | 403),
+                            "{name}, node {id}, {what} with {how}: {} {}",
+                            a.status,
+                            String::from_utf8_lossy(&a.body)
+                        ),
+                    }
+                }
+            }
+            // (With TLS, the handshake refuses them, before any request.)
+            let audited = c.log_of(id).contains("peer_refused");
+            assert!(audited || c.pki().is_some(), "{name}: node {id} audited no refusal");
+        }
+        let client = c.client();
+        assert_eq!(client.read("rack/forged").await.unwrap().token, 0, "{name}: nothing was granted");
+        for id in c.ids() {
+            assert_eq!(c.cluster_info(id).await.unwrap().term, term, "{name}: node {id}'s term moved");
+        }
+        // The control: a member's proof makes the same forgery a forwarded
+        // call (members are trusted with identities), and a stale vote gets
+        // a Raft answer.
+        if let Some(by) = c.ids().into_iter().find(|o| *o != leader).filter(|_| c.pki().is_none()) {
+            let auth = format!("Bearer {}", proof(by).unwrap());
+            let mut proven = forgeries(&c.peer_url(leader), by, 1, Some(&auth));
+            let (_, acquire) = proven.remove(0);
+            let a = local_user.send(acquire, Duration::from_secs(5)).await.unwrap();
+            assert_eq!(a.status, 200, "{name}: control acquire: {}", String::from_utf8_lossy(&a.body));
+            for (what, req) in proven {
+                let a = local_user.send(req, Duration::from_secs(5)).await.unwrap();
+                assert_eq!(a.status, 200, "{name}: control {what}: {}", String::from_utf8_lossy(&a.body));
+            }
+        }
+        // The real cluster forwards a follower's call as its caller: a lease
+        // taken by deploy through one follower is deploy's on the leader.
+        let followers: Vec<u64> = c.ids().into_iter().filter(|id| *id != leader).collect();
+        let deploy = client_http(&c, Some("deploy-token"));
+        let url = format!("{}/v1/locks/rack/forwarded", c.url(followers[0]));
+        let granted = call(&deploy, Method::POST, &url, Some(r#"{"ttl_ms": 60000}"#)).await.unwrap();
+        assert_eq!(granted.status, 200, "{name}: {}", String::from_utf8_lossy(&granted.body));
+        let granted: serde_json::Value = serde_json::from_slice(&granted.body).unwrap();
+        let lease = granted["lease_id"].as_str().unwrap();
+        let other = client_http(&c, Some("other-token"));
+        let a = call(&other, Method::DELETE, &format!("{}/v1/leases/{lease}", c.url(leader)), None).await.unwrap();
+        assert_eq!((a.status.as_u16(), error_of(&a).as_str()), (403, "forbidden"), "{name}: another's lease");
+        let a =
+            call(&deploy, Method::DELETE, &format!("{}/v1/leases/{lease}", c.url(followers[1])), None).await.unwrap();
+        assert_eq!(a.status, 200, "{name}: deploy releases its own: {}", String::from_utf8_lossy(&a.body));
+        let token = granted["token"].as_u64().unwrap();
+        let applied = c.cluster_info(leader).await.unwrap().commit_index;
+        for id in c.ids() {
+            c.wait_for_applied(id, applied, Duration::from_secs(10)).await;
+            assert_eq!(tokens_on(&c, id, "rack/forwarded", 1).await, [token], "{name}: node {id} replicated it");
+        }
+    }
+}
+
+/// Without client authentication or an acl, `check-config` says the peer
+/// plane is open to every local user, and it is: anyone speaks Raft to it,
+/// and a forwarded call acts as `anonymous`, as any client's does. A
+/// forwarded identity other than `anonymous` is still refused: the header
+/// is never taken as truth from a sender that proved nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_peer_plane_is_said_to_be_and_takes_no_forged_identity() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    assert!(
+        peer_plane_said(&c, 1).starts_with("open to every local user (no client authentication configured)"),
+        "{}",
+        peer_plane_said(&c, 1)
+    );
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let by = c.ids().into_iter().find(|o| *o != leader).unwrap();
+    let local_user = HttpClient::new(1 << 20);
+    let requests = forgeries(&c.peer_url(leader), by, 1, None);
+    for (what, req) in requests {
+        let a = local_user.send(req, Duration::from_secs(5)).await.unwrap();
+        match what {
+            "raft vote" => assert_eq!(a.status, 200, "anyone speaks Raft here: {}", String::from_utf8_lossy(&a.body)),
+            _ => assert_eq!((a.status.as_u16(), error_of(&a).as_str()), (403, "forbidden"), "{what} as oncall"),
+        }
+    }
+    assert!(c.log_of(leader).contains("peer_refused"), "the forged identity was audited");
+    assert_eq!(c.client().read("rack/forged").await.unwrap().token, 0, "nothing was granted");
+    let as_anonymous = hyper::Request::post(format!("{}/v1/locks/rack/anonymous", c.peer_url(leader)))
+        .header("x-fencegate-forwarded-by", by.to_string())
+        .header("x-fencegate-identity", "anonymous")
+        .body(Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    let a = local_user.send(as_anonymous, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(a.status, 200, "as anonymous, as on the client plane: {}", String::from_utf8_lossy(&a.body));
+}
+
+/// The peer secret rotates by SIGHUPs with no member refused on the way:
+/// every node takes the new secret as a second line, then proves it first,
+/// then alone; a proof of the old one is then refused. A secret file
+/// others may read is refused on reload and the running secret stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_secret_rotates_by_reloads() {
+    use std::os::unix::fs::PermissionsExt;
+    let o = ClusterOptions { security: Some(oncall_security(true)), ..Default::default() };
+    let c = Cluster::start_with(&bin!(), o).await;
+    let file = c.peer_secret_file().unwrap().to_path_buf();
+    let old = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    let new = "0123456789abcdef".repeat(4);
+    let metrics = HttpClient::new(1 << 20);
+    let deploy = c.client_with_token("deploy-token");
+    let probe = |secret: &str, id: u64| {
+        let proof = PeerSecrets::parse(secret).unwrap().proof(id);
+        let http = HttpClient::new(1 << 20).with_bearer(&proof).unwrap();
+        let url = format!("{}/v1/cluster", c.peer_url(if id == 1 { 2 } else { 1 }));
+        async move { http.call(Method::GET, &url, None, Duration::from_secs(5)).await.unwrap().status.as_u16() }
+    };
+    for (n, lines) in [(1.0, format!("{old}\n{new}\n")), (2.0, format!("{new}\n{old}\n")), (3.0, format!("{new}\n"))] {
+        std::fs::write(&file, lines).unwrap();
+        reload_all(&c, &metrics, APPLIED, n).await;
+        deploy.acquire(&format!("rack/rotation-{n}"), AcquireOptions::new(Duration::from_secs(5))).await.unwrap();
+        assert_eq!(probe(&new, 3).await, 200, "step {n}: the new secret is taken");
+    }
+    assert_eq!(probe(&old, 3).await, 401, "the old secret is no longer taken");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    reload_all(&c, &metrics, REFUSED, 1.0).await;
+    assert!(c.log_of(1).contains("chmod 600"), "{}", c.log_of(1));
+    assert_eq!(probe(&new, 3).await, 200, "the running secret stays");
+}
+
+/// A long-lived call is not let in for good: once its right is taken out
+/// of the ACL (SIGHUP) or its token out of the tokens file, its watch
+/// stream ends and its parked acquire (on the leader, or forwarded by a
+/// follower) is answered, within 3 s; the next call is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_token_or_a_right_ends_its_streams_and_parked_acquires() {
+    let mut c = secure_cluster().await;
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let follower = c.ids().into_iter().find(|i| *i != leader).unwrap();
+    let http = https(&c, None, None);
+    let (watcher, other) = (https(&c, None, Some("sidecar-token")), https(&c, None, Some("other-token")));
+    // Closures of URLs, not of `c`: its configs are rewritten below.
+    let (leader, follower) = (c.url(leader), c.url(follower));
+    let watch = |node: &str| {
+        let (watcher, url) = (watcher.clone(), format!("{node}/v1/watch?prefix=rack/"));
+        async move { fencegate_testkit::Watch::try_open_with(&watcher, &url, Duration::from_secs(5)).await }
+    };
+    // rack/1 is held, so `other`'s acquires park (on the leader, and
+    // forwarded by the follower).
+    let deploy = c.client_with_token("deploy-token");
+    let _held = deploy.acquire("rack/1", AcquireOptions::new(Duration::from_secs(60))).await.unwrap();
+    let park = |node: &str| {
+        let (other, url) = (other.clone(), format!("{node}/v1/locks/rack/1"));
+        tokio::spawn(async move {
+            let a = call(&other, Method::POST, &url, Some(r#"{"ttl_ms":30000,"wait_ms":60000}"#)).await.unwrap();
+            (a.status.as_u16(), error_of(&a), std::time::Instant::now())
+        })
+    };
+    let bound = Duration::from_secs(3);
+
+    // The ACL loses the rights.
+    let mut streams = [watch(&leader).await.unwrap(), watch(&follower).await.unwrap()];
+    let parked = park(&leader);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!parked.is_finished(), "the acquire waits");
+    let fewer = ACL.replace("rights: [read, watch] }", "rights: [read] }").replace(
+        r#"{ identity: other, prefixes: ["rack/"], rights: [acquire] }"#,
+        r#"{ identity: other, prefixes: ["fw/"], rights: [acquire] }"#,
+    );
+    c.rewrite_configs(&fewer, "");
+    reload_all(&c, &http, APPLIED, 1.0).await;
+    let reloaded = std::time::Instant::now();
+    for (i, w) in streams.iter_mut().enumerate() {
+        w.ends_within(bound).await.unwrap_or_else(|seen| panic!("stream {i} still runs, lines: {seen:?}"));
+    }
+    let (status, error, at) = tokio::time::timeout(bound, parked).await.expect("the acquire still waits").unwrap();
+    assert_eq!((status, error.as_str()), (403, "forbidden"));
+    assert!(at.duration_since(reloaded) < bound);
+    assert_eq!(watch(&follower).await.err().as_deref(), Some("status 403 Forbidden"), "a new watch");
+
+    // The rights are back; then the tokens file loses the tokens.
+    c.rewrite_configs(ACL, "");
+    reload_all(&c, &http, APPLIED, 2.0).await;
+    let mut streams = [watch(&leader).await.unwrap(), watch(&follower).await.unwrap()];
+    let parked = [park(&leader), park(&follower)];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(parked.iter().all(|p| !p.is_finished()), "the acquires wait");
+    let file = c.dir().join("tokens.yaml");
+    let kept: String = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("\"sidecar\"") && !l.starts_with("\"other\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!kept.contains(&token_hash("sidecar-token")) && kept.contains(&token_hash("deploy-token")), "{kept}");
+    let new = file.with_extension("new");
+    std::fs::write(&new, kept).unwrap();
+    std::fs::rename(&new, &file).unwrap();
+    let revoked = std::time::Instant::now();
+    // The file is checked every second.
+    let bound = bound + Duration::from_secs(1);
+    for (i, w) in streams.iter_mut().enumerate() {
+        w.ends_within(bound).await.unwrap_or_else(|seen| panic!("stream {i} still runs, lines: {seen:?}"));
+    }
+    for (p, on) in parked.into_iter().zip(["leader", "follower"]) {
+        let (status, error, at) = tokio::time::timeout(bound, p).await.expect(on).unwrap();
+        assert_eq!((status, error.as_str()), (401, "unauthorized"), "{on}");
+        assert!(at.duration_since(revoked) < bound, "{on}");
+    }
+    assert_eq!(watch(&follower).await.err().as_deref(), Some("status 401 Unauthorized"), "a new watch");
 }

@@ -215,6 +215,16 @@ async fn a_client_that_disconnects_does_not_let_a_higher_token_overtake() {
     assert_eq!(up.tokens("/racks/d"), vec![Some(a), Some(a), Some(b)], "B overtook A's abandoned write: {}", sc.log());
 }
 
+/// `PUT /racks/{rack}` strict and `PUT /observed/{rack}` observed, on the
+/// same lock key `rack/{rack}`.
+fn strict_and_observed() -> [Route; 2] {
+    [
+        Route::fenced("strict-writes", "/racks/{rack}", "rack/{rack}", "{ mode: strict, consistency: cached }")
+            .methods(&["PUT"]),
+        Route::fenced("observed-writes", "/observed/{rack}", "rack/{rack}", "{ mode: observed }").methods(&["PUT"]),
+    ]
+}
+
 /// Observed routes believe any token (nobody checks it with the lock
 /// service), so their floors live apart: an observed route on the same lock
 /// key must not move a strict route's floor, or an unchecked high token
@@ -223,12 +233,8 @@ async fn a_client_that_disconnects_does_not_let_a_higher_token_overtake() {
 async fn an_observed_route_cannot_raise_a_strict_routes_floor() {
     let c = Cluster::start(&bin!(), 3, "").await;
     let up = Upstream::start().await;
-    let yaml = table(&[
-        Route::fenced("strict-writes", "/racks/{rack}", "rack/{rack}", "{ mode: strict, consistency: cached }")
-            .methods(&["PUT"]),
-        Route::fenced("observed-writes", "/observed/{rack}", "rack/{rack}", "{ mode: observed }").methods(&["PUT"]),
-        everything_else(),
-    ]);
+    let [strict, observed] = strict_and_observed();
+    let yaml = table(&[strict, observed, everything_else()]);
     let sc = Arc::new(c.sidecar("sc", &up.url(), &yaml).await);
     let (t, _) = take(&c, "rack/n", 30_000, 0).await;
     // An observed write with an unverified high token, still in flight...
@@ -248,6 +254,36 @@ async fn an_observed_route_cannot_raise_a_strict_routes_floor() {
     let (status, v) = sc.send("PUT", "/observed/n", Some(t), &[]).await;
     assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(1_000_000)), "{v}");
     assert_eq!(up.tokens("/racks/n"), vec![Some(t), Some(t)]);
+}
+
+/// The other way round is safe, and kept: a strict floor is a verified
+/// token, so an observed route on the same lock key refuses what is below
+/// it, also when the strict route raised it while the observed request
+/// waited at its own barrier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observed_write_held_at_its_barrier_is_checked_against_the_strict_floor() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let up = Upstream::start().await;
+    let yaml = table(&strict_and_observed());
+    let sc = Arc::new(c.sidecar("sc", &up.url(), &yaml).await);
+    for i in 0..3 {
+        take(&c, &format!("other/{i}"), 60_000, 0).await;
+    }
+    let (t, _) = take(&c, "rack/o", 60_000, 0).await;
+    assert!(t > 2, "{t}");
+    // Observed token 1 in flight for a second; token 2 waits behind it...
+    let s = sc.clone();
+    let slow = tokio::spawn(async move { s.send("PUT", "/observed/o", Some(1), &[("x-test-delay-ms", "1000")]).await });
+    up.wait_for_arrivals(1, AT_UPSTREAM).await;
+    let s = sc.clone();
+    let held = tokio::spawn(async move { s.send("PUT", "/observed/o", Some(2), &[]).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ...while the holder's write raises the strict floor to `t`.
+    assert_eq!(sc.send("PUT", "/racks/o", Some(t), &[]).await.0, 200, "the holder's write");
+    let (status, v) = held.await.unwrap();
+    assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(t)), "{v}");
+    assert_eq!(slow.await.unwrap().0, 200);
+    assert_eq!(up.tokens("/observed/o"), vec![Some(1)]);
 }
 
 /// S5. The sidecars hear from the lock service through relays that hold its

@@ -12,6 +12,11 @@
 //! test kit's `powerloss`; FUSE, or `FENCEGATE_SKIP_FUSE=1` to run without)
 //! and the nemesis also cuts the power of a majority.
 //!
+//! The lifecycle arms (`lifecycle.rs`): a backup, the cluster lost and
+//! restored, and a node of another cluster offered to `member add`, in the
+//! middle of the workload; their control rebuilds the cluster empty instead
+//! and must show tokens granted twice.
+//!
 //! - short profile (part of `cargo test`): `cargo test --test torture short`
 //! - long profile: `TORTURE_SECONDS=600 TORTURE_SEED=7 TORTURE_NODES=5 cargo test --release --test torture -- --ignored --nocapture`
 //!
@@ -22,6 +27,8 @@
 mod checker;
 #[path = "torture/history.rs"]
 mod history;
+#[path = "torture/lifecycle.rs"]
+mod lifecycle;
 #[path = "torture/nemesis.rs"]
 mod nemesis;
 #[path = "torture/retries.rs"]
@@ -168,6 +175,22 @@ async fn profile(nodes: u64, seconds: u64, control_seconds: u64, seed: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_profile() {
     profile(3, 30, 10, 0x0f3a_57ed).await;
+}
+
+/// The operator's rare actions mid-run: no token is granted twice across a
+/// restore, no stale write reaches the upstream, a foreign node is refused;
+/// the control (the cluster rebuilt empty, no sidecar) must show the damage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_profile() {
+    let seed = 0x1f3c_7c1e;
+    let with = lifecycle::arm(true, 20, seed).await;
+    let without = lifecycle::arm(false, 20, seed).await;
+    println!("{}", summary::table("lifecycle", &[&with, &without], seed));
+    let mut failures = summary::failures("lifecycle", &with, &without, seed, "TORTURE_SEED");
+    if without.reports[1].violations.is_empty() {
+        failures.push("the control applied no stale write: the upstream check could not fail".into());
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,14 @@ pub const UNAVAILABLE: i32 = 69;
 pub const NOT_OBTAINED: i32 = 75;
 /// `lock`: the lease was lost while CMD ran.
 pub const LEASE_LOST: i32 = 76;
+/// `lock`: CMD exists but cannot be run (not executable, say), as a shell
+/// reports it; the lease was released.
+pub const CANNOT_EXECUTE: i32 = 126;
+/// `lock`: CMD was not found, as a shell reports it; the lease was released.
+pub const COMMAND_NOT_FOUND: i32 = 127;
+/// Standard output closed by its reader (`… | head`): 128 + SIGPIPE, the
+/// status a shell reports for a coreutils tool there, quietly.
+pub const BROKEN_PIPE: i32 = 141;
 /// Ended by Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
 pub const INTERRUPTED: i32 = 130;
 /// Ended by SIGTERM: 128 + 15.

@@ -8,20 +8,36 @@ use std::time::Duration;
 use fencegate_client::http::HttpClient;
 use hyper::{Method, StatusCode};
 
+/// Which record: a record is its holder's (docs/DESIGN.md, "a stored
+/// answer goes only to its holder").
+pub struct Holder<'a> {
+    pub lock_key: &'a str,
+    /// The fencing token the request carried.
+    pub token: u64,
+    pub key: &'a str,
+    /// The client certificate's name, where the sidecar takes them.
+    pub identity: Option<&'a str>,
+}
+
 /// `applied`: `Some(status)`, the request was applied (a retry gets that
 /// status, empty body); `None`, it was not (the next retry is forwarded).
 pub async fn run(
     sidecar: &str,
     token_file: &std::path::Path,
-    lock_key: &str,
-    key: &str,
+    record: Holder<'_>,
     resolve: Option<Option<u16>>,
 ) -> anyhow::Result<i32> {
     let token = std::fs::read_to_string(token_file)
         .map_err(|e| anyhow::anyhow!("reading the admin token {}: {e}", token_file.display()))?;
-    let (path, body) = match resolve {
-        None => ("show", serde_json::json!({"lock_key": lock_key, "key": key})),
-        Some(applied) => ("resolve", serde_json::json!({"lock_key": lock_key, "key": key, "applied": applied})),
+    let mut body = serde_json::json!({
+        "lock_key": record.lock_key, "token": record.token, "key": record.key, "identity": record.identity,
+    });
+    let path = match resolve {
+        None => "show",
+        Some(applied) => {
+            body["applied"] = serde_json::json!(applied);
+            "resolve"
+        }
     };
     let url = format!("{}/admin/idempotency/{path}", sidecar.trim_end_matches('/'));
     let reply = HttpClient::new(1 << 20)

@@ -85,7 +85,19 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
     unsafe {
         command.pre_exec(|| nix::sys::prctl::set_pdeathsig(Some(Signal::SIGKILL)).map_err(std::io::Error::from));
     }
-    let mut child = command.spawn().map_err(|e| anyhow::anyhow!("cannot run {program}: {e}"))?;
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        // Nothing ran under the lock: give it back now, not after its TTL,
+        // and say so as a shell would.
+        Err(e) => {
+            eprintln!("fencegate lock: cannot run {program}: {e}; lock on {} released", args.key);
+            release(lease).await;
+            return Ok(match e.kind() {
+                std::io::ErrorKind::NotFound => exit::COMMAND_NOT_FOUND,
+                _ => exit::CANNOT_EXECUTE,
+            });
+        }
+    };
     let group = Pid::from_raw(child.id().map(|id| id as i32).unwrap_or(0));
 
     // Biased: a loss that comes together with CMD's end or a signal is

@@ -8,10 +8,11 @@ use std::path::Path;
 use anyhow::Context;
 use fencegate_client::Client;
 
-use crate::backup::{self, Header, MAX_BACKUP};
+use crate::backup::{self, FloorSource, Header, MAX_BACKUP};
 use crate::config::node::NodeConfig;
 use crate::config::ConfigFile;
 use crate::lock::state::LockState;
+use crate::raft::identity;
 
 pub async fn save(file: &Path, client: Client) -> anyhow::Result<i32> {
     let bytes = client.snapshot(MAX_BACKUP).await?;
@@ -33,24 +34,36 @@ pub fn inspect(file: &Path) -> anyhow::Result<i32> {
 
 pub fn restore(file: &Path, config: &Path, min_token: u64) -> anyhow::Result<i32> {
     let (header, locks) = read(file)?;
-    if min_token < header.revision {
-        anyhow::bail!(
-            "--min-token {min_token} is below the backup's revision {}: the old cluster granted tokens up to at \
-             least {}; give the highest revision it is known to have reached, plus a margin",
-            header.revision,
-            header.revision
-        );
-    }
     let config = NodeConfig::load(config)?;
-    let restored = locks.restored(min_token);
+    let clock_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let floor = backup::restore_floor(header.revision, min_token, clock_us).map_err(|e| anyhow::anyhow!(e))?;
+    let restored = locks.restored(floor.floor, identity::new_id());
     let path = crate::server::restore(&config, &restored)?;
     println!("restored {} into {} (node {})", file.display(), path.display(), config.id);
     describe(&header);
+    let why = match floor.by {
+        FloorSource::Clock => "this host's clock in microseconds since 1970: above every token a cluster \
+                               restored by this build, or never restored, can have granted"
+            .to_string(),
+        FloorSource::MinToken => format!(
+            "--min-token, above this host's clock: a later restore's clock floor may sit below this cluster's \
+             tokens until the clock passes {}",
+            floor.floor
+        ),
+    };
     println!(
-        "the restored cluster starts at revision {}: every token it grants is above {min_token}; \
-         the backup's {} leases are not live",
+        "the restored cluster starts at revision {}; every token it grants is above {} ({why})",
         restored.revision(),
-        header.leases
+        floor.floor
+    );
+    println!(
+        "it is cluster {}, a new history: no lease of the backup ({} live then) is live, and every token up to {} \
+         reads as ended",
+        restored.cluster().unwrap_or_default(),
+        header.leases,
+        restored.revision()
     );
     let others: Vec<String> = config.peers.keys().filter(|id| **id != config.id).map(|id| id.to_string()).collect();
     println!(

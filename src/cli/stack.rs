@@ -58,6 +58,25 @@ async fn bind(port: u16, what: &str) -> anyhow::Result<(TcpListener, SocketAddr)
     Ok((l, addr))
 }
 
+/// A fresh members' secret in `data` (mode 0600), so that no other local
+/// user can speak Raft to the stack's nodes, though its clients are anonymous.
+fn peer_secret(data: &Path) -> anyhow::Result<std::path::PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    crate::durable::create_dir_all(data).with_context(|| format!("creating {}", data.display()))?;
+    let path = data.join("peer-secret");
+    // Made anew, never rewritten in place: an old file may have another mode.
+    let _ = std::fs::remove_file(&path);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut file| file.write_all(hex::encode(rand::random::<[u8; 32]>()).as_bytes()));
+    written.with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
 impl Stack {
     /// Bind every port, then start the nodes, the inventory and the sidecar;
     /// returns once the cluster has a leader.
@@ -90,6 +109,7 @@ impl Stack {
         };
         let mut tasks = vec![];
         let mut nodes = vec![];
+        let peer_secret = peer_secret(data)?;
         for (i, ((client, addr), (peer, peer_addr))) in node_listeners.into_iter().enumerate() {
             let config = NodeConfig {
                 kind: Some(crate::config::Kind::Node),
@@ -97,6 +117,7 @@ impl Stack {
                 listen: addr,
                 peer_listen: peer_addr,
                 insecure_peers: false,
+                peer_secret_file: Some(peer_secret.clone()),
                 insecure_clients: false,
                 tls: None,
                 auth: Default::default(),

@@ -30,6 +30,12 @@ pub struct NodeConfig {
     /// Outside loopback that must be said in so many words.
     #[serde(default)]
     pub insecure_peers: bool,
+    /// Without `tls`: a file (mode 0600) of the members' shared secret,
+    /// which every peer-plane request proves (`auth::PeerSecrets`).
+    /// Required when clients authenticate or an `acl` is set: otherwise any
+    /// local user could speak Raft, or forward a call as any identity.
+    #[serde(default)]
+    pub peer_secret_file: Option<PathBuf>,
     /// Without client authentication, anyone who reaches `listen` may take
     /// and release any lock. Outside loopback that must be said too.
     #[serde(default)]
@@ -192,6 +198,35 @@ impl NodeConfig {
         self.auth.tokens_file.is_some() || self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
     }
 
+    /// Whether identities mean anything here: clients authenticate, or an
+    /// `acl` tells identities apart. Then the peer plane, which takes a
+    /// forwarded identity and Raft, must be for members only.
+    pub fn peers_must_authenticate(&self) -> bool {
+        self.clients_authenticate() || self.acl.is_some()
+    }
+
+    /// Who can speak Raft to this node and act as whom on its peer plane,
+    /// in a sentence (`check-config` prints it).
+    pub fn peer_plane(&self) -> String {
+        match (&self.tls, &self.peer_secret_file) {
+            (Some(_), _) => "TLS, each member by its certificate (signed by tls.ca, naming fencegate-node-<id>); \
+                             a forwarded identity is accepted only from the member it names"
+                .into(),
+            (None, Some(file)) => format!(
+                "members prove the shared secret in {}; a forwarded identity is accepted only from them",
+                file.display()
+            ),
+            (None, None) => format!(
+                "open to {} (no client authentication configured): anyone can speak Raft to this node, and \
+                 forwarded calls act only as anonymous; set peer_secret_file to close it",
+                match self.peer_listen.ip().is_loopback() {
+                    true => "every local user".to_string(),
+                    false => format!("everyone who reaches {}", self.peer_listen),
+                }
+            ),
+        }
+    }
+
     pub fn acl(&self) -> Acl {
         match &self.acl {
             Some(rules) => Acl::rules(rules.clone()),
@@ -230,6 +265,12 @@ impl ConfigFile for NodeConfig {
         }
         if tls && self.insecure_peers {
             return Err(ConfigError::invalid("insecure_peers", "contradicts tls: with tls, peers are authenticated"));
+        }
+        if tls && self.peer_secret_file.is_some() {
+            return Err(ConfigError::invalid(
+                "peer_secret_file",
+                "contradicts tls: with tls, members authenticate by their certificates",
+            ));
         }
         if !tls && !self.peer_listen.ip().is_loopback() && !self.insecure_peers {
             return Err(ConfigError::invalid(
@@ -272,6 +313,19 @@ impl ConfigFile for NodeConfig {
                 }
             }
             None => {}
+        }
+        if self.peers_must_authenticate() && !tls && self.peer_secret_file.is_none() {
+            return Err(ConfigError::invalid(
+                "peer_secret_file",
+                format!(
+                    "is required: clients authenticate (or an acl tells identities apart), but without tls the \
+                     peer plane on {} would take Raft RPCs and a forwarded identity from anyone who reaches it, \
+                     every local user included. Set `peer_secret_file:` to a file only the service user can \
+                     read (mode 0600) holding the members' shared secret (`openssl rand -hex 32`), the same on \
+                     every member; or configure tls",
+                    self.peer_listen
+                ),
+            ));
         }
         let l = &self.lease;
         if l.min_ttl.is_zero() || l.min_ttl > l.default_ttl || l.default_ttl > l.max_ttl {
@@ -397,6 +451,44 @@ lease: { default_ttl: 10s, lock_delay: 2s }
         assert!(c.acl().allows("ci", crate::auth::Right::Acquire, "rack/1"));
         assert!(!c.acl().allows("ci", crate::auth::Right::Acquire, "fw/1"));
         assert!(NodeConfig::from_yaml(GOOD).unwrap().acl().allows("anyone", crate::auth::Right::Admin, "x"));
+    }
+
+    #[test]
+    fn where_identities_mean_something_a_plaintext_peer_plane_needs_the_secret() {
+        let acl = "acl:\n  - { identity: ci, prefixes: [rack/], rights: [acquire] }\n";
+        let tokens = "auth: { tokens_file: /etc/fencegate/tokens.yaml }\n";
+        let secret = "peer_secret_file: /etc/fencegate/peer-secret\n";
+        let public =
+            GOOD.replace("peer_listen: 127.0.0.1:7502", "peer_listen: 10.0.0.2:7502") + "insecure_peers: true\n";
+        // Clients authenticate, or an acl tells anonymous apart from others:
+        // on loopback or not, the peer plane must be for members.
+        for base in [GOOD.to_string(), public.clone()] {
+            for auth in [format!("{tokens}{acl}"), acl.to_string()] {
+                let e = NodeConfig::from_yaml(&format!("{base}{auth}")).unwrap_err().to_string();
+                assert!(
+                    e.contains("`peer_secret_file`") && e.contains("every local user") && e.contains("0600"),
+                    "{auth}: {e}"
+                );
+                let c = NodeConfig::from_yaml(&format!("{base}{auth}{secret}")).unwrap();
+                assert_eq!(
+                    c.peer_plane(),
+                    "members prove the shared secret in /etc/fencegate/peer-secret; a forwarded identity is \
+                     accepted only from them"
+                );
+            }
+        }
+        // Nobody authenticates: the plane may stay open, and says so.
+        let open = NodeConfig::from_yaml(GOOD).unwrap();
+        assert!(open.peer_plane().starts_with("open to every local user (no client authentication configured)"));
+        let open = NodeConfig::from_yaml(&public).unwrap();
+        assert!(open.peer_plane().starts_with("open to everyone who reaches 10.0.0.2:7502"), "{}", open.peer_plane());
+        assert!(NodeConfig::from_yaml(&format!("{GOOD}{secret}")).unwrap().peer_secret_file.is_some());
+        // With tls, members have certificates; a secret beside them is refused.
+        let https = GOOD.replace("http://", "https://") + "tls: { cert: n2.pem, key: n2.key, ca: ca.pem }\n";
+        let c = NodeConfig::from_yaml(&format!("{https}{tokens}{acl}")).unwrap();
+        assert!(c.peer_plane().starts_with("TLS, each member by its certificate"), "{}", c.peer_plane());
+        let e = NodeConfig::from_yaml(&format!("{https}{secret}")).unwrap_err().to_string();
+        assert!(e.contains("`peer_secret_file`") && e.contains("contradicts tls"), "{e}");
     }
 
     #[test]

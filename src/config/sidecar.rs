@@ -222,7 +222,18 @@ pub struct IdempotencyConfig {
     /// The largest answer body kept for replay.
     #[serde(deserialize_with = "byte_size", default = "default_max_response")]
     pub max_response: u64,
+    /// The bytes of records one lock key may hold (memory and disk), so
+    /// that one holder cannot fill the store for every other key. Default:
+    /// `PER_LOCK_KEY_SHARE` of `limits.idempotency_store`.
+    #[serde(default, deserialize_with = "some_byte_size")]
+    pub per_lock_key: Option<u64>,
 }
+
+/// The default `per_lock_key`: this fraction of `limits.idempotency_store`.
+const PER_LOCK_KEY_SHARE: u64 = 16;
+/// What a lock key's quota holds at least, past `max_response`: the room a
+/// pending record holds for its answer's headers (4 KiB) and its own fields.
+const PER_LOCK_KEY_ROOM: u64 = 8 * KIB;
 
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 const MAX_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -236,7 +247,7 @@ fn default_max_response() -> u64 {
     MIB
 }
 
-fn idempotency_policy(i: usize, c: &IdempotencyConfig, timeout: Duration) -> Result<Policy, ConfigError> {
+fn idempotency_policy(i: usize, c: &IdempotencyConfig, timeout: Duration, store: u64) -> Result<Policy, ConfigError> {
     let field = format!("routes[{i}].idempotency.retention");
     if c.retention < Duration::from_secs(1) || c.retention > MAX_RETENTION {
         return Err(ConfigError::invalid(field, "must be between 1s and 30d"));
@@ -252,7 +263,21 @@ fn idempotency_policy(i: usize, c: &IdempotencyConfig, timeout: Duration) -> Res
     if c.max_response > MAX_RESPONSE_KEPT {
         return Err(ConfigError::invalid(format!("routes[{i}].idempotency.max_response"), "must be at most 64MiB"));
     }
-    Ok(Policy { required: c.required, retention: c.retention, max_response: c.max_response })
+    // Room for one pending record at least: a quota below it takes no key.
+    let least = c.max_response + PER_LOCK_KEY_ROOM;
+    let per_lock_key = match c.per_lock_key {
+        Some(n) if n < least || n > store => {
+            return Err(ConfigError::invalid(
+                format!("routes[{i}].idempotency.per_lock_key"),
+                format!(
+                    "must be between max_response + 8KiB ({least} bytes) and limits.idempotency_store ({store} bytes)"
+                ),
+            ))
+        }
+        Some(n) => n,
+        None => (store / PER_LOCK_KEY_SHARE).max(least).min(store),
+    };
+    Ok(Policy { required: c.required, retention: c.retention, max_response: c.max_response, per_lock_key })
 }
 
 fn default_route_timeout() -> Duration {
@@ -319,6 +344,11 @@ fn byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         }
     }
     d.deserialize_any(ByteSizeVisitor)
+}
+
+/// An optional field's byte count (absent: `None`, by `serde(default)`).
+fn some_byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    byte_size(d).map(Some)
 }
 
 /// Binary units only: `10MB` is refused rather than guessed at (10^7 or 10 MiB?).
@@ -393,7 +423,7 @@ impl ConfigFile for SidecarConfig {
                 ));
             }
         }
-        let routes = compile_routes(&self.routes, &upstream)?;
+        let routes = compile_routes(&self.routes, &upstream, self.limits.idempotency_store)?;
         self.validate_lock_service()?;
         let workers = match self.workers {
             Some(n) if !(1..=MAX_WORKERS).contains(&n) => {
@@ -419,7 +449,8 @@ impl ConfigFile for SidecarConfig {
 
 /// Compile the route table: templates, methods and upstreams, each parsed
 /// once. Errors name the field (`routes[2].lock_key`).
-pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri) -> Result<Routes, ConfigError> {
+/// `store` is `limits.idempotency_store`, which routes' quotas are a share of.
+pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri, store: u64) -> Result<Routes, ConfigError> {
     let mut compiled = Vec::with_capacity(routes.len());
     for (i, r) in routes.iter().enumerate() {
         let upstream = match &r.upstream {
@@ -437,7 +468,7 @@ pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri) -> Result<
             timeout: r.timeout,
             allow_unfenced_writes: r.allow_unfenced_writes,
             allow_method_override: r.allow_method_override,
-            idempotency: r.idempotency.as_ref().map(|c| idempotency_policy(i, c, r.timeout)).transpose()?,
+            idempotency: r.idempotency.as_ref().map(|c| idempotency_policy(i, c, r.timeout, store)).transpose()?,
             suffixes: &r.suffixes,
         };
         let route =
@@ -817,6 +848,17 @@ routes:
                 "routes[0].idempotency.max_response",
             ),
             ("    fence: off", "    fence: off\n    idempotency: {}", "routes[1].idempotency"),
+            (
+                "    missing_token: reject\n",
+                "    idempotency: { max_response: 1MiB, per_lock_key: 1MiB }\n",
+                "routes[0].idempotency.per_lock_key",
+            ),
+            (
+                "    missing_token: reject\n",
+                "    idempotency: { per_lock_key: 65MiB }\n",
+                "routes[0].idempotency.per_lock_key",
+            ),
+            ("    missing_token: reject\n", "    idempotency: { per_lock_key: lots }\n", "per_lock_key"),
             ("  header_timeout: 10s", "  header_timeout: 10s\n  idempotency_store: 1KiB", "limits.idempotency_store"),
             ("path: /racks/{rack}", "path: racks/{rack}", "routes[0].path"),
             ("path: /racks/{rack}", "path: /racks/{rack}/", "routes[0].path"),
@@ -845,6 +887,25 @@ routes:
         let ten = (1..=10).map(|i| format!("http://127.0.0.1:{}", 7400 + i)).collect::<Vec<_>>().join(", ");
         let e = err(&MINIMAL.replace("[http://127.0.0.1:7401]", &format!("[{ten}]")));
         assert!(e.contains("lock_service.endpoints"), "{e}");
+    }
+
+    /// A lock key's quota: a share of the store by default, never less
+    /// than one pending record's room, never more than the store.
+    #[test]
+    fn a_lock_keys_idempotency_quota_defaults_to_a_share_of_the_store() {
+        let quota = |idempotency: &str, limits: &str| {
+            let yaml = FULL
+                .replace("    missing_token: reject\n", &format!("    idempotency: {idempotency}\n"))
+                .replace("  send_timeout: 60s\n", &format!("  send_timeout: 60s\n{limits}"));
+            let routes = SidecarConfig::from_yaml(&yaml).unwrap().routes;
+            let first = routes.iter().next().unwrap().idempotency.unwrap();
+            first.per_lock_key
+        };
+        assert_eq!(quota("{}", ""), 4 * MIB, "a sixteenth of the default 64MiB");
+        assert_eq!(quota("{}", "  idempotency_store: 1GiB\n"), 64 * MIB);
+        assert_eq!(quota("{ max_response: 8MiB }", ""), 8 * MIB + 8 * KIB, "room for one answer");
+        assert_eq!(quota("{ max_response: 64MiB }", "  idempotency_store: 64MiB\n"), 64 * MIB, "at most the store");
+        assert_eq!(quota("{ per_lock_key: 2MiB }", ""), 2 * MIB);
     }
 
     #[test]

@@ -42,7 +42,9 @@ pub use fencegate_client::wire::Token;
 ///   remembered, oldest grant forgotten first.
 /// - 1: the request id of every live lease, and those of the last
 ///   `REQUEST_ID_MEMORY` leases that ended, oldest end forgotten first.
-pub const RULES: u32 = 1;
+/// - 2: as 1, and the table carries its cluster's identity, set once by a
+///   committed `Identify` (or by a restore, which makes a new one).
+pub const RULES: u32 = 2;
 
 /// Under rules 1: how many request ids of *ended* leases are remembered for
 /// deduplicating retries (the request id of a live lease is always
@@ -82,6 +84,10 @@ pub enum Command {
     /// on; never back to older ones. (An older build cannot read this
     /// entry, and refuses it rather than apply it wrongly.)
     Rules { version: u32 },
+    /// Give the table its cluster identity, if it has none yet (the first
+    /// committed one stays: a later one changes nothing). Proposed by a
+    /// leader under rules 2, whose table has none.
+    Identify { cluster: String },
 }
 
 /// Everything a grant needs, decided by the leader before proposing so that
@@ -217,6 +223,11 @@ pub struct LockState {
     /// Every token up to this of a key absent from `keys` has ended.
     #[serde(default)]
     compacted_below: u64,
+    /// The cluster this table's history belongs to (`raft::identity`):
+    /// made once per cluster, and anew by every restore. `None` in tables
+    /// written before rules 2 until a committed `Identify`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cluster: Option<String>,
 }
 
 /// Request ids are scoped by owner (identities never contain a newline).
@@ -252,7 +263,18 @@ impl LockState {
                 self.rules = self.rules.max(*version);
                 (Outcome::Nothing, None)
             }
+            Command::Identify { cluster } => {
+                if self.cluster.is_none() {
+                    self.cluster = Some(cluster.clone());
+                }
+                (Outcome::Nothing, None)
+            }
         }
+    }
+
+    /// The cluster this table's history belongs to, once it has one.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
     }
 
     /// The rules this table is applied by.
@@ -480,26 +502,27 @@ impl LockState {
         self.leases.len()
     }
 
-    /// The table a cluster restored from this one (a backup) starts with:
-    /// every key keeps its latest token, but no lease is live, no
-    /// lock-delay runs and no request id is remembered (the leases they
-    /// name are gone), and the revision is `floor + 1`, so every token the
-    /// restored cluster grants is above `floor` (the caller makes sure
-    /// `floor` is at least every token the old cluster granted). The `+ 1`
-    /// is the restore itself, an event that ends the backup's leases: a
-    /// watcher that saw revision `floor` resyncs instead of resuming.
-    pub fn restored(&self, floor: u64) -> LockState {
-        let keys = self
-            .keys
-            .iter()
-            .map(|(k, s)| (k.clone(), KeyState { token: s.token, lease_id: None, delay: None, rev: s.rev }))
-            .collect();
-        LockState {
-            revision: floor.max(self.revision) + 1,
-            keys,
-            compacted_below: self.compacted_below,
-            ..LockState::default()
-        }
+    /// The table a cluster restored from this one (a backup) starts with,
+    /// the history of cluster `cluster` (a new identity: a restored cluster
+    /// is never the same history as the one backed up, however far that
+    /// one went on after the backup).
+    ///
+    /// Its revision is `floor + 1` (at least the backup's own revision +
+    /// 1), so every token the restored cluster grants is above `floor`; the
+    /// caller picks a `floor` above every token the old cluster may have
+    /// granted since the backup (`cli::snapshot`). The `+ 1` is the restore
+    /// itself, an event that ends every lease of the old history: no key
+    /// is kept (none is held, none is in lock-delay, no request id is
+    /// remembered), and `compacted_below` is the restore's revision, so
+    /// that a read of any key answers that every token up to it has ended.
+    /// A sidecar of any build that still believes a lease of the old
+    /// history live learns it ended, from the state dump that no longer
+    /// lists the key and from a read; were the keys kept with their old
+    /// tokens, a token granted after the backup would sit above them and
+    /// look live.
+    pub fn restored(&self, floor: u64, cluster: String) -> LockState {
+        let revision = floor.max(self.revision) + 1;
+        LockState { revision, compacted_below: revision, cluster: Some(cluster), ..LockState::default() }
     }
 }
 

@@ -115,6 +115,10 @@ fn commands(cmds: &[Command]) -> Result<(), String> {
                 ))
             }
             Command::Rules { .. } => Ok(()),
+            Command::Identify { cluster } if !super::identity::valid(cluster) => {
+                return Err(format!("an entry identifies the cluster as {cluster:?}, which is no cluster id"))
+            }
+            Command::Identify { .. } => Ok(()),
         };
         checked.map_err(|e| format!("an entry carries a bad command: {e}"))?;
     }

@@ -9,6 +9,15 @@
 //! that TLS config (`Directory::set_tls`); every RPC looks its client up,
 //! so the next one uses it.
 //!
+//! Every RPC carries this node's cluster id and every answer is checked for
+//! the peer's (`raft::identity`): a member of another cluster is a failure,
+//! logged like any other, never an answer openraft takes.
+//!
+//! Without TLS, a node with a `peer_secret_file` sends its proof of the
+//! members' secret (`auth::PeerSecrets`) with every request to a member:
+//! each client is made here (`set_proof`), so Raft, forwarded calls,
+//! probes and the bootstrap check all carry it.
+//!
 //! A transport failure is reported to openraft as `Unreachable`, so it backs
 //! off (500 ms) instead of hammering a dead peer. A timeout is not: openraft
 //! bounds an append by the heartbeat interval, and a leader that stalls for
@@ -31,6 +40,7 @@ use openraft::raft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::identity::{self, Identity, CLUSTER_HEADER};
 use super::types::{Member, NodeId, TypeConfig};
 use super::upgrade::Protocols;
 use crate::log_limit::Window;
@@ -68,11 +78,15 @@ pub struct Directory {
     failing: Mutex<HashMap<NodeId, Window>>,
     /// What this node speaks and what its peers answered they speak.
     pub protocols: Arc<Protocols>,
+    /// This node's cluster id: on every RPC, and checked on every answer.
+    pub identity: Arc<Identity>,
 }
 
-/// The peer-link TLS config and the clients made with it.
+/// The peer-link TLS config, this node's proof of the peer secret, and
+/// the clients made with them.
 struct Links {
     tls: Option<rustls::ClientConfig>,
+    proof: Option<String>,
     clients: HashMap<(NodeId, String), HttpClient>,
 }
 
@@ -84,16 +98,27 @@ impl Directory {
         tls: Option<&rustls::ClientConfig>,
         max_body: usize,
         protocols: Arc<Protocols>,
+        identity: Arc<Identity>,
     ) -> Arc<Self> {
-        let links = Links { tls: tls.cloned(), clients: HashMap::new() };
-        Arc::new(Directory { config, max_body, links: Mutex::new(links), failing: Mutex::default(), protocols })
+        let links = Links { tls: tls.cloned(), proof: None, clients: HashMap::new() };
+        let failing = Mutex::default();
+        Arc::new(Directory { config, max_body, links: Mutex::new(links), failing, protocols, identity })
     }
 
     /// Reach members with `tls` from now on: the clients made with the old
     /// config are dropped (connections in use finish their exchange).
     pub fn set_tls(&self, tls: rustls::ClientConfig) {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        *links = Links { tls: Some(tls), clients: HashMap::new() };
+        links.tls = Some(tls);
+        links.clients.clear();
+    }
+
+    /// Send `proof` (`auth::PeerSecrets::proof`) with every request to a
+    /// member from now on; as `set_tls`, the old clients are dropped.
+    pub fn set_proof(&self, proof: String) {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        links.proof = Some(proof);
+        links.clients.clear();
     }
 
     /// An RPC to member `id` failed: log it, at most once per interval.
@@ -124,10 +149,16 @@ impl Directory {
         let listed = member.map(|m| m.peer_url.as_str()).filter(|u| !u.is_empty());
         let url = self.config.get(&id).map(String::as_str).or(listed)?;
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        let Links { tls, clients } = &mut *links;
-        let http = clients.entry((id, url.to_string())).or_insert_with(|| match tls {
-            Some(tls) => HttpClient::https(self.max_body, tls.clone(), Some(crate::tls::identity::member_name(id))),
-            None => HttpClient::new(self.max_body),
+        let Links { tls, proof, clients } = &mut *links;
+        let http = clients.entry((id, url.to_string())).or_insert_with(|| {
+            let http = match tls {
+                Some(tls) => HttpClient::https(self.max_body, tls.clone(), Some(crate::tls::identity::member_name(id))),
+                None => HttpClient::new(self.max_body),
+            };
+            match proof {
+                Some(proof) => http.with_bearer(proof).expect("a proof is visible ASCII"),
+                None => http,
+            }
         });
         Some(Peer { url: url.to_string(), http: http.clone() })
     }
@@ -214,9 +245,14 @@ impl PeerClient {
         };
         let body = serde_json::to_vec(req).map_err(|e| Failure::Network(e.to_string()))?;
         let url = format!("{}{path}", peer.url);
-        let req = hyper::Request::post(&url)
+        let mine = self.directory.identity.header();
+        let mut req = hyper::Request::post(&url)
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(PROTOCOL_HEADER, self.directory.protocols.speaking())
+            .header(PROTOCOL_HEADER, self.directory.protocols.speaking());
+        if let Some(id) = &mine {
+            req = req.header(CLUSTER_HEADER, id);
+        }
+        let req = req
             .body(http_body_util::Full::new(bytes::Bytes::from(body)))
             .map_err(|e| Failure::Unreachable(format!("{url}: {e}")))?;
         let answer = peer.http.send(req, option.hard_ttl()).await.map_err(|e| match e {
@@ -224,8 +260,14 @@ impl PeerClient {
             _ => Failure::Unreachable(e.to_string()),
         })?;
         if answer.status != StatusCode::OK {
-            return Err(Failure::Unreachable(format!("{path} answered {}", answer.status)));
+            let why = String::from_utf8_lossy(&answer.body[..answer.body.len().min(512)]).into_owned();
+            return Err(Failure::Unreachable(format!("{path} answered {}: {why}", answer.status)));
         }
+        // A member of another cluster (an older build that checks nothing,
+        // or a node that took another id first) is not one of ours.
+        let theirs = answer.headers.get(CLUSTER_HEADER).and_then(|v| v.to_str().ok());
+        identity::compatible(mine.as_ref().and_then(|m| m.to_str().ok()), theirs)
+            .map_err(|e| Failure::Unreachable(format!("node {} refused as a member: {e}", self.target)))?;
         let protocol = answer.headers.get(PROTOCOL_HEADER).and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1);
         let result = serde_json::from_slice(&answer.body).map_err(|e| Failure::Network(format!("{url}: {e}")))?;
         Ok((protocol, result))

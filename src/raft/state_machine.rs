@@ -14,6 +14,7 @@ use openraft::{AnyError, CommittedLeaderId, EntryPayload, OptionalSend, RaftSnap
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::identity::Identity;
 use super::log_store::blocking;
 use super::snapshot_file::{SnapshotFile, StoredSnapshot};
 use super::types::{
@@ -99,6 +100,8 @@ pub struct Applied {
     metrics: LockMetrics,
     /// Told the rules of the applied table: they set the peer protocol.
     protocols: Arc<Protocols>,
+    /// Takes the applied table's cluster id, once it has one.
+    identity: Arc<Identity>,
 }
 
 impl Applied {
@@ -114,6 +117,11 @@ impl Applied {
     fn table_changed(&self, locks: &LockState) {
         self.metrics.set_table(locks);
         self.protocols.applied(locks.rules());
+        if let Err(e) = self.identity.adopt(locks.cluster()) {
+            // The peer checks keep another history out of the log; this is
+            // the last word if one got in anyway.
+            tracing::error!("the applied table's cluster id: {e}");
+        }
     }
 }
 
@@ -129,13 +137,14 @@ impl StateMachineStore {
         snapshots: SnapshotFile,
         metrics: LockMetrics,
         protocols: Arc<Protocols>,
+        identity: Arc<Identity>,
     ) -> Result<Self, StorageError> {
         let mut state = AppliedState::default();
         if let Some(snap) = snapshots.read()? {
             restore(&mut state, &snap)?;
         }
         let index = watch::Sender::new(state.applied_index());
-        let applied = Applied { state: Mutex::new(state), index, metrics, protocols };
+        let applied = Applied { state: Mutex::new(state), index, metrics, protocols, identity };
         applied.table_changed(&applied.lock().locks);
         Ok(Self { applied: Arc::new(applied), snapshots })
     }

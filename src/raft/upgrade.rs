@@ -16,7 +16,7 @@
 //! answers, or added in the instant before the entry is proposed. Such a
 //! member refuses what it cannot read (the entry, the protocol) and stays
 //! behind; it cannot apply the table wrongly. A data directory this build
-//! has opened is format 3, which older builds refuse to start on.
+//! has opened is format 4, which older builds refuse to start on.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -20,16 +20,18 @@ use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::time::Instant;
 
+use super::credentials::Credential;
 use super::error::ApiError;
 use super::proposer::RaftCallError;
 use super::{forward, members, openapi, raft_rpc, watch, Node};
 use crate::audit;
-use crate::auth::Right;
+use crate::auth::{Acl, Right};
 use crate::backup;
 use crate::config::node::LeaseConfig;
 use crate::http::{full, json, parse_json, read_body, Body, Conn};
 use crate::lock::state::{AcquireCmd, Command, Grant, Outcome};
 use crate::lock::validate::{self, InvalidInput};
+use crate::raft::identity::CLUSTER_HEADER;
 
 /// Largest Lock API request body.
 const MAX_API_BODY: usize = 64 << 10;
@@ -46,10 +48,15 @@ pub enum Plane {
 
 pub async fn handle(node: Arc<Node>, plane: Plane, req: Request<Incoming>, conn: Conn) -> Response<Body> {
     let routed = match plane {
-        Plane::Client => client(node, req, &conn).await,
-        Plane::Peer => peer(node, req, &conn).await,
+        Plane::Client => client(node.clone(), req, &conn).await,
+        Plane::Peer => peer(node.clone(), req, &conn).await,
     };
-    routed.unwrap_or_else(ApiError::into_response)
+    let mut answer = routed.unwrap_or_else(ApiError::into_response);
+    // Every answer says which history it is of (`raft::identity`).
+    if let Some(id) = node.identity.header() {
+        answer.headers_mut().insert(CLUSTER_HEADER, id);
+    }
+    answer
 }
 
 /// The client plane: health, metrics and the API's description for anyone
@@ -77,27 +84,35 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
         wire::OPENAPI_PATH => return only(req.method(), "GET").map(|_| text(openapi::DOCUMENT, openapi::CONTENT_TYPE)),
         _ => {}
     }
-    let identity = node.credentials.identify(req.headers(), conn).inspect_err(|e| {
+    let (identity, credential) = node.credentials.identify(req.headers(), conn).inspect_err(|e| {
         audit::unauthenticated(conn.addr, &e.to_string());
     })?;
-    route(node, req, Caller { identity, forwarded: false }).await
+    route(node, req, Caller { identity, credential, forwarded: false }).await
 }
 
 async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Response<Body>, ApiError> {
-    // With TLS, nothing on the peer plane is for anyone but a member: a
-    // certificate of the same CA that names no member (a client's) is
-    // refused before any body is read.
-    let member = match node.tls {
-        false => None,
-        true => Some(certified_member(&node, conn)?),
+    // With TLS or a peer secret, nothing on the peer plane is for anyone
+    // but a member: a certificate of the same CA that names no member (a
+    // client's), or a request without a proof of the secret, is refused
+    // before any body is read. Without either, the config said no identity
+    // means anything here (`NodeConfig::peers_must_authenticate`).
+    let member = match (node.tls, &node.peer_secrets) {
+        (true, _) => Some(certified_member(&node, conn)?),
+        (false, Some(secrets)) => Some(proven_member(&node, &secrets.load(), req.headers(), conn)?),
+        (false, None) => None,
     };
     let path = req.uri().path();
     if let Some(rpc) = path.strip_prefix("/raft/") {
         only(req.method(), "POST")?;
         peer_protocol(req.headers())?;
         let rpc = rpc.to_string();
+        let cluster = match req.headers().get(CLUSTER_HEADER).map(|v| v.to_str()) {
+            None => None,
+            Some(Ok(id)) => Some(id.to_string()),
+            Some(Err(_)) => return Err(ApiError::BadRequest(format!("{CLUSTER_HEADER} is not text"))),
+        };
         let body = body_within(&node, req.into_body(), super::MAX_PEER_BODY).await?;
-        return raft_rpc::handle(&node, &rpc, &body, member, conn).await;
+        return raft_rpc::handle(&node, &rpc, &body, member, cluster.as_deref(), conn).await;
     }
     if path == wire::CLUSTER_PATH {
         return only(req.method(), "GET").map(|_| cluster(&node));
@@ -107,11 +122,20 @@ async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Re
         // a member may say so: with TLS, the one its certificate names.
         let by = by.to_str().ok().and_then(|b| b.parse::<u64>().ok());
         if member.is_some_and(|m| by != Some(m)) {
-            audit::peer_refused(conn.addr, "a forwarded call from another member than the certificate's");
-            return Err(ApiError::Forbidden("forwarded by another member than the certificate names".into()));
+            audit::peer_refused(conn.addr, "a forwarded call from another member than the one it proved to be");
+            return Err(ApiError::Forbidden("forwarded by another member than the one it proved to be".into()));
         }
         let identity = forward::identity(req.headers())?;
-        return route(node, req, Caller { identity, forwarded: true }).await;
+        // From a sender that proved nothing, the header is never taken as
+        // truth: on such a node every client is anonymous anyway.
+        if member.is_none() && identity != crate::auth::ANONYMOUS {
+            audit::peer_refused(conn.addr, &format!("a forwarded call as {identity} from an unauthenticated peer"));
+            return Err(ApiError::Forbidden(format!(
+                "a forwarded identity ({identity}) is taken only from an authenticated member"
+            )));
+        }
+        // Its token, if any, is checked again by the member that holds it.
+        return route(node, req, Caller { identity, credential: Credential::Lasting, forwarded: true }).await;
     }
     Err(ApiError::NotFound)
 }
@@ -161,9 +185,31 @@ fn certified_member(node: &Node, conn: &Conn) -> Result<u64, ApiError> {
     })
 }
 
+/// The member (other than this node) whose proof of the peer secret the
+/// request carries (`Authorization: Bearer <id>.<mac>`, `auth::PeerSecrets`).
+fn proven_member(
+    node: &Node,
+    secrets: &crate::auth::PeerSecrets,
+    headers: &hyper::HeaderMap,
+    conn: &Conn,
+) -> Result<u64, ApiError> {
+    let proof = headers.get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()?.strip_prefix("Bearer "));
+    let Some(id) = proof.and_then(|p| secrets.member(p.trim())) else {
+        audit::peer_refused(conn.addr, "no valid proof of the peer secret");
+        return Err(ApiError::Unauthorized("the peer plane is for members: prove the peer secret".into()));
+    };
+    if id == node.id || !node.knows(id) {
+        audit::peer_refused(conn.addr, &format!("a proof of the peer secret as {id}, no other member"));
+        return Err(ApiError::Forbidden(format!("the peer plane is for members: {id} is no other member")));
+    }
+    Ok(id)
+}
+
 /// Who is calling the Lock API.
 struct Caller {
     identity: String,
+    /// What it was let in on: a long-lived call ends when it is revoked.
+    credential: Credential,
     /// A follower sent it on the peer plane, so it is not forwarded again.
     forwarded: bool,
 }
@@ -176,6 +222,20 @@ impl Caller {
         }
         audit::denied(&self.identity, right, key, "no such right");
         Err(ApiError::Forbidden(format!("{} may not {} {key}", self.identity, right.as_str())))
+    }
+
+    /// Resolves once the caller may go on no longer: its token revoked, or
+    /// `allowed` false under the ACL then in force (see `credentials`).
+    fn lost<'a, N>(
+        &self,
+        node: N,
+        allowed: impl Fn(&Acl, &str) -> bool + Send + 'a,
+    ) -> impl std::future::Future<Output = ApiError> + Send + 'a
+    where
+        N: std::ops::Deref<Target = Node> + Send + 'a,
+    {
+        let credentials = node.credentials.clone();
+        credentials.lost(self.identity.clone(), self.credential, move |identity| allowed(&node.acl.load(), identity))
     }
 }
 
@@ -195,7 +255,13 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
             // The rules in force at each event: a reload that takes a right
             // away hides the keys from open streams too.
             let visible = Box::new(move |key: &str| rules.acl.load().allows(&identity, Right::Watch, key));
-            return watch::stream(node.clone(), req.uri().query(), may_open, visible);
+            // And a stream whose token is revoked, or that may watch
+            // nothing under its prefix any more, ends.
+            let ends = |prefix: &str| {
+                let prefix = prefix.to_string();
+                caller.lost(node.clone(), move |acl, identity| acl.may_watch(identity, &prefix))
+            };
+            return watch::stream(node.clone(), req.uri().query(), may_open, visible, ends).await;
         }
         _ => {}
     }
@@ -225,7 +291,13 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     match node.leader() {
         Some(leader) if leader == node.id => {}
         Some(leader) if !caller.forwarded => {
-            return forward::to_leader(&node, leader, &parts, body, &caller.identity).await
+            // A forwarded acquire may wait there: answered 401 here once its
+            // token is revoked (the leader's grant, if any, then expires).
+            let lost = caller.lost(&*node, |_, _| true);
+            tokio::select! {
+                answer = forward::to_leader(&node, leader, &parts, body, &caller.identity) => return answer,
+                e = lost => return Err(e),
+            }
         }
         _ => return Err(ApiError::NoLeader("no leader elected yet, or this node is cut off".into())),
     }
@@ -379,6 +451,7 @@ fn cluster(node: &Node) -> Response<Body> {
         snapshot_index: m.snapshot.map(|l| l.index),
         purged_index: m.purged.map(|l| l.index),
         rules: node.applied.lock().locks.rules(),
+        cluster: node.identity.get(),
     };
     json(StatusCode::OK, &info)
 }
@@ -400,8 +473,9 @@ async fn acquire(
     within_quotas(node, &key, &caller.identity, request_id.as_deref())?;
     let owner = caller.identity.clone();
     let lease_id = new_lease_id();
-    let cmd = AcquireCmd { key, owner, holder, ttl_ms, lock_delay_ms, lease_id, request_id };
-    let result = wait_for_grant(node, cmd, received + Duration::from_millis(wait_ms)).await;
+    let lost = caller.lost(node, |acl, identity| acl.allows(identity, Right::Acquire, &key));
+    let cmd = AcquireCmd { key: key.clone(), owner, holder, ttl_ms, lock_delay_ms, lease_id, request_id };
+    let result = wait_for_grant(node, cmd, received + Duration::from_millis(wait_ms), lost).await;
     node.lock_metrics.acquire_duration.observe(received.elapsed().as_secs_f64());
     let g = result?;
     Ok(json(StatusCode::OK, &Granted { key: g.key, token: g.token, lease_id: g.lease_id, ttl_ms: g.ttl_ms }))
@@ -462,8 +536,15 @@ fn within_quotas(node: &Node, key: &str, identity: &str, request_id: Option<&str
 }
 
 /// Queue behind earlier waiters for the key, then propose when the key looks
-/// free, until granted or `deadline`.
-async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Result<Grant, ApiError> {
+/// free, until granted or `deadline`; or until the caller is `lost` (its
+/// token revoked or its right taken away while it waits).
+async fn wait_for_grant(
+    node: &Node,
+    cmd: AcquireCmd,
+    deadline: Instant,
+    lost: impl std::future::Future<Output = ApiError>,
+) -> Result<Grant, ApiError> {
+    tokio::pin!(lost);
     let ticket = node.waitlist.join(&cmd.key);
     let mut applied = node.applied.subscribe();
     let mut metrics = node.raft.metrics();
@@ -502,6 +583,7 @@ async fn wait_for_grant(node: &Node, cmd: AcquireCmd, deadline: Instant) -> Resu
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {}
+            e = &mut lost => return Err(e),
             () = node.stopped() => {
                 return Err(ApiError::NoLeader("this node is shutting down; retry on another node".into()));
             }
@@ -599,6 +681,7 @@ async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {
         token,
         holder: holder.map(|(_, lease)| lease.holder.clone()),
         expires_in_ms: holder.and_then(|(id, _)| s.clock.remaining(id, Instant::now())).map(|d| d.as_millis() as u64),
+        cluster: s.locks.cluster().map(str::to_string),
     };
     Ok(json(StatusCode::OK, &info))
 }
@@ -608,8 +691,9 @@ async fn read(node: &Node, key: &str) -> Result<Response<Body>, ApiError> {
 /// before the request was sent is at or below it.
 async fn revision(node: &Node) -> Result<Response<Body>, ApiError> {
     linearizable(node).await?;
-    let rev = node.applied.lock().locks.revision();
-    Ok(json(StatusCode::OK, &wire::Revision { rev }))
+    let s = node.applied.lock();
+    let (rev, cluster) = (s.locks.revision(), s.locks.cluster().map(str::to_string));
+    Ok(json(StatusCode::OK, &wire::Revision { rev, cluster }))
 }
 
 /// L3: acknowledged only after a quorum confirmed this node is still leader,

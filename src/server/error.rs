@@ -1,6 +1,6 @@
 //! The Lock API's errors, and the one place that maps them to HTTP answers.
 
-use fencegate_client::wire::{self, ErrorCode, HeldBy};
+use fencegate_client::wire::{self, ErrorCode, HeldBy, NodePosition};
 use hyper::header::{HeaderValue, ALLOW};
 use hyper::Response;
 use thiserror::Error;
@@ -46,6 +46,13 @@ pub enum ApiError {
     Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A peer of another cluster: refused, nothing applied.
+    #[error("{0}")]
+    ForeignCluster(String),
+    /// A watch's `after` (or `cluster`) names a position this node cannot
+    /// vouch for: beyond its revision, or of another history.
+    #[error("{why}")]
+    PositionUnknown { why: String, rev: u64, cluster: Option<String> },
 }
 
 impl ApiError {
@@ -67,6 +74,8 @@ impl ApiError {
             ApiError::NoLeader(_) => (ErrorCode::NoLeader, Cause::LockService),
             ApiError::Unavailable(_) => (ErrorCode::Unavailable, Cause::LockService),
             ApiError::Internal(_) => (ErrorCode::Internal, Cause::Internal),
+            ApiError::PositionUnknown { .. } => (ErrorCode::PositionUnknown, Cause::Client),
+            ApiError::ForeignCluster(_) => (ErrorCode::ForeignCluster, Cause::Client),
         }
     }
 
@@ -79,9 +88,16 @@ impl ApiError {
         };
         let body = match self {
             ApiError::Held { key, holder, token, lock_delay } => {
-                wire::ApiError { error: code, message: None, held: Some(HeldBy { key, holder, token, lock_delay }) }
+                let held = Some(HeldBy { key, holder, token, lock_delay });
+                wire::ApiError { error: code, message: None, held, position: None }
             }
-            other => wire::ApiError { error: code, message: Some(other.to_string()), held: None },
+            ApiError::PositionUnknown { why, rev, cluster } => wire::ApiError {
+                error: code,
+                message: Some(why),
+                held: None,
+                position: Some(NodePosition { rev, cluster }),
+            },
+            other => wire::ApiError { error: code, message: Some(other.to_string()), held: None, position: None },
         };
         let mut resp = refusal(code.status(), cause, &body);
         if let Some(allow) = allow {

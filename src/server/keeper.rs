@@ -21,6 +21,7 @@ use std::collections::VecDeque;
 use super::Node;
 use crate::lock::clock;
 use crate::lock::state::{Command, RULES};
+use crate::raft::identity;
 
 /// Longest sleep between checks, so gauges stay fresh on an idle node.
 const IDLE: Duration = Duration::from_secs(1);
@@ -89,6 +90,7 @@ pub async fn run(node: Arc<Node>) {
                 tracing::info!("every member speaks rules {version}: proposing them");
                 due.push(Command::Rules { version });
             }
+            due.extend(identify_due(&node));
             if !due.is_empty() {
                 // If a proposal is lost the clock re-arms it (`clock::RETRY`);
                 // a lost compaction is proposed again at the next sample.
@@ -123,6 +125,13 @@ fn rules_due(node: &Node) -> Option<u32> {
     }
     let members = node.raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect();
     node.directory.protocols.due(node.id, &members, rules)
+}
+
+/// A cluster id for a table that has none, under rules that carry one
+/// (`raft::identity`): the first committed stays.
+fn identify_due(node: &Node) -> Option<Command> {
+    let locks = &node.applied.lock().locks;
+    (locks.rules() >= 2 && locks.cluster().is_none()).then(|| Command::Identify { cluster: identity::new_id() })
 }
 
 /// What the table's revision was at times past, sampled by this leader: a

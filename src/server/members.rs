@@ -35,6 +35,8 @@ use crate::raft::types::{Member, Membership, NodeId};
 pub const CATCH_UP: Duration = Duration::from_secs(120);
 /// How long a member has to answer the leader's liveness probe.
 const PROBE: Duration = Duration::from_millis(800);
+/// How long `member add` waits for a node to add to answer at all.
+const STARTING: Duration = Duration::from_secs(10);
 /// How long a handover may take: a target catching up, then its election.
 const HANDOVER: Duration = Duration::from_secs(3);
 
@@ -156,6 +158,7 @@ pub async fn add(node: &Node, add: AddMember) -> Result<MemberList, ApiError> {
     let mut live = live(node, &membership).await;
     live.insert(add.id); // it only becomes a voter once caught up
     quorum(&voters, &live, add.force, &format!("adding node {}", add.id))?;
+    same_history(node, add.id, &member).await?;
 
     tracing::info!(id = add.id, url = %member.peer_url, "adding a member: a learner until it has caught up");
     node.raft.add_learner(add.id, member, false).await.map_err(refused)?;
@@ -165,6 +168,47 @@ pub async fn add(node: &Node, add: AddMember) -> Result<MemberList, ApiError> {
     tracing::info!(id = add.id, "the new member has caught up: making it a voter");
     node.raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([add.id])), false).await.map_err(refused)?;
     Ok(list(node).await)
+}
+
+/// Refuse to add node `id` unless it answers at `member`'s peer URL as that
+/// node and holds no other history: no cluster id but this one, and no log
+/// at all if it has none (a data directory of another cluster, or of a
+/// build before cluster ids). Asked before the learner is added, so that
+/// nothing of this cluster is sent to it, and nothing of its log is ever
+/// taken for this cluster's.
+async fn same_history(node: &Node, id: NodeId, member: &Member) -> Result<(), ApiError> {
+    let refused = |why: String| ApiError::ForeignCluster(format!("not adding node {id}: {why}"));
+    let Some(peer) = node.directory.peer(id, Some(member)) else { return Err(refused("no peer URL for it".into())) };
+    let url = format!("{}{}", peer.url, fencegate_client::wire::CLUSTER_PATH);
+    // A node started a moment ago may not listen yet.
+    let deadline = Instant::now() + STARTING;
+    let answer = loop {
+        match peer.http.call(hyper::Method::GET, &url, None, PROBE).await {
+            Ok(answer) => break answer,
+            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => {
+                return Err(ApiError::MembershipRefused(format!(
+                    "node {id} does not answer at {url} ({e}): start it first, so that its history can be checked"
+                )))
+            }
+        }
+    };
+    let info: ClusterInfo = serde_json::from_slice(&answer.body)
+        .map_err(|e| refused(format!("{url} answered {} with no cluster view: {e}", answer.status)))?;
+    if info.id != id {
+        return Err(refused(format!("{url} is node {}", info.id)));
+    }
+    let mine = node.identity.get();
+    crate::raft::identity::compatible(mine.as_deref(), info.cluster.as_deref()).map_err(|e| refused(e.to_string()))?;
+    let holds_a_log = info.term > 0 || info.last_log_index > 0 || info.snapshot_index.is_some();
+    if info.cluster.is_none() && holds_a_log {
+        return Err(refused(format!(
+            "its data directory holds a log (term {}, last index {}) with no cluster id: another cluster's, or \
+             an older build's; give it an empty data_dir",
+            info.term, info.last_log_index
+        )));
+    }
+    Ok(())
 }
 
 /// Wait until member `id` holds the leader's log as of now.

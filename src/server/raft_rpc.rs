@@ -10,6 +10,7 @@ use super::error::ApiError;
 use super::Node;
 use crate::http::{json, Body, Conn};
 use crate::raft::guard::{self, Peers};
+use crate::raft::identity::AdoptError;
 use crate::raft::network::PROTOCOL_HEADER;
 use crate::raft::types::{NodeId, TypeConfig, Vote};
 use crate::raft::upgrade::PROTOCOL;
@@ -67,12 +68,15 @@ pub fn decode(rpc: &str, body: &[u8]) -> Result<PeerRpc, ApiError> {
     }
 }
 
-/// `member`: with TLS, the member the connection's certificate names.
+/// `member`: the member the sender proved to be (its certificate, or its
+/// proof of the peer secret), if the peer plane authenticates; `cluster`:
+/// the cluster id the sender says it belongs to.
 pub async fn handle(
     node: &Node,
     rpc: &str,
     body: &[u8],
     member: Option<u64>,
+    cluster: Option<&str>,
     conn: &Conn,
 ) -> Result<Response<Body>, ApiError> {
     let raft = &node.raft;
@@ -84,9 +88,9 @@ pub async fn handle(
         if member.is_some_and(|m| m != sender) {
             crate::audit::peer_refused(
                 conn.addr,
-                &format!("a {rpc_name} claiming member {sender}, whose certificate it is not"),
+                &format!("a {rpc_name} claiming member {sender}, which its sender did not prove to be"),
             );
-            return Err(ApiError::Forbidden(format!("the client certificate does not name member {sender}")));
+            return Err(ApiError::Forbidden(format!("the sender did not prove to be member {sender}")));
         }
     }
     let members = |id| node.knows(id);
@@ -94,6 +98,17 @@ pub async fn handle(
     rpc.check(&peers).map_err(|e| {
         tracing::warn!(rpc = rpc_name, "refused raft rpc: {e}");
         ApiError::BadRequest(format!("refused raft rpc: {e}"))
+    })?;
+    // Two histories never share a log: a sender of another cluster is
+    // refused before openraft sees anything (a node of this one without an
+    // id yet takes the sender's, durably, first).
+    node.identity.adopt(cluster).map_err(|e| match e {
+        AdoptError::Storage(e) => ApiError::Internal(e),
+        e => {
+            let sender = rpc.vote().map_or("?".into(), |v| v.leader_id.node_id.to_string());
+            tracing::error!(rpc = rpc_name, "refused a raft rpc from node {sender}: {e}");
+            ApiError::ForeignCluster(format!("refused a {rpc_name} from node {sender}: {e}"))
+        }
     })?;
     let mut answer = match rpc {
         PeerRpc::Append(req) => json(StatusCode::OK, &raft.append_entries(req).await),

@@ -1,8 +1,11 @@
 //! A node's reload (SIGHUP): its TLS material (the certificate and key of
-//! both planes and of its peer links, the members' CA, the clients' CA) and
-//! its ACL, from the config file validated as at startup. Everything else
-//! takes a restart. The tokens file is not part of it: it is re-read within
-//! a second whenever it changes (`credentials.rs`).
+//! both planes and of its peer links, the members' CA, the clients' CA),
+//! the members' peer secret (`peer_secret_file`, read again: a rotation)
+//! and its ACL, from the config file validated as at startup. Everything
+//! else takes a restart, turning TLS or the peer secret on or off too. The
+//! tokens file is not part of it: it is re-read within a second whenever it
+//! changes (`credentials.rs`). Either change ends the long-lived requests
+//! (watch streams, parked acquires) it takes the right from.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,8 +26,13 @@ impl Node {
     pub fn reload(&self, path: &Path) -> Result<(), ConfigError> {
         let config = NodeConfig::load(path)?;
         let tls = NodeTls::load(&config)?;
+        let peer_secrets = super::credentials::peer_secrets(&config)?;
         if let Some(refusal) = restart_needed(&self.config, &config) {
             return Err(refusal);
+        }
+        if let (Some(live), Some(secrets)) = (&self.peer_secrets, peer_secrets) {
+            self.directory.set_proof(secrets.proof(self.id));
+            live.store(Arc::new(secrets));
         }
         if let Some(tls) = tls {
             swap_acceptor(&self.client_plane, tls.client_plane);
@@ -32,6 +40,8 @@ impl Node {
             self.directory.set_tls(tls.peer_links);
         }
         self.acl.store(Arc::new(config.acl()));
+        // Open watch streams and parked acquires check their right again.
+        self.credentials.rules_changed();
         Ok(())
     }
 }
@@ -43,8 +53,8 @@ fn swap_acceptor(listener: &LiveListener, config: rustls::ServerConfig) {
 }
 
 /// Why `new` cannot replace `old` in a running node, if it cannot: a field
-/// other than the TLS files and the ACL changed, or TLS (or client
-/// certificates) was turned on or off.
+/// other than the TLS files, the peer secret's file and the ACL changed, or
+/// TLS (or client certificates, or the peer secret) was turned on or off.
 pub fn restart_needed(old: &NodeConfig, new: &NodeConfig) -> Option<ConfigError> {
     let client_ca = |c: &NodeConfig| c.tls.as_ref().map(|t| t.client_ca.is_some());
     let changed = [
@@ -52,6 +62,7 @@ pub fn restart_needed(old: &NodeConfig, new: &NodeConfig) -> Option<ConfigError>
         ("listen", old.listen == new.listen),
         ("peer_listen", old.peer_listen == new.peer_listen),
         ("insecure_peers", old.insecure_peers == new.insecure_peers),
+        ("peer_secret_file", old.peer_secret_file.is_some() == new.peer_secret_file.is_some()),
         ("insecure_clients", old.insecure_clients == new.insecure_clients),
         ("tls", old.tls.is_some() == new.tls.is_some()),
         ("tls.client_ca", client_ca(old) == client_ca(new)),
@@ -65,7 +76,10 @@ pub fn restart_needed(old: &NodeConfig, new: &NodeConfig) -> Option<ConfigError>
     ]
     .into_iter()
     .find(|(_, same)| !same)?;
-    Some(ConfigError::invalid(changed.0, "changed: that takes a restart (a reload takes only `tls` files and `acl`)"))
+    Some(ConfigError::invalid(
+        changed.0,
+        "changed: that takes a restart (a reload takes only `tls` files, `peer_secret_file` and `acl`)",
+    ))
 }
 
 #[cfg(test)]
@@ -123,6 +137,20 @@ acl:
         ] {
             let e = refusal(from, to).unwrap_or_else(|| panic!("{to}: reloaded"));
             assert!(e.contains(field) && e.contains("restart"), "{to}: {e}");
+        }
+    }
+
+    /// The secret's file is material, as TLS files are: another file is a
+    /// rotation; turning the secret on or off takes a restart.
+    #[test]
+    fn the_peer_secret_file_reloads_and_turning_it_on_or_off_does_not() {
+        let plain = "id: 1\nlisten: 127.0.0.1:7401\npeer_listen: 127.0.0.1:7501\ndata_dir: d\npeers: { 1: http://127.0.0.1:7501 }\n";
+        let with = |file: &str| NodeConfig::from_yaml(&format!("{plain}peer_secret_file: {file}\n")).unwrap();
+        let without = NodeConfig::from_yaml(plain).unwrap();
+        assert!(restart_needed(&with("old"), &with("new")).is_none());
+        for (old, new) in [(&with("old"), &without), (&without, &with("new"))] {
+            let e = restart_needed(old, new).expect("a restart").to_string();
+            assert!(e.contains("`peer_secret_file`") && e.contains("restart"), "{e}");
         }
     }
 }

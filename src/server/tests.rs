@@ -23,6 +23,16 @@ async fn one_node(dir: &std::path::Path) -> OneNode {
     one_node_with(dir, "").await
 }
 
+/// A `peer_secret_file` line, its file (mode 0600) in `dir`: what a node
+/// whose clients authenticate needs on a plaintext peer plane.
+fn peer_secret(dir: &std::path::Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let file = dir.join("peer-secret");
+    std::fs::write(&file, "s".repeat(crate::auth::MIN_PEER_SECRET)).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    format!("peer_secret_file: {}\n", file.display())
+}
+
 /// `extra` is appended to the node's config.
 async fn one_node_with(dir: &std::path::Path, extra: &str) -> OneNode {
     let listeners = Listeners {
@@ -388,6 +398,14 @@ async fn the_data_dir_fixtures_are_read() {
             assert!(std::time::Instant::now() < until, "format {format}: still on rules 0");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // Then identified (a directory of format 4 on keeps the id it has),
+        // and the node holds the id its table carries.
+        while n.node.identity.get().is_none() {
+            assert!(std::time::Instant::now() < until, "format {format}: no cluster id");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let table = n.node.applied.lock().locks.cluster().map(str::to_string);
+        assert_eq!(n.node.identity.get(), table, "format {format}");
         let _ = n.stop.send(());
         n.node.shutdown().await;
     }
@@ -427,7 +445,7 @@ async fn the_api_description_is_served_and_generated_clients_spellings_are_under
     let tokens = dir.path().join("tokens.yaml");
     std::fs::write(&tokens, format!("someone: {}\n", crate::auth::hash_line("fg_secret"))).unwrap();
     let acl = "acl:\n  - { identity: someone, prefixes: [\"\"], rights: [admin] }\n";
-    let extra = format!("auth:\n  tokens_file: {}\n{acl}", tokens.display());
+    let extra = format!("auth:\n  tokens_file: {}\n{acl}{}", tokens.display(), peer_secret(dir.path()));
     let OneNode { url, node, stop, .. } = one_node_with(&dir.path().join("data"), &extra).await;
     let http = HttpClient::new(1 << 20);
     let t = Duration::from_secs(5);
@@ -521,7 +539,7 @@ async fn the_revision_is_read_linearizably_and_invisible_events_move_a_watch_on(
         ["admin", "watcher", "reader"].iter().map(|id| format!("{id}: {}\n", crate::auth::hash_line(id))).collect();
     std::fs::write(&tokens, hashes).unwrap();
     let acl = "acl:\n  - { identity: admin, prefixes: [\"\"], rights: [admin] }\n  - { identity: watcher, prefixes: [rack/], rights: [watch] }\n  - { identity: reader, prefixes: [\"\"], rights: [read] }\n";
-    let extra = format!("auth:\n  tokens_file: {}\n{acl}", tokens.display());
+    let extra = format!("auth:\n  tokens_file: {}\n{acl}{}", tokens.display(), peer_secret(dir.path()));
     let OneNode { url, node, stop, .. } = one_node_with(&dir.path().join("data"), &extra).await;
     let t = Duration::from_secs(5);
     let as_ = |id: &str| HttpClient::new(1 << 20).with_bearer(id).unwrap();
@@ -555,10 +573,61 @@ async fn the_revision_is_read_linearizably_and_invisible_events_move_a_watch_on(
     drop(first);
     let revision = format!("{url}{}", wire::REVISION_PATH);
     let a = as_("watcher").call(Method::GET, &revision, None, t).await.unwrap();
-    assert_eq!(decode::<wire::Revision>(&a.body), wire::Revision { rev: lease.token() });
+    assert_eq!(decode::<wire::Revision>(&a.body).rev, lease.token());
     let a = as_("reader").call(Method::GET, &revision, None, t).await.unwrap();
     assert_eq!((a.status, decode::<ApiError>(&a.body).error), (StatusCode::FORBIDDEN, ErrorCode::Forbidden));
     drop(lease);
+    let _ = stop.send(());
+    node.shutdown().await;
+}
+
+/// A node never vouches for a position it has not reached: a watch
+/// resuming beyond its revision, or at a position of another cluster's
+/// history, is answered 409 `position_unknown` with the node's revision
+/// and cluster id, never a heartbeat at the watcher's revision (which told
+/// a sidecar resuming after a restore that nothing had happened up to
+/// there). Every answer names the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_beyond_the_node_or_of_another_history_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let OneNode { url, node, stop, .. } = one_node(dir.path()).await;
+    let client = Client::new(vec![url.clone()]).unwrap();
+    let lease = client.acquire("rack/1", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let cluster = loop {
+        if let Some(id) = client.cluster().await.unwrap().cluster {
+            break id;
+        }
+        assert!(std::time::Instant::now() < until, "the cluster got no id");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let rev = node.applied.lock().locks.revision();
+    let (http, t) = (HttpClient::new(1 << 20), Duration::from_secs(5));
+    let watch = |query: String| format!("{url}{}?prefix=rack/&progress=1{query}", wire::WATCH_PATH);
+
+    let a = http.call(Method::GET, &watch(format!("&after={}", rev + 100_000)), None, t).await.unwrap();
+    assert_eq!(a.status, StatusCode::CONFLICT, "{:?}", String::from_utf8_lossy(&a.body));
+    let refusal = decode::<ApiError>(&a.body);
+    assert_eq!(refusal.error, ErrorCode::PositionUnknown);
+    assert_eq!(refusal.position, Some(wire::NodePosition { rev, cluster: Some(cluster.clone()) }));
+    assert_eq!(a.headers[wire::CLUSTER_HEADER], cluster.as_str(), "every answer names the cluster");
+
+    let other = crate::raft::identity::new_id();
+    let a = http.call(Method::GET, &watch(format!("&after={rev}&cluster={other}")), None, t).await.unwrap();
+    assert_eq!((a.status, decode::<ApiError>(&a.body).error), (StatusCode::CONFLICT, ErrorCode::PositionUnknown));
+    let a = http.call(Method::GET, &watch("&cluster=nope".into()), None, t).await.unwrap();
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+
+    // Its own history, at or below its revision: resumed as before.
+    let resumed = http.open(&watch(format!("&after={rev}&cluster={cluster}")), t).await.unwrap();
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let mut lines = fencegate_client::http::LineReader::new(resumed.into_body());
+    let granted = client.acquire("rack/2", AcquireOptions::new(Duration::from_secs(30))).await.unwrap();
+    match next_line_within(&mut lines, 2000).await {
+        Some(WatchLine::Granted { token, .. }) => assert_eq!(token, granted.token()),
+        other => panic!("expected the grant after the position, got {other:?}"),
+    }
+    drop((lease, granted));
     let _ = stop.send(());
     node.shutdown().await;
 }

@@ -15,7 +15,14 @@
 //! not show, so that its position keeps up with the revision (opt-in: it
 //! tells the watcher when events on keys it cannot see happen). A node that
 //! knows no leader ends its streams.
+//!
+//! A node vouches only for what it has seen: `after` beyond its revision
+//! (once it has had `CATCH_UP` to reach it) or `cluster=` naming another
+//! cluster's history is answered 409 `position_unknown` with the node's
+//! revision and cluster id, never a heartbeat at the watcher's position,
+//! which would tell it that nothing happened up to there.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,9 +36,14 @@ use super::error::ApiError;
 use super::Node;
 use crate::http::{channel_body, Body};
 use crate::lock::state::{Event, EventKind};
+use crate::raft::identity;
 use crate::raft::state_machine::AppliedState;
 
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long a watch resuming beyond this node's revision waits for the
+/// node to apply it (a follower a moment behind the leader the watcher
+/// read from) before it is refused.
+const CATCH_UP: Duration = Duration::from_secs(1);
 /// A watcher that takes no line for this long (its buffer full) is cut off:
 /// a stream nobody reads must not hold the node's memory for ever. It
 /// resumes with `after=` when it comes back.
@@ -47,21 +59,24 @@ async fn deliver(tx: &mpsc::Sender<Bytes>, line: Bytes) -> bool {
 pub type Visible = Box<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// A watch's query: the key prefix (empty: every key), the revision to
-/// resume after, and whether the watcher asked for a heartbeat at once
-/// after events it cannot see (`progress=1`).
+/// resume after, whether the watcher asked for a heartbeat at once after
+/// events it cannot see (`progress=1`), and the cluster whose history
+/// `after` is a position in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchParams {
     pub prefix: String,
     pub after: Option<u64>,
     pub progress: bool,
+    pub cluster: Option<String>,
 }
 
-/// Read `prefix=P[&after=REV][&progress=0|1]`, each value percent-decoded
-/// once and checked.
+/// Read `prefix=P[&after=REV][&progress=0|1][&cluster=ID]`, each value
+/// percent-decoded once and checked.
 pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
     let mut prefix = String::new();
     let mut after = None;
     let mut progress = false;
+    let mut cluster = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         // Values are percent-decoded once, as every HTTP client encodes
         // them (`prefix=rack%2F`); what they decode to is checked below.
@@ -77,6 +92,13 @@ pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
                     "0" => false,
                     other => return Err(ApiError::BadRequest(format!("progress={other:?} is not 0 or 1"))),
                 }
+            }
+            Some(("cluster", c)) => {
+                let c = value(c)?;
+                if !identity::valid(&c) {
+                    return Err(ApiError::BadRequest(format!("cluster={c:?} is not a cluster id")));
+                }
+                cluster = Some(c)
             }
             Some(("after", n)) => {
                 let n = value(n)?;
@@ -94,24 +116,56 @@ pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
         }
         crate::lock::validate::key(probe)?;
     }
-    Ok(WatchParams { prefix, after, progress })
+    Ok(WatchParams { prefix, after, progress, cluster })
 }
 
 /// Open a stream of `query`'s prefix. `may_open` says whether the watcher
-/// may watch anything under it; it then sees only the keys `visible` allows.
-pub fn stream(
+/// may watch anything under it; it then sees only the keys `visible` allows,
+/// until the future `ends` makes for the prefix resolves (its credential
+/// revoked or its right taken away).
+pub async fn stream<E: Future<Output: Send> + Send + 'static>(
     node: Arc<Node>,
     query: Option<&str>,
     may_open: impl FnOnce(&str) -> Result<(), ApiError>,
     visible: Visible,
+    ends: impl FnOnce(&str) -> E,
 ) -> Result<Response<Body>, ApiError> {
-    let WatchParams { prefix, after, progress } = params(query)?;
+    let WatchParams { prefix, after, progress, cluster } = params(query)?;
     may_open(&prefix)?;
+    vouch(&node, after, cluster.as_deref()).await?;
     let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(run(node, prefix, visible, after, progress, tx));
+    let ends = ends(&prefix);
+    tokio::spawn(run(node, prefix, visible, after, progress, tx, ends));
     let mut resp = Response::new(channel_body(rx));
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
     Ok(resp)
+}
+
+/// `Ok` once this node can stand for a watcher's position: of its own
+/// history (or the watcher names none), and at most its revision (waiting
+/// up to `CATCH_UP` for it to apply that far). A node never vouches for a
+/// revision it has not reached.
+async fn vouch(node: &Node, after: Option<u64>, cluster: Option<&str>) -> Result<(), ApiError> {
+    let mine = node.identity.get();
+    let refuse = |why: String, rev| ApiError::PositionUnknown { why, rev, cluster: mine.clone() };
+    if let Err(e) = identity::compatible(mine.as_deref(), cluster) {
+        return Err(refuse(format!("the position is of another history: {e}"), node.applied.lock().locks.revision()));
+    }
+    let Some(after) = after else { return Ok(()) };
+    let mut applied = node.applied.subscribe();
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    loop {
+        let rev = node.applied.lock().locks.revision();
+        if after <= rev {
+            return Ok(());
+        }
+        if !matches!(tokio::time::timeout_at(deadline, applied.changed()).await, Ok(Ok(()))) {
+            return Err(refuse(
+                format!("after={after} is beyond this node's revision {rev}: it cannot vouch for what it has not seen"),
+                rev,
+            ));
+        }
+    }
 }
 
 fn line(l: &WatchLine) -> Bytes {
@@ -147,7 +201,9 @@ async fn run(
     after: Option<u64>,
     progress: bool,
     tx: mpsc::Sender<Bytes>,
+    ends: impl Future,
 ) {
+    tokio::pin!(ends);
     let mut applied = node.applied.subscribe();
     let mut cursor = after;
     // Where the stream is complete up to: what a heartbeat reports.
@@ -191,6 +247,8 @@ async fn run(
             changed = applied.changed() => if changed.is_err() { return },
             // Shutting down: the watcher resumes on another node.
             () = node.stopped() => return,
+            // Revoked: the watcher's next request gets 401 or 403.
+            _ = &mut ends => return,
             _ = tokio::time::sleep(HEARTBEAT) => {
                 if node.leader().is_none() {
                     // Cut off from the cluster: end the stream so the watcher

@@ -28,12 +28,17 @@ pub fn token(dir: &std::path::Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
-/// An admin call's body: which record, and for `resolve`, the verdict.
+/// An admin call's body: which record (a record is its holder's: the
+/// lock key, the token, the key, and the client's certificate name where
+/// the sidecar takes client certificates), and for `resolve`, the verdict.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RecordCall {
     lock_key: String,
+    token: u64,
     key: String,
+    #[serde(default)]
+    identity: Option<String>,
     #[serde(default)]
     applied: Option<u16>,
 }
@@ -75,7 +80,7 @@ impl Sidecar {
             },
             Err(e) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
         };
-        let scope = idempotency::scope(&call.lock_key, &call.key);
+        let scope = idempotency::scope(&call.lock_key, call.token, &call.key, call.identity.as_deref());
         let record = match action {
             "show" => self.records.get(&scope).ok_or(records::ResolveError::NoSuchKey),
             "resolve" => {

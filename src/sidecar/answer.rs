@@ -77,7 +77,11 @@ impl Answer {
     /// Who caused it.
     pub fn cause(&self) -> Cause {
         match self {
-            Answer::Rejected(r) if r.reason == Reason::LockServiceUnavailable => Cause::LockService,
+            Answer::Rejected(r)
+                if matches!(r.reason, Reason::LockServiceUnavailable | Reason::LockServiceBehindFloor) =>
+            {
+                Cause::LockService
+            }
             Answer::Idempotency { error: Problem::IdempotencyStoreFull, .. } => Cause::Internal,
             Answer::Rejected(_)
             | Answer::BadRequest { .. }
@@ -204,7 +208,8 @@ fn refused_in(p: Problem, phase: Phase) -> bool {
         | Problem::IdempotencyKeyReused
         | Problem::IdempotencyInFlight
         | Problem::OutcomeUnknown
-        | Problem::ResponseNotKept => phase == Routed,
+        | Problem::ResponseNotKept
+        | Problem::IdempotencyQuota => phase == Routed,
         Problem::UpstreamTimeout | Problem::UpstreamError | Problem::IdempotencyStoreFull | Problem::Internal => false,
     }
 }
@@ -253,6 +258,13 @@ mod tests {
             (rejected(Reason::MissingToken), 428, "rejected", Cause::Client, "missing_token"),
             (rejected(Reason::MalformedToken), 400, "rejected", Cause::Client, "malformed_token"),
             (rejected(Reason::LockServiceUnavailable), 503, "rejected", Cause::LockService, "lock_service_unavailable"),
+            (
+                rejected(Reason::LockServiceBehindFloor),
+                503,
+                "rejected",
+                Cause::LockService,
+                "lock_service_behind_floor",
+            ),
             (bad(Problem::MalformedPath), 400, "rejected", Cause::Client, "malformed_path"),
             (bad(Problem::AmbiguousFraming), 400, "rejected", Cause::Client, "ambiguous_framing"),
             (

@@ -137,12 +137,17 @@ impl Fencer {
     /// vouches for nothing by then: 503. Every route of the lock service,
     /// `cached` or `linearizable` (whose read on arrival may be old by now).
     async fn vouch(&self, c: &mut Cleared<'_>) -> Result<(), Answer> {
-        if c.mode == FenceMode::Observed {
-            return Ok(());
-        }
         let reject = |reason, current| {
             Answer::Rejected(Rejection { reason, key: c.key.to_string(), token: Some(c.token), current })
         };
+        if c.mode == FenceMode::Observed {
+            // Nothing to prove but the floors: a strict route on the key may
+            // have raised its own meanwhile.
+            return match decide(c.mode, c.token, &self.look(c.mode, c.key, None).0, true) {
+                Verdict::Reject { reason, current } => Err(reject(reason, Some(current))),
+                Verdict::Forward | Verdict::AskService => Ok(()),
+            };
+        }
         let (mut known, trusted) = self.look(c.mode, c.key, c.read_at);
         if !trusted {
             self.count_stale(c.route);
@@ -176,7 +181,13 @@ impl Fencer {
             }
             None => (Knowledge::default(), true),
         };
-        known.floor = self.floors.get(&floor_key(mode, key));
+        known.floor = match mode {
+            FenceMode::Strict | FenceMode::Monotonic => self.floors.get(key),
+            // An observed token keeps up with the key's verified floor too
+            // (a route switched from strict by a reload keeps it), though
+            // it raises only its own.
+            FenceMode::Observed => self.floors.get(&floor_key(mode, key)).max(self.floors.get(key)),
+        };
         (known, trusted)
     }
 
@@ -202,7 +213,8 @@ impl Fencer {
 /// Observed-mode floors are tokens nobody verified: kept apart from the
 /// floors of lock-service routes, so that an observed route cannot raise (or
 /// forge) the floor a strict or monotonic route trusts. `@` never appears in
-/// a lock key.
+/// a lock key. (The other way round is safe: an observed route also
+/// refuses what is below the key's strict floor, see `look`.)
 fn floor_key(mode: FenceMode, key: &str) -> Cow<'_, str> {
     match mode {
         FenceMode::Observed => Cow::Owned(format!("@observed/{key}")),

@@ -140,6 +140,12 @@ pub enum Verdict {
 /// granted for this key (S3).
 pub fn decide(mode: FenceMode, token: Token, k: &Knowledge, fresh: bool) -> Verdict {
     let reject = |reason, current| Verdict::Reject { reason, current };
+    if mode != FenceMode::Observed && behind_floor(k, fresh) {
+        // The service's history is behind what this sidecar forwarded: it
+        // cannot say who holds the key. Neither the token of the lease the
+        // floor came from nor one of the service's is forwarded.
+        return reject(Reason::LockServiceBehindFloor, k.latest);
+    }
     // S2: never below what this sidecar already let through.
     if token < k.floor {
         return reject(Reason::StaleToken, k.floor.max(k.latest));
@@ -166,20 +172,37 @@ pub fn decide(mode: FenceMode, token: Token, k: &Knowledge, fresh: bool) -> Verd
         // S4: strict refuses a lease known to have ended.
         return reject(Reason::LeaseExpired, k.latest);
     }
-    if token == k.floor && token > 0 && mode == FenceMode::Monotonic {
-        // Verified before (it is the floor) and nothing newer is known.
-        return Verdict::Forward;
-    }
     if fresh {
         // The service says the latest grant is below `token`: never granted
         // for this key — unless the service forgot the key, and the token
-        // is one it may have had (then it is merely stale).
+        // is one it may have had (then it is stale: a later grant may have
+        // been forgotten with it; monotonic routes too, since only the
+        // latest grant passes them).
         if k.latest == 0 && token <= k.compacted_below {
             return reject(Reason::StaleToken, k.compacted_below);
         }
         return reject(Reason::UnknownToken, k.latest);
     }
     Verdict::AskService
+}
+
+/// Whether what the lock service says of the key is below the key's floor,
+/// the highest token this sidecar forwarded for it. Within one history
+/// that cannot be (a forwarded token was the key's latest grant, and the
+/// latest only grows; a forgotten key's tokens are all at most
+/// `compacted_below`); it means the service's history is not the one the
+/// floor was raised in. Judged only on what the service said: the watch's
+/// knowledge of the key, or a read of it (`fresh`).
+fn behind_floor(k: &Knowledge, fresh: bool) -> bool {
+    if k.floor == 0 {
+        return false;
+    }
+    match (k.known, fresh) {
+        (true, _) => k.latest < k.floor,
+        // The service has no entry for the key: forgotten up to `compacted_below`.
+        (false, true) => k.latest == 0 && k.compacted_below < k.floor,
+        (false, false) => false,
+    }
 }
 
 #[cfg(test)]
@@ -285,8 +308,50 @@ mod tests {
         let restarted = Knowledge { latest: 0, live: false, known: false, floor: 40, ..Default::default() };
         assert_eq!(decide(Strict, 39, &restarted, false), Verdict::Reject { reason: Reason::StaleToken, current: 40 });
         assert_eq!(decide(Strict, 40, &restarted, false), Verdict::AskService, "strict must know the lease is live");
-        assert_eq!(decide(Monotonic, 40, &restarted, false), Verdict::Forward);
+        // Monotonic too: the floor was the latest grant once, but a later
+        // one may have come and gone (and been forgotten) since.
+        assert_eq!(decide(Monotonic, 40, &restarted, false), Verdict::AskService);
         assert_eq!(decide(Monotonic, 41, &restarted, false), Verdict::AskService);
+    }
+
+    /// The old holder's token equals the floor; the key was granted to
+    /// another since, who released it, and the service forgot the key: a
+    /// monotonic route must not take the floor for the latest grant.
+    #[test]
+    fn monotonic_refuses_a_forgotten_key_s_old_token() {
+        let read = Knowledge { latest: 0, known: false, floor: 40, compacted_below: 55, ..Default::default() };
+        let stale = Verdict::Reject { reason: Reason::StaleToken, current: 55 };
+        assert_eq!(decide(Monotonic, 40, &read, true), stale);
+        assert_eq!(decide(Strict, 40, &read, true), stale);
+    }
+
+    /// After a restore (another history), the service's latest token for
+    /// the key is below the floor: the old holder's token (at the floor)
+    /// and the new holder's (below it) are both refused, with their own
+    /// reason, until the service's tokens pass the floor.
+    #[test]
+    fn a_service_behind_the_floor_forwards_nothing() {
+        let behind = Verdict::Reject { reason: Reason::LockServiceBehindFloor, current: 4 };
+        let restored = Knowledge { latest: 4, live: true, known: true, floor: 5, ..Default::default() };
+        for mode in [Strict, Monotonic] {
+            assert_eq!(decide(mode, 5, &restored, false), behind, "the old holder's token");
+            assert_eq!(decide(mode, 4, &restored, false), behind, "the new holder's token");
+            assert_eq!(decide(mode, 4, &restored, true), behind);
+        }
+        // Forgotten by the service with a watermark below the floor: behind too.
+        let read = Knowledge { floor: 5, compacted_below: 3, ..Default::default() };
+        let behind_read = Verdict::Reject { reason: Reason::LockServiceBehindFloor, current: 0 };
+        assert_eq!(decide(Strict, 5, &read, true), behind_read);
+        assert_eq!(decide(Strict, 5, &read, false), Verdict::AskService, "only the service's word counts");
+        // Once the service grants above the floor, fencing goes on as before.
+        let passed = Knowledge { latest: 9, ..restored };
+        assert_eq!(decide(Strict, 9, &passed, false), Verdict::Forward);
+        assert_eq!(decide(Strict, 5, &passed, false), Verdict::Reject { reason: Reason::StaleToken, current: 9 });
+        // Observed routes keep their own marks and know no service.
+        assert_eq!(decide(Observed, 5, &restored, false), Verdict::Forward);
+        // Within one history the floor never passes the latest grant.
+        let normal = Knowledge { latest: 5, live: true, known: true, floor: 5, ..Default::default() };
+        assert_eq!(decide(Strict, 5, &normal, false), Verdict::Forward);
     }
 
     #[test]

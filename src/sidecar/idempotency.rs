@@ -23,6 +23,9 @@ pub struct Policy {
     pub retention: std::time::Duration,
     /// The largest answer body kept for replay.
     pub max_response: u64,
+    /// The bytes of records one lock key may hold at most (`per_lock_key`),
+    /// so that no holder fills the store for every other key.
+    pub per_lock_key: u64,
 }
 
 /// The request header (the draft's name).
@@ -56,15 +59,60 @@ pub fn parse_key(headers: &HeaderMap) -> Result<Option<String>, String> {
     Ok(Some(String::from_utf8(inner.to_vec()).expect("ASCII")))
 }
 
-/// Where a key is unique: the lock key it writes under, and the key itself.
-pub fn scope(lock_key: &str, key: &str) -> String {
+/// Where a key is unique: the holder that sent it (the lock key it writes
+/// under, the fence token it presented and, over mutual TLS, the client's
+/// certificate name) and the key itself. A record answers only requests
+/// of its own holder: another holder's request with the same key is
+/// another operation, with its own record (DESIGN, "a stored answer goes
+/// only to its holder"). `lock_key\ntoken\nkey[\nidentity]`: neither lock
+/// keys nor keys hold a line break, so the fields never run into each
+/// other, and an identity (last) may hold anything. On disk since state
+/// format 5 (`upgrade_scope` reads the older `lock_key\nkey`).
+pub fn scope(lock_key: &str, token: u64, key: &str, identity: Option<&str>) -> String {
     // Not `format!`: this is on every keyed request, and the formatting
     // machinery cost ten times the copy.
-    let mut scope = String::with_capacity(lock_key.len() + 1 + key.len());
+    let mut digits = [0u8; 20];
+    let token = decimal(token, &mut digits);
+    let identity_len = identity.map_or(0, |i| 1 + i.len());
+    let mut scope = String::with_capacity(lock_key.len() + token.len() + key.len() + 2 + identity_len);
     scope.push_str(lock_key);
     scope.push('\n');
+    scope.push_str(token);
+    scope.push('\n');
     scope.push_str(key);
+    if let Some(identity) = identity {
+        scope.push('\n');
+        scope.push_str(identity);
+    }
     scope
+}
+
+/// `n` in decimal, written into the end of `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[at..]).expect("digits")
+}
+
+/// The lock key a scope is under (what its quota counts by).
+pub fn lock_key_of(scope: &str) -> &str {
+    scope.split_once('\n').map_or(scope, |(lock_key, _)| lock_key)
+}
+
+/// A scope of state formats 1 to 4 (`lock_key\nkey`, shared by every
+/// holder) as this format spells it, under the token its record's first
+/// request carried; `None` for a scope of this format. Such a record has
+/// no client identity: a build before format 5 kept none.
+pub fn upgrade_scope(scope: &str, token: u64) -> Option<String> {
+    let (lock_key, key) = scope.split_once('\n')?;
+    (!key.contains('\n')).then(|| self::scope(lock_key, token, key, None))
 }
 
 /// What makes two requests "the same request": method, path and query as
@@ -223,7 +271,26 @@ mod tests {
             assert!(key(&[bad]).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
         assert!(key(&[b"a", b"a"]).is_err(), "twice");
-        assert_eq!(scope("rack/1", "drain-7"), "rack/1\ndrain-7");
+    }
+
+    /// A record is its holder's: the same key under another token, or from
+    /// another client, is another scope (another operation, another
+    /// record); the same holder's retry is the same scope.
+    #[test]
+    fn a_scope_is_one_holders_key() {
+        assert_eq!(scope("rack/1", 33, "drain-7", None), "rack/1\n33\ndrain-7");
+        assert_eq!(scope("rack/1", 33, "drain-7", None), scope("rack/1", 33, "drain-7", None), "a retry");
+        assert_ne!(scope("rack/1", 29, "drain-7", None), scope("rack/1", 33, "drain-7", None), "another holder");
+        assert_ne!(scope("rack/1", 33, "drain-7", Some("a")), scope("rack/1", 33, "drain-7", Some("b")));
+        assert_ne!(scope("rack/1", 33, "drain-7", None), scope("rack/1", 33, "drain-7", Some("")));
+        assert_eq!(scope("r", 0, "k", Some("CN\nodd")), "r\n0\nk\nCN\nodd");
+        assert_eq!(scope("r", u64::MAX, "k", None), format!("r\n{}\nk", u64::MAX));
+        for s in [scope("rack/1", 33, "k", None), scope("rack/1", 3, "k", Some("x\ny"))] {
+            assert_eq!(lock_key_of(&s), "rack/1");
+            assert_eq!(upgrade_scope(&s, 1), None, "already this format's");
+        }
+        assert_eq!(upgrade_scope("rack/1\ndrain-7", 29).as_deref(), Some("rack/1\n29\ndrain-7"));
+        assert_eq!(upgrade_scope("nothing", 29), None);
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! One fenced request with an `Idempotency-Key`, on a route with
 //! `idempotency` (I1): after the fence check, before and after the upstream.
+//! Its record is its holder's (`idempotency::scope`): every answer below
+//! that tells of a record (a replay, 409, 422) comes from the record of the
+//! same lock key, token, key and client identity, never another holder's.
 //!
 //! ```text
-//! fence check ─▶ body read whole ─▶ Records::begin ─┬─ replay / 409 / 422 / 503 (the upstream sees nothing)
+//! fence check ─▶ body read whole ─▶ Records::begin ─┬─ replay / 409 / 422 / 429 / 503 (the upstream sees nothing)
 //!                                                   └─ pending record on disk ─▶ forward ─▶ settle
 //!                                                         done: answer kept (≤ max_response) and returned
 //!                                                         broke after it may have arrived: unknown
@@ -106,6 +109,8 @@ pub struct Request<'a> {
     pub headers: &'a HeaderMap,
     pub body: &'a Bytes,
     pub token: u64,
+    /// The client's certificate name, over mutual TLS.
+    pub identity: Option<&'a str>,
 }
 
 pub async fn begin(
@@ -114,7 +119,7 @@ pub async fn begin(
     policy: Policy,
     r: Request<'_>,
 ) -> Result<Begun, Answer> {
-    let scope = idempotency::scope(r.lock_key, r.key);
+    let scope = idempotency::scope(r.lock_key, r.token, r.key, r.identity);
     let content_type = r.headers.get(CONTENT_TYPE).map(|v| v.as_bytes());
     let now = now_ms();
     let record = Record {
@@ -128,8 +133,17 @@ pub async fn begin(
         reserve: policy.max_response + HEADER_RESERVE,
     };
     let count = |result| metrics.keyed(r.route, result);
-    let verdict = match records.begin(&scope, record).await {
+    let verdict = match records.begin(&scope, record, policy.per_lock_key).await {
         Ok(v) => v,
+        Err(BeginError::Quota { limit }) => {
+            count(KeyResult::Quota);
+            let message = format!(
+                "the idempotency records of lock key {:?} hold its quota ({limit} bytes, the route's \
+                 idempotency.per_lock_key); a new key under it is taken again once some expire",
+                r.lock_key
+            );
+            return Err(problem(Problem::IdempotencyQuota, message));
+        }
         Err(BeginError::Full { limit }) => {
             count(KeyResult::Full);
             let message = format!("the idempotency store is full ({limit} bytes, limits.idempotency_store)");

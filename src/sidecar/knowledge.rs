@@ -23,6 +23,14 @@
 //! says so too. That needs the `watch` right on every key the routes use; a
 //! key only reads told of is trusted only as long as its latest read
 //! (`freshness::key_trusted`).
+//!
+//! All of it is of one history: the lock service's cluster id, which every
+//! answer names. An answer of another history, to a request sent after the
+//! knowledge's history was adopted, replaces the knowledge (a restore made
+//! a new cluster): every key's knowledge, the position and the proofs are
+//! dropped and the stream starts over from a state dump; the floors stay,
+//! and a key whose new token is below its floor is refused until it passes
+//! it (`fence::decide`). Answers of the history left behind are not learnt.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -113,6 +121,21 @@ pub struct LockView {
     /// Whether some route is `cached` (only they use the proof): no probes
     /// otherwise. Set again by a reload.
     probing: AtomicBool,
+    /// The history (cluster id) the knowledge is of. Held while an answer
+    /// is learnt, so that a change of history cannot slip in between the
+    /// check and the learning.
+    history: Mutex<History>,
+}
+
+/// The lock service's history the knowledge is of.
+#[derive(Debug, Default)]
+struct History {
+    /// `None` until an answer names one (a node of a build before cluster
+    /// ids names none).
+    cluster: Option<String>,
+    /// When it was adopted: an answer of another one to a request sent
+    /// before this is from the history left behind.
+    since: Option<Instant>,
 }
 
 impl LockView {
@@ -134,6 +157,7 @@ impl LockView {
             max_staleness,
             started: Instant::now(),
             probing: AtomicBool::new(probing),
+            history: Mutex::default(),
         });
         tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints, http));
         tokio::spawn(probe_forever(Arc::downgrade(&view)));
@@ -217,6 +241,37 @@ impl LockView {
         self.metrics.lock_service_up.set(up as i64);
     }
 
+    /// Check that an answer of `cluster`'s history, to a request sent at
+    /// `sent`, may be learnt, and hold the history while it is: `None` if
+    /// it may not (of the history left behind). An answer of another
+    /// history asked after the current one was adopted replaces it first.
+    fn of_history(&self, cluster: Option<&str>, sent: Instant) -> Option<std::sync::MutexGuard<'_, History>> {
+        let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(theirs) = cluster else { return Some(h) };
+        match h.cluster.as_deref() {
+            Some(mine) if mine == theirs => return Some(h),
+            Some(_) if h.since.is_some_and(|since| sent < since) => return None,
+            Some(mine) => {
+                tracing::error!(
+                    "the lock service answers as cluster {theirs}, not {mine}: another history (a restore?); \
+                     dropping what was known of every key and starting over from its state (floors kept)"
+                );
+                self.metrics.history_changes.inc();
+                self.keys.clear();
+                self.compacted_below.store(0, Ordering::Relaxed);
+                *self.freshness() = Freshness::default();
+            }
+            None => tracing::info!(cluster = theirs, "the lock service is cluster {theirs}"),
+        }
+        (h.cluster, h.since) = (Some(theirs.to_string()), Some(Instant::now()));
+        Some(h)
+    }
+
+    /// The cluster id the knowledge is of, if known.
+    fn cluster(&self) -> Option<String> {
+        self.history.lock().unwrap_or_else(|p| p.into_inner()).cluster.clone()
+    }
+
     fn learn(&self, key: &str, token: Token, held: bool) {
         if token == 0 {
             // Never granted: nothing to remember (and nothing for a client
@@ -228,17 +283,19 @@ impl LockView {
         k.watched = true;
     }
 
-    /// What a linearizable read of `key`, sent at `sent`, said.
-    fn learn_read(&self, key: &str, info: &wire::LockInfo, sent: Instant) {
+    /// What a linearizable read of `key`, sent at `sent`, said; `false` if
+    /// it is of the history left behind (nothing learnt).
+    fn learn_read(&self, key: &str, info: &wire::LockInfo, sent: Instant) -> bool {
+        let Some(_history) = self.of_history(info.cluster.as_deref(), sent) else { return false };
         let mut k = match info.compacted_below {
             // Forgotten by the service: only what we knew can have ended.
             Some(below) if info.token == 0 => {
                 self.compacted_below.fetch_max(below, Ordering::Relaxed);
-                let Some(mut k) = self.keys.get_mut(key) else { return };
+                let Some(mut k) = self.keys.get_mut(key) else { return true };
                 k.merge_absent(below);
                 k
             }
-            _ if info.token == 0 => return,
+            _ if info.token == 0 => return true,
             _ => {
                 let mut k = self.keys.entry(key.to_string()).or_default();
                 k.merge_read(info.token, info.held);
@@ -246,6 +303,7 @@ impl LockView {
             }
         };
         k.read_at = k.read_at.max(Some(sent));
+        true
     }
 
     /// A complete state dump of the table at revision `rev` listed only
@@ -276,10 +334,13 @@ impl LockView {
                     // callers that joined it get their answer.
                     let (client, key, view) = (self.client.clone(), key.to_string(), Arc::downgrade(self));
                     tokio::spawn(async move {
-                        let outcome = client.read(&key).await;
+                        let mut outcome = client.read(&key).await.map_err(|e| e.to_string());
                         let Some(v) = view.upgrade() else { return };
                         if let Ok(info) = &outcome {
-                            v.learn_read(&key, info, started);
+                            if !v.learn_read(&key, info, started) {
+                                // Decided on it, a request would mix two histories.
+                                outcome = Err("answered of the lock service's history left behind".into());
+                            }
                         }
                         {
                             // Only this read's entry: a newer one may have replaced it.
@@ -288,7 +349,7 @@ impl LockView {
                                 reads.remove(&key);
                             }
                         }
-                        tx.send_replace(Some(outcome.map(|_| ()).map_err(|e| e.to_string())));
+                        tx.send_replace(Some(outcome.map(|_| ())));
                     });
                     rx
                 }
@@ -297,6 +358,30 @@ impl LockView {
         let done = rx.wait_for(Option::is_some).await.map_err(|_| "read abandoned".to_string())?;
         done.clone().expect("waited for Some")
     }
+}
+
+/// A 409 to a watch: the node cannot vouch for `after`. If it is of
+/// another history (a restore), that history replaces the knowledge's and
+/// the stream starts over from the state; if of the same, the node is
+/// behind: the next endpoint is tried.
+async fn position_unknown(
+    view: &LockView,
+    resp: hyper::Response<hyper::body::Incoming>,
+    after: &mut Option<u64>,
+    sent: Instant,
+) -> String {
+    use http_body_util::BodyExt;
+    let body = http_body_util::Limited::new(resp.into_body(), MAX_LINE).collect().await;
+    let refusal = body.ok().and_then(|b| serde_json::from_slice::<wire::ApiError>(&b.to_bytes()).ok());
+    let Some(at) = refusal.and_then(|r| r.position) else {
+        return "the watch answered 409 without a position".into();
+    };
+    let before = view.cluster();
+    if view.of_history(at.cluster.as_deref(), sent).is_some() && view.cluster() != before {
+        *after = None;
+        return format!("the lock service is another history now (cluster {:?}): starting over", at.cluster);
+    }
+    format!("the node is at revision {}, behind this stream's position {after:?}: trying another", at.rev)
 }
 
 /// Keep one watch stream open, rotating through the endpoints, until the view
@@ -377,8 +462,10 @@ async fn probe_forever(view: std::sync::Weak<LockView>) {
             // but an answer `max_staleness` or more after the send proves
             // nothing still usable: counted as a failure.
             let failed = match answer {
-                Ok(rev) if freshness::trusted(Some(sent), Instant::now(), max_staleness) => {
-                    v.freshness().answered(sent, rev);
+                Ok(r) if freshness::trusted(Some(sent), Instant::now(), max_staleness) => {
+                    // Of the history left behind: proves nothing of this one.
+                    let Some(_history) = v.of_history(r.cluster.as_deref(), sent) else { return };
+                    v.freshness().answered(sent, r.rev);
                     return;
                 }
                 Ok(_) => format!("answered {:?} after it was sent", sent.elapsed()),
@@ -406,17 +493,31 @@ async fn follow(
     let mut url = format!("{endpoint}{}?prefix=", wire::WATCH_PATH);
     if let Some(rev) = after {
         url.push_str(&format!("&after={rev}"));
+        // A position is one of this history's: a node of another refuses it.
+        if let Some(cluster) = view.cluster() {
+            url.push_str(&format!("&cluster={cluster}"));
+        }
     }
     if *progress {
         url.push_str("&progress=1");
     }
+    let connected = Instant::now();
     let resp = http.open(&url, Duration::from_secs(3)).await.map_err(|e| e.to_string())?;
     if resp.status() == hyper::StatusCode::BAD_REQUEST && *progress {
         *progress = false;
         return Err(format!("{url} answered 400 (a node without progress=1?); watching without it"));
     }
+    if resp.status() == hyper::StatusCode::CONFLICT {
+        return Err(position_unknown(view, resp, after, connected).await);
+    }
     if !resp.status().is_success() {
         return Err(format!("{url} answered {}", resp.status()));
+    }
+    // The history this stream is of; checked again at every line, since
+    // another answer may show a newer one meanwhile.
+    let cluster = resp.headers().get(wire::CLUSTER_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+    if view.of_history(cluster.as_deref(), connected).is_none() {
+        return Err(format!("{endpoint} is a node of the lock service's history left behind"));
     }
     let mut lines = LineReader::new(resp.into_body());
     // The keys of a state dump in progress, and the revision it reflects:
@@ -445,6 +546,10 @@ async fn follow(
         };
         let Some(line) = line else { return Ok(()) };
         let l: WatchLine = serde_json::from_slice(&line).map_err(|e| format!("bad watch line: {e}"))?;
+        let Some(_history) = view.of_history(cluster.as_deref(), connected) else {
+            *after = None;
+            return Err("the lock service's history changed under the stream: starting over".into());
+        };
         match (&l, &mut dump) {
             (WatchLine::State { key, rev, .. }, Some((listed, at))) => {
                 listed.insert(key.clone());
@@ -662,6 +767,7 @@ pub(super) mod tests {
             holder: None,
             expires_in_ms: None,
             compacted_below,
+            cluster: None,
         };
         view.learn_read("rack/listed", &info(0, Some(30)), Instant::now());
         assert!(known(&view, "rack/listed").live, "a watermark below its grant says nothing of it");
@@ -698,6 +804,7 @@ pub(super) mod tests {
             holder: None,
             expires_in_ms: None,
             compacted_below: None,
+            cluster: None,
         };
         view.learn_read("rack/read", &info, t0);
         assert!(trusted(&view, "rack/watched", t0 + ms(100)) && trusted(&view, "rack/read", t0 + ms(100)));

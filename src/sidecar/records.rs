@@ -2,19 +2,21 @@
 //! (bounded by `limits.idempotency_store`), and each made durable in the
 //! state store before the request it covers is forwarded (I1). Records
 //! expire `retention` after their first request; a full store refuses new
-//! keys (503) rather than evicting live ones.
+//! keys (503) rather than evicting live ones, and so does a lock key whose
+//! records hold its route's `per_lock_key` (429), so that one holder cannot
+//! fill the store for every other key.
 //!
 //! Every change is queued for the disk while the index lock is held, so the
 //! disk sees the changes to a key in the order the index made them (a
 //! forget never lands after the newer record that replaced it).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::idempotency::{judge, Record, State, Verdict};
+use super::idempotency::{judge, lock_key_of, Record, State, Verdict};
 use super::sharded::Sharded;
 use super::store::{Store, StoreError, When, Write};
 
@@ -50,11 +52,15 @@ struct Index {
     /// instead of scanning every record under the lock.
     by_expiry: BTreeSet<(u64, String)>,
     bytes: u64,
+    /// The bytes of each lock key's records (its quota's count); a lock
+    /// key with none has no entry.
+    by_lock_key: HashMap<String, u64>,
 }
 
 impl Index {
     fn put(&mut self, scope: &str, record: Record) {
         self.bytes += record.size(scope);
+        self.count(scope, record.size(scope), 0);
         let expires = record.expires_ms;
         // A record settled in place: no new key string for the map (every
         // keyed write puts its scope twice, pending and done); the expiry
@@ -68,6 +74,7 @@ impl Index {
             }
         };
         self.bytes -= old.size(scope);
+        self.count(scope, 0, old.size(scope));
         if old.expires_ms != expires {
             self.by_expiry.remove(&(old.expires_ms, scope.to_string()));
             self.by_expiry.insert((expires, scope.to_string()));
@@ -77,8 +84,32 @@ impl Index {
     fn remove(&mut self, scope: &str) -> Option<Record> {
         let old = self.records.remove(scope)?;
         self.bytes -= old.size(scope);
+        self.count(scope, 0, old.size(scope));
         self.by_expiry.remove(&(old.expires_ms, scope.to_string()));
         Some(Arc::unwrap_or_clone(old))
+    }
+
+    /// `added` bytes more and `removed` fewer under `scope`'s lock key. A
+    /// new string only for a lock key that had no records.
+    fn count(&mut self, scope: &str, added: u64, removed: u64) {
+        let lock_key = lock_key_of(scope);
+        match self.by_lock_key.get_mut(lock_key) {
+            Some(n) => {
+                *n = *n + added - removed;
+                if *n == 0 {
+                    self.by_lock_key.remove(lock_key);
+                }
+            }
+            None if added > 0 => {
+                self.by_lock_key.insert(lock_key.to_string(), added - removed);
+            }
+            None => {}
+        }
+    }
+
+    /// The bytes `scope`'s lock key's records hold.
+    fn of_lock_key(&self, scope: &str) -> u64 {
+        self.by_lock_key.get(lock_key_of(scope)).copied().unwrap_or(0)
     }
 
     /// The scopes of up to `most` records due by `now_ms`, but those still
@@ -97,6 +128,10 @@ impl Index {
 pub enum BeginError {
     /// Taking it would pass `limits.idempotency_store`.
     Full {
+        limit: u64,
+    },
+    /// Taking it would pass its lock key's quota (`per_lock_key`).
+    Quota {
         limit: u64,
     },
     Store(StoreError),
@@ -158,8 +193,10 @@ impl Records {
     /// Judge a request under `scope`; if it is to be forwarded, its pending
     /// `record` is on disk when this returns `Ok(Verdict::Forward)`. Two
     /// requests under one scope are judged one after the other: the second
-    /// finds the first's pending record.
-    pub async fn begin(&self, scope: &str, record: Record) -> Result<Verdict, BeginError> {
+    /// finds the first's pending record. A new record is refused if it
+    /// would take its lock key's records past `quota` bytes, or the store
+    /// past its bound.
+    pub async fn begin(&self, scope: &str, record: Record, quota: u64) -> Result<Verdict, BeginError> {
         let on_disk = {
             let mut index = self.index();
             // Past its retention a record is gone, whether swept yet or not.
@@ -170,8 +207,12 @@ impl Records {
                 return Ok(verdict);
             }
             let replaced = existing.map_or(0, |r| r.size(scope));
+            // The store first: full, it is full for every key.
             if index.bytes - replaced + record.size(scope) > self.max_bytes {
                 return Err(BeginError::Full { limit: self.max_bytes });
+            }
+            if index.of_lock_key(scope) - replaced + record.size(scope) > quota {
+                return Err(BeginError::Quota { limit: quota });
             }
             let bytes = record.encode();
             index.put(scope, record);
@@ -309,6 +350,9 @@ impl Records {
 mod tests {
     use super::*;
 
+    /// No quota: the tests of the store's own bound.
+    const ANY: u64 = u64::MAX;
+
     fn pending(fingerprint: &str, expires_ms: u64) -> Record {
         Record {
             route: "r".into(),
@@ -332,25 +376,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let r = open(dir.path(), 1 << 20);
-            assert_eq!(r.begin("rack/1\nk", pending("f", 100)).await.unwrap(), Verdict::Forward);
-            assert_eq!(r.begin("rack/1\nk", pending("f", 100)).await.unwrap(), Verdict::InFlight);
-            assert_eq!(r.begin("rack/1\nk", pending("g", 100)).await.unwrap(), Verdict::Mismatch);
+            assert_eq!(r.begin("rack/1\n5\nk", pending("f", 100), ANY).await.unwrap(), Verdict::Forward);
+            assert_eq!(r.begin("rack/1\n5\nk", pending("f", 100), ANY).await.unwrap(), Verdict::InFlight);
+            assert_eq!(r.begin("rack/1\n5\nk", pending("g", 100), ANY).await.unwrap(), Verdict::Mismatch);
             let done = State::Done { status: 201, headers: vec![("x-a".into(), b"1".to_vec())], kept: true };
-            r.settle("rack/1\nk", done, Bytes::from_static(b"made"), 0).await.unwrap();
-            assert_eq!(r.begin("rack/1\nj", pending("f", 100)).await.unwrap(), Verdict::Forward);
+            r.settle("rack/1\n5\nk", done, Bytes::from_static(b"made"), 0).await.unwrap();
+            assert_eq!(r.begin("rack/1\n5\nj", pending("f", 100), ANY).await.unwrap(), Verdict::Forward);
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let r = open(dir.path(), 1 << 20);
-        match r.begin("rack/1\nk", pending("f", 100)).await.unwrap() {
+        match r.begin("rack/1\n5\nk", pending("f", 100), ANY).await.unwrap() {
             Verdict::Replay(rec) => assert_eq!((&rec.body[..], rec.token), (&b"made"[..], 5)),
             v => panic!("{v:?}"),
         }
         // Left pending by the process that stopped: unknown, never forwarded again.
-        assert!(matches!(r.begin("rack/1\nj", pending("f", 100)).await.unwrap(), Verdict::Unknown(_)));
+        assert!(matches!(r.begin("rack/1\n5\nj", pending("f", 100), ANY).await.unwrap(), Verdict::Unknown(_)));
         // Until an operator says it was not applied.
-        assert_eq!(r.resolve("rack/1\nk", None).await.unwrap_err(), ResolveError::NotUnknown("done"));
-        r.resolve("rack/1\nj", None).await.unwrap();
-        assert_eq!(r.begin("rack/1\nj", pending("f", 100)).await.unwrap(), Verdict::Forward);
+        assert_eq!(r.resolve("rack/1\n5\nk", None).await.unwrap_err(), ResolveError::NotUnknown("done"));
+        r.resolve("rack/1\n5\nj", None).await.unwrap();
+        assert_eq!(r.begin("rack/1\n5\nj", pending("f", 100), ANY).await.unwrap(), Verdict::Forward);
     }
 
     /// A forget racing a new request under the same key: whatever the
@@ -363,14 +407,14 @@ mod tests {
         {
             let r = Arc::new(open(dir.path(), 1 << 30));
             for i in 0..300 {
-                let scope = format!("rack/1\nk{i}");
-                assert_eq!(r.begin(&scope, pending("a", u64::MAX)).await.unwrap(), Verdict::Forward);
+                let scope = format!("rack/1\n5\nk{i}");
+                assert_eq!(r.begin(&scope, pending("a", u64::MAX), ANY).await.unwrap(), Verdict::Forward);
                 let (r1, s1) = (r.clone(), scope.clone());
                 let forget = tokio::spawn(async move { r1.forget(&s1).await.unwrap() });
                 let (r2, s2) = (r.clone(), scope.clone());
                 let retry = tokio::spawn(async move {
                     loop {
-                        match r2.begin(&s2, pending("a", u64::MAX)).await.unwrap() {
+                        match r2.begin(&s2, pending("a", u64::MAX), ANY).await.unwrap() {
                             Verdict::InFlight => tokio::task::yield_now().await,
                             v => return v,
                         }
@@ -399,10 +443,13 @@ mod tests {
             let mut r = open(dir.path(), 1 << 20);
             r.rewrite_slack = 0;
             for i in 0..20 {
-                assert_eq!(r.begin(&format!("rack/1\nk{i}"), pending("f", u64::MAX)).await.unwrap(), Verdict::Forward);
+                assert_eq!(
+                    r.begin(&format!("rack/1\n5\nk{i}"), pending("f", u64::MAX), ANY).await.unwrap(),
+                    Verdict::Forward
+                );
             }
             for i in 1..20 {
-                r.forget(&format!("rack/1\nk{i}")).await.unwrap();
+                r.forget(&format!("rack/1\n5\nk{i}")).await.unwrap();
             }
             // Where its entries end, not the file's length (zeros ahead).
             let grown = r.store.journal_bytes();
@@ -414,7 +461,7 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let r = open(dir.path(), 1 << 20);
         assert_eq!(r.len(), 1);
-        assert!(r.get("rack/1\nk0").is_some());
+        assert!(r.get("rack/1\n5\nk0").is_some());
     }
 
     /// Records a build kept in floors.redb are moved into the journal.
@@ -435,11 +482,14 @@ mod tests {
         }
         {
             let r = open(dir.path(), 1 << 20);
-            assert!(matches!(r.begin("rack/1\nold", pending("f", u64::MAX)).await.unwrap(), Verdict::Unknown(_)));
+            assert!(matches!(
+                r.begin("rack/1\n5\nold", pending("f", u64::MAX), ANY).await.unwrap(),
+                Verdict::Unknown(_)
+            ));
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let r = open(dir.path(), 1 << 20);
-        assert!(r.get("rack/1\nold").is_some(), "kept in the journal");
+        assert!(r.get("rack/1\n5\nold").is_some(), "kept in the journal");
     }
 
     /// What cannot be read back stands as an unknown outcome for its key.
@@ -448,11 +498,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let (store, _) = Store::open(dir.path()).unwrap();
-            store.write(Write::Record("rack/1\nk".into(), b"\x05\0\0\0{bad}".to_vec())).await.unwrap();
+            store.write(Write::Record("rack/1\n5\nk".into(), b"\x05\0\0\0{bad}".to_vec())).await.unwrap();
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let r = open(dir.path(), 1 << 20);
-        assert!(matches!(r.begin("rack/1\nk", pending("f", 100)).await.unwrap(), Verdict::Unknown(_)));
+        assert!(matches!(r.begin("rack/1\n5\nk", pending("f", 100), ANY).await.unwrap(), Verdict::Unknown(_)));
     }
 
     /// A pending record holds room for its answer, so answers cannot grow
@@ -462,31 +512,63 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut big = pending("f", 100);
         big.reserve = 1000;
-        let r = open(dir.path(), big.size("rack/1\nk0") + 500);
-        assert_eq!(r.begin("rack/1\nk0", big.clone()).await.unwrap(), Verdict::Forward);
-        assert!(matches!(r.begin("rack/1\nk1", big.clone()).await, Err(BeginError::Full { .. })), "held");
+        let r = open(dir.path(), big.size("rack/1\n5\nk0") + 500);
+        assert_eq!(r.begin("rack/1\n5\nk0", big.clone(), ANY).await.unwrap(), Verdict::Forward);
+        assert!(matches!(r.begin("rack/1\n5\nk1", big.clone(), ANY).await, Err(BeginError::Full { .. })), "held");
         let huge = vec![("x-big".to_string(), vec![b'h'; 4000])];
-        r.settle("rack/1\nk0", State::Done { status: 200, headers: huge, kept: true }, Bytes::new(), 0).await.unwrap();
-        let kept = r.get("rack/1\nk0").unwrap();
+        r.settle("rack/1\n5\nk0", State::Done { status: 200, headers: huge, kept: true }, Bytes::new(), 0)
+            .await
+            .unwrap();
+        let kept = r.get("rack/1\n5\nk0").unwrap();
         assert_eq!(kept.state, State::Done { status: 200, headers: vec![], kept: false });
-        assert!(r.bytes() <= big.size("rack/1\nk0") + 500);
+        assert!(r.bytes() <= big.size("rack/1\n5\nk0") + 500);
     }
 
     #[tokio::test]
     async fn records_expire_and_a_full_store_refuses_new_keys() {
         let dir = tempfile::tempdir().unwrap();
-        let one = pending("f", 100).size("rack/1\nk0");
+        let one = pending("f", 100).size("rack/1\n5\nk0");
         let r = open(dir.path(), one * 3);
         for i in 0..3 {
-            assert_eq!(r.begin(&format!("rack/1\nk{i}"), pending("f", 100)).await.unwrap(), Verdict::Forward);
+            assert_eq!(r.begin(&format!("rack/1\n5\nk{i}"), pending("f", 100), ANY).await.unwrap(), Verdict::Forward);
         }
-        assert!(matches!(r.begin("rack/1\nk3", pending("f", 100)).await, Err(BeginError::Full { .. })));
+        assert!(matches!(r.begin("rack/1\n5\nk3", pending("f", 100), ANY).await, Err(BeginError::Full { .. })));
         assert_eq!(r.len(), 3, "nothing live was evicted");
-        r.settle("rack/1\nk0", State::Unknown { why: "cut".into() }, Bytes::new(), 0).await.unwrap();
+        r.settle("rack/1\n5\nk0", State::Unknown { why: "cut".into() }, Bytes::new(), 0).await.unwrap();
         assert_eq!(r.expire(99).await.unwrap(), 0, "not yet");
         assert_eq!(r.expire(100).await.unwrap(), 1, "expired, but pending ones stay");
-        assert!(r.get("rack/1\nk0").is_none(), "an expired key is gone");
-        assert_eq!(r.begin("rack/1\nk3", pending("f", 100)).await.unwrap(), Verdict::Forward, "room again");
+        assert!(r.get("rack/1\n5\nk0").is_none(), "an expired key is gone");
+        assert_eq!(r.begin("rack/1\n5\nk3", pending("f", 100), ANY).await.unwrap(), Verdict::Forward, "room again");
+    }
+
+    /// One lock key's records take at most its quota: past it, its new
+    /// keys are refused, while another lock key's are still taken; a
+    /// retry of a key it holds is still judged (replayed, here in flight);
+    /// and what expires or is forgotten gives the room back.
+    #[tokio::test]
+    async fn a_lock_key_past_its_quota_is_refused_and_others_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = open(dir.path(), 1 << 20);
+        let quota = 3 * pending("f", 100).size("rack/1\n5\nk0");
+        for i in 0..3 {
+            assert_eq!(r.begin(&format!("rack/1\n5\nk{i}"), pending("f", 100), quota).await.unwrap(), Verdict::Forward);
+        }
+        match r.begin("rack/1\n5\nk3", pending("f", 100), quota).await {
+            Err(BeginError::Quota { limit }) => assert_eq!(limit, quota),
+            other => panic!("{other:?}"),
+        }
+        // Another holder of the same lock key counts against the same quota.
+        assert!(matches!(r.begin("rack/1\n6\nk0", pending("f", 100), quota).await, Err(BeginError::Quota { .. })));
+        assert_eq!(r.begin("rack/2\n5\nk0", pending("f", 100), quota).await.unwrap(), Verdict::Forward, "another key");
+        assert_eq!(r.begin("rack/1\n5\nk0", pending("f", 100), quota).await.unwrap(), Verdict::InFlight);
+        r.forget("rack/1\n5\nk2").await.unwrap();
+        assert_eq!(r.begin("rack/1\n5\nk3", pending("f", 100), quota).await.unwrap(), Verdict::Forward, "room again");
+        for i in [0, 1, 3] {
+            r.settle(&format!("rack/1\n5\nk{i}"), State::Unknown { why: "cut".into() }, Bytes::new(), 0).await.unwrap();
+        }
+        assert_eq!(r.expire(100).await.unwrap(), 3);
+        assert!(!r.index().by_lock_key.contains_key("rack/1"), "nothing counted for a lock key without records");
+        assert_eq!(r.begin("rack/1\n6\nk0", pending("f", 100), quota).await.unwrap(), Verdict::Forward);
     }
 
     #[tokio::test]
@@ -494,9 +576,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = open(dir.path(), 1 << 30);
         let n = 2 * EXPIRE_AT_ONCE + 1;
-        let scopes: Vec<String> = (0..n).map(|i| format!("rack/1\nk{i}")).collect();
+        let scopes: Vec<String> = (0..n).map(|i| format!("rack/1\n5\nk{i}")).collect();
         // At once: they share a few fsyncs.
-        let begun = scopes.iter().map(|s| r.begin(s, pending("f", 100)));
+        let begun = scopes.iter().map(|s| r.begin(s, pending("f", 100), ANY));
         for v in futures_util::future::join_all(begun).await {
             assert_eq!(v.unwrap(), Verdict::Forward);
         }
@@ -513,13 +595,13 @@ mod tests {
     async fn a_settled_record_expires_by_its_new_expiry_and_its_bytes_go_with_it() {
         let dir = tempfile::tempdir().unwrap();
         let r = open(dir.path(), 1 << 20);
-        assert_eq!(r.begin("rack/1\nk", pending("f", 100)).await.unwrap(), Verdict::Forward);
+        assert_eq!(r.begin("rack/1\n5\nk", pending("f", 100), ANY).await.unwrap(), Verdict::Forward);
         let done = State::Done { status: 200, headers: vec![("x-a".into(), b"1".to_vec())], kept: true };
         // As in the sidecar: settled a retention after the answer, later
         // than the pending record's expiry.
-        r.settle("rack/1\nk", done, Bytes::from_static(b"made"), 200).await.unwrap();
+        r.settle("rack/1\n5\nk", done, Bytes::from_static(b"made"), 200).await.unwrap();
         assert_eq!(r.expire(150).await.unwrap(), 0, "not by the pending record's expiry");
-        assert!(matches!(r.get("rack/1\nk").map(|rec| rec.state), Some(State::Done { .. })));
+        assert!(matches!(r.get("rack/1\n5\nk").map(|rec| rec.state), Some(State::Done { .. })));
         assert_eq!(r.expire(200).await.unwrap(), 1);
         assert_eq!((r.len(), r.bytes()), (0, 0), "nothing left behind in the index");
     }

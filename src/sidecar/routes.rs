@@ -752,7 +752,12 @@ mod tests {
     const DEFAULT_UPSTREAM: &str = "http://127.0.0.1:9000";
 
     fn compile(yaml: &str) -> Result<Routes, crate::config::ConfigError> {
-        compile_routes(&serde_yaml_ng::from_str::<Vec<RouteConfig>>(yaml).unwrap(), &DEFAULT_UPSTREAM.parse().unwrap())
+        let routes = serde_yaml_ng::from_str::<Vec<RouteConfig>>(yaml).unwrap();
+        compile_routes(
+            &routes,
+            &DEFAULT_UPSTREAM.parse().unwrap(),
+            crate::config::sidecar::Limits::default().idempotency_store,
+        )
     }
 
     fn routes(yaml: &str) -> Routes {

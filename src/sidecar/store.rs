@@ -48,8 +48,13 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// unreadable records too; it reads both JSON formats. Format 4's journal
 /// has a header and salted batch entries (`journal.rs`), which a format-3
 /// build would take for a torn tail and cut away; it reads the journals of
-/// formats 1 to 3 and writes them anew.
-pub const STATE_FORMAT: u64 = 4;
+/// formats 1 to 3 and writes them anew. Format 5 keys a record by its
+/// holder (`idempotency::scope`: lock key, token, key, client identity),
+/// where format 4 keyed it by lock key and key alone, so that a format-4
+/// build would find no record for a retry; it takes the older scopes
+/// under their records' tokens and writes the journal anew
+/// (`upgrade_scopes`).
+pub const STATE_FORMAT: u64 = 5;
 
 #[derive(Debug, Clone, Error)]
 #[error("state store: {0}")]
@@ -164,6 +169,7 @@ impl Store {
     pub fn open(dir: &Path) -> Result<(Store, Loaded), StoreError> {
         // Synced into its parent: the journal's open syncs the entries in it.
         crate::durable::create_dir_all(dir).map_err(|e| err(format!("creating {}: {e}", dir.display())))?;
+        crate::private::tighten(dir).map_err(|e| err(format!("tightening {}: {e}", dir.display())))?;
         let path = dir.join("floors.redb");
         let db = Database::create(&path).map_err(err)?;
         check_format(&db, dir)?;
@@ -171,6 +177,7 @@ impl Store {
         let (mut journal, records) = Journal::open(dir).map_err(|e| err(format!("the idempotency journal: {e}")))?;
         loaded.records = records;
         migrate(&db, &mut journal, &mut loaded.records)?;
+        upgrade_scopes(&mut journal, &mut loaded.records)?;
         let journal_bytes = Arc::new(std::sync::atomic::AtomicU64::new(journal.bytes));
         let mut file =
             File { path, db: Some(db), journal, journal_broken: false, journal_bytes: journal_bytes.clone() };
@@ -261,6 +268,33 @@ fn migrate(db: &Database, journal: &mut Journal, records: &mut Vec<(String, Vec<
     let txn = db.begin_write().map_err(err)?;
     txn.delete_table(OLD_RECORDS).map_err(err)?;
     txn.commit().map_err(err)
+}
+
+/// Records under a scope of state formats 1 to 4 (`lock_key\nkey`) are
+/// taken as their first request's holder's (the token the record keeps),
+/// and the journal is written anew with the new scopes before anything
+/// else is written: a forget under a new scope would not undo a put under
+/// the old one. A crash before the rewrite leaves the old scopes, which
+/// the next start reads as such (a scope says which format it is). A
+/// record that cannot be read keeps its scope: whose it was is lost, and
+/// no request matches it; it goes at its expiry, as any.
+fn upgrade_scopes(journal: &mut Journal, records: &mut [(String, Vec<u8>)]) -> Result<(), StoreError> {
+    let mut upgraded = 0;
+    for (scope, bytes) in records.iter_mut() {
+        let Ok(record) = Record::decode(bytes) else { continue };
+        if let Some(new) = super::idempotency::upgrade_scope(scope, record.token) {
+            *scope = new;
+            upgraded += 1;
+        }
+    }
+    if upgraded == 0 {
+        return Ok(());
+    }
+    journal
+        .rewrite(records.iter().map(|(s, b)| (s.as_str(), b.as_slice())))
+        .map_err(|e| err(format!("writing the idempotency journal with its records' holders: {e}")))?;
+    tracing::info!(records = upgraded, "idempotency records of an older build now keyed by their holders");
+    Ok(())
 }
 
 /// Refuse a state directory a newer build wrote, instead of misreading it.
@@ -355,6 +389,53 @@ mod tests {
         set_format(dir.path(), STATE_FORMAT + 1);
         let e = Store::open(dir.path()).err().expect("refused");
         assert!(e.to_string().contains("written by a newer fencegate"), "{e}");
+    }
+
+    /// A state directory a format-4 build wrote (`tests/fixtures/sidecar-state-format-4`):
+    /// records keyed `lock_key\nkey`, A's answer (token 29, with a cookie)
+    /// under `rack/1\ndrain-7`, an unknown outcome under `rack/2\nop-9`
+    /// (token 4), and a record put and forgotten. Each is now its first
+    /// request's holder's: A's retry is still replayed, B's request (token
+    /// 33) with A's key is a new one; the journal is written anew with the
+    /// new scopes (a forget under them would not undo a put under the old).
+    #[tokio::test]
+    async fn a_format_4_state_dir_has_its_records_keyed_by_their_holders() {
+        use crate::sidecar::idempotency::{fingerprint, Record, State, Verdict};
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sidecar-state-format-4");
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["floors.redb", "idempotency.log"] {
+            std::fs::copy(fixture.join(f), dir.path().join(f)).unwrap();
+        }
+        assert_eq!(format(dir.path()), Some(4));
+        let (store, loaded) = Store::open(dir.path()).unwrap();
+        assert_eq!(loaded.floors.get("rack/1"), Some(&29));
+        let mut scopes: Vec<&str> = loaded.records.iter().map(|(s, _)| s.as_str()).collect();
+        scopes.sort();
+        assert_eq!(scopes, ["rack/1\n29\ndrain-7", "rack/2\n4\nop-9"]);
+        let records = crate::sidecar::records::Records::load(Arc::new(store), loaded.records, 1 << 20, 0);
+        let request = |token| Record {
+            route: "rack-writes".into(),
+            fingerprint: fingerprint("PUT", "/racks/1", None, b"{}"),
+            token,
+            created_ms: 1_700_000_000_001,
+            expires_ms: u64::MAX,
+            state: State::Pending,
+            body: bytes::Bytes::new(),
+            reserve: 0,
+        };
+        match records.begin("rack/1\n29\ndrain-7", request(29), u64::MAX).await.unwrap() {
+            Verdict::Replay(r) => assert_eq!(&r.body[..], b"{\"by\":\"A\"}"),
+            v => panic!("A's retry: {v:?}"),
+        }
+        assert_eq!(records.begin("rack/1\n33\ndrain-7", request(33), u64::MAX).await.unwrap(), Verdict::Forward);
+        assert!(matches!(records.get("rack/2\n4\nop-9").map(|r| r.state), Some(State::Unknown { .. })));
+        drop(records);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let (_, on_disk) = Journal::open(dir.path()).unwrap();
+        let mut scopes: Vec<&str> = on_disk.iter().map(|(s, _)| s.as_str()).collect();
+        scopes.sort();
+        assert_eq!(scopes, ["rack/1\n29\ndrain-7", "rack/1\n33\ndrain-7", "rack/2\n4\nop-9"], "written anew");
+        assert_eq!(format(dir.path()), Some(STATE_FORMAT));
     }
 
     #[tokio::test]

@@ -119,3 +119,29 @@ async fn the_drain_lasts_the_configured_drain_timeout() {
     assert_eq!(sc.wait_exit(Duration::from_secs(5)).await, Some(0), "the sidecar did not exit within 5 s");
     assert!(t.elapsed() < Duration::from_secs(4), "it waited {:?}, not the 300 ms drain", t.elapsed());
 }
+
+/// A reload that switches a route from `strict` to `observed` keeps the
+/// key's floor: a token below what the strict route forwarded is refused
+/// on the observed route. An observed token still never raises the strict
+/// floor: back on `strict`, the holder's token passes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_switched_from_strict_to_observed_keeps_the_floor() {
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let up = Upstream::start().await;
+    let strict = table(&[rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"])]);
+    let observed = table(&[rack_writes("{ mode: observed }").methods(&["PUT"])]);
+    let sc = c.sidecar("sc", &up.url(), &strict).await;
+    let (old, _) = take(&c, "rack/5", 500, 0).await;
+    assert_eq!(sc.send("PUT", "/racks/5", Some(old), &[]).await.0, 200, "the first holder's write");
+    let (new, _) = take(&c, "rack/5", 60_000, 5_000).await;
+    assert_eq!(sc.send("PUT", "/racks/5", Some(new), &[]).await.0, 200, "the next holder's write");
+
+    reload(&sc, &observed, APPLIED, 1.0).await;
+    let (status, v) = sc.send("PUT", "/racks/5", Some(old), &[]).await;
+    assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(new)), "{v}");
+    assert_eq!(sc.send("PUT", "/racks/5", Some(new + 100), &[]).await.0, 200, "an observed token above it");
+
+    reload(&sc, &strict, APPLIED, 2.0).await;
+    assert_eq!(sc.send("PUT", "/racks/5", Some(new), &[]).await.0, 200, "the strict floor was not raised");
+    assert_eq!(up.tokens("/racks/5"), vec![Some(old), Some(new), Some(new + 100), Some(new)]);
+}

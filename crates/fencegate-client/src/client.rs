@@ -214,6 +214,8 @@ const FAILOVER_BUDGET: Duration = Duration::from_secs(5);
 /// How long a membership change may take on the leader: a new member's
 /// catch-up (`server::members::CATCH_UP`) and both steps of the change.
 const MEMBER_CHANGE: Duration = Duration::from_secs(150);
+/// The extra time of a member list: the leader probes every member (800 ms).
+const MEMBER_LIST: Duration = Duration::from_secs(2);
 
 /// Time added to one request for a backup: a large table takes a while to send.
 const SNAPSHOT: Duration = Duration::from_secs(60);
@@ -394,10 +396,10 @@ impl Client {
     /// The table's revision, read linearizably: at least the revision of
     /// every event acknowledged before this call was made. Needs the `watch`
     /// right on some key.
-    pub async fn revision(&self) -> Result<u64, ClientError> {
-        let r: wire::Revision =
-            decode(self.call(Method::GET, wire::REVISION_PATH, None::<&()>, Duration::ZERO).await?)?;
-        Ok(r.rev)
+    /// The answer names the leader's cluster: revisions of two clusters
+    /// say nothing of each other.
+    pub async fn revision(&self) -> Result<wire::Revision, ClientError> {
+        decode(self.call(Method::GET, wire::REVISION_PATH, None::<&()>, Duration::ZERO).await?)
     }
 
     /// The cluster as the answering node sees it (the known leader is asked
@@ -408,7 +410,8 @@ impl Client {
 
     /// The members, as the leader sees them (needs the `admin` right).
     pub async fn members(&self) -> Result<wire::MemberList, ClientError> {
-        decode(self.call(Method::GET, wire::MEMBERS_PATH, None::<&()>, MEMBER_CHANGE).await?)
+        // A read: the leader's probes of the members take under a second.
+        decode(self.call(Method::GET, wire::MEMBERS_PATH, None::<&()>, MEMBER_LIST).await?)
     }
 
     /// Add a member: a learner first, a voter once it has caught up. Waits

@@ -1,6 +1,8 @@
 //! Writes through a fencegate sidecar that are applied once however often
 //! they are retried (docs/DESIGN.md, I1): each carries the lease's fencing
 //! token and an `Idempotency-Key` derived from the caller's operation id.
+//! A key answers only the holder that sent it (I2): the same key under a
+//! later lease (a re-run of the job) is a new write, applied again.
 //!
 //! ```no_run
 //! # async fn demo(lease: &fencegate_client::Lease) -> Result<(), fencegate_client::http::HttpError> {
@@ -8,7 +10,7 @@
 //! use fencegate_client::http::HttpClient;
 //! use fencegate_client::idempotency::{self, Write};
 //!
-//! let operation = idempotency::operation_id(); // or the job's own id, kept across re-runs
+//! let operation = idempotency::operation_id(); // or the job's own id
 //! let http = HttpClient::new(1 << 20);
 //! let write = Write::new("PUT", "http://127.0.0.1:8080/racks/42", lease.token(), &operation, "drain")
 //!     .body(r#"{"state":"drained"}"#);

@@ -18,6 +18,14 @@ pub type Token = u64;
 /// resource (lower case, as HTTP/2 requires).
 pub const TOKEN_HEADER: &str = "x-fence-token";
 
+/// The header on every Lock API answer (and peer RPC) naming the cluster
+/// whose history the answering node holds: 32 hex digits, made when the
+/// cluster was founded and anew by every restore. Absent from a node that
+/// has none yet, or of a build before cluster ids. Two answers with
+/// different ids come from different histories: a token, revision or
+/// position of one says nothing about the other.
+pub const CLUSTER_HEADER: &str = "fencegate-cluster";
+
 /// The path prefix of the Lock API's key calls: `POST|GET /v1/locks/{key}`.
 pub const LOCKS_PATH: &str = "/v1/locks/";
 /// `POST /v1/leases/{lease_id}/keepalive`, `DELETE /v1/leases/{lease_id}`.
@@ -98,6 +106,10 @@ pub struct KeepaliveAck {
 pub struct Revision {
     /// The leader's applied revision once its leadership was confirmed.
     pub rev: u64,
+    /// The leader's cluster id ([`CLUSTER_HEADER`]); absent from a leader
+    /// without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 /// 200 to a release.
@@ -130,6 +142,10 @@ pub struct LockInfo {
     /// may have had has ended. (A token above it was never this key's.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compacted_below: Option<Token>,
+    /// The leader's cluster id ([`CLUSTER_HEADER`]): the history this answer
+    /// is of. Absent from a leader without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 /// 200 to `GET /v1/cluster`: the cluster as the answering node sees it.
@@ -158,6 +174,11 @@ pub struct ClusterInfo {
     /// upgrades"); 0 from a build before they were numbered.
     #[serde(default)]
     pub rules: u32,
+    /// The cluster id of the history the node holds ([`CLUSTER_HEADER`]);
+    /// `None` before it has one (a new cluster's first moments, a node not
+    /// yet contacted by its leader) or from a build before cluster ids.
+    #[serde(default)]
+    pub cluster: Option<String>,
 }
 
 /// A voter, with its URL as the answering node's `peers` names it.
@@ -271,6 +292,17 @@ pub enum ErrorCode {
     NoLeader,
     /// No quorum in time. For a write, the outcome is unknown.
     Unavailable,
+    /// 409: a watch resuming at a position this node cannot vouch for: a
+    /// revision beyond its own (after waiting a moment for it to catch
+    /// up), or of another cluster's history. The body carries the node's
+    /// `rev` and `cluster`: a watcher of the same cluster resumes on
+    /// another node; one of another cluster drops its position and starts
+    /// over from the state (a restore happened).
+    PositionUnknown,
+    /// 409: the node belongs to another cluster than the one asking (a
+    /// peer RPC, or a member to add whose data directory holds another
+    /// history). Nothing changed.
+    ForeignCluster,
     /// 500: a bug in the lock service.
     Internal,
     /// A code from a newer server.
@@ -295,6 +327,8 @@ impl ErrorCode {
             ErrorCode::MembershipRefused => "membership_refused",
             ErrorCode::NoLeader => "no_leader",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::PositionUnknown => "position_unknown",
+            ErrorCode::ForeignCluster => "foreign_cluster",
             ErrorCode::Internal => "internal",
             ErrorCode::Unknown => "unknown",
         }
@@ -311,7 +345,9 @@ impl ErrorCode {
             ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::NotFound | ErrorCode::LeaseNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorCode::Held | ErrorCode::MembershipRefused => StatusCode::CONFLICT,
+            ErrorCode::Held | ErrorCode::MembershipRefused | ErrorCode::PositionUnknown | ErrorCode::ForeignCluster => {
+                StatusCode::CONFLICT
+            }
             ErrorCode::NoLeader | ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -329,6 +365,19 @@ pub struct ApiError {
     /// Who holds the key, on `held`.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub held: Option<HeldBy>,
+    /// Where the node is, on `position_unknown`.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<NodePosition>,
+}
+
+/// The details of a `position_unknown` refusal: the answering node's
+/// applied revision and cluster id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePosition {
+    /// The node's applied revision.
+    pub rev: u64,
+    /// The node's cluster id; `None` before it has one.
+    pub cluster: Option<String>,
 }
 
 /// The details of a `held` refusal.
@@ -361,18 +410,26 @@ pub enum Reason {
     MalformedToken,
     /// The token cannot be verified now. 503 with `Retry-After`.
     LockServiceUnavailable,
+    /// The lock service's latest token for the key is below the highest
+    /// token this sidecar already forwarded for it: the service's history is
+    /// not the one the sidecar fenced with (a restore from an old backup by
+    /// a build that could re-grant tokens, a clock set back). Neither the
+    /// old holder's token nor the new one is forwarded until the service's
+    /// tokens pass the floor. 503 with `Retry-After`.
+    LockServiceBehindFloor,
 }
 
 impl Reason {
     /// Every reason, in the order of the enum: what the sidecar's metrics
     /// start at 0 and its tests iterate.
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::StaleToken,
         Reason::LeaseExpired,
         Reason::UnknownToken,
         Reason::MissingToken,
         Reason::MalformedToken,
         Reason::LockServiceUnavailable,
+        Reason::LockServiceBehindFloor,
     ];
 
     /// The snake_case name, as in the answer's `error` and the metric label.
@@ -384,6 +441,7 @@ impl Reason {
             Reason::MissingToken => "missing_token",
             Reason::MalformedToken => "malformed_token",
             Reason::LockServiceUnavailable => "lock_service_unavailable",
+            Reason::LockServiceBehindFloor => "lock_service_behind_floor",
         }
     }
 
@@ -393,7 +451,7 @@ impl Reason {
             Reason::StaleToken | Reason::LeaseExpired | Reason::UnknownToken => StatusCode::CONFLICT,
             Reason::MissingToken => StatusCode::PRECONDITION_REQUIRED,
             Reason::MalformedToken => StatusCode::BAD_REQUEST,
-            Reason::LockServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Reason::LockServiceUnavailable | Reason::LockServiceBehindFloor => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -471,6 +529,9 @@ pub enum Problem {
     ResponseNotKept,
     /// 503: the idempotency store is full (`limits.idempotency_store`).
     IdempotencyStoreFull,
+    /// 429: the records of the request's lock key hold its quota (the
+    /// route's `idempotency.per_lock_key`).
+    IdempotencyQuota,
     /// 500: the sidecar failed.
     Internal,
 }
@@ -478,7 +539,7 @@ pub enum Problem {
 impl Problem {
     /// Every problem, in the order of the enum: what the sidecar's metrics
     /// start at 0 and its tests iterate.
-    pub const ALL: [Problem; 23] = [
+    pub const ALL: [Problem; 24] = [
         Problem::MalformedPath,
         Problem::InvalidKey,
         Problem::MalformedMethod,
@@ -501,6 +562,7 @@ impl Problem {
         Problem::OutcomeUnknown,
         Problem::ResponseNotKept,
         Problem::IdempotencyStoreFull,
+        Problem::IdempotencyQuota,
         Problem::Internal,
     ];
 
@@ -530,6 +592,7 @@ impl Problem {
             Problem::OutcomeUnknown => "outcome_unknown",
             Problem::ResponseNotKept => "response_not_kept",
             Problem::IdempotencyStoreFull => "idempotency_store_full",
+            Problem::IdempotencyQuota => "idempotency_quota",
             Problem::Internal => "internal",
         }
     }
@@ -552,6 +615,7 @@ impl Problem {
             Problem::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::IdempotencyInFlight | Problem::OutcomeUnknown | Problem::ResponseNotKept => StatusCode::CONFLICT,
             Problem::IdempotencyStoreFull => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::IdempotencyQuota => StatusCode::TOO_MANY_REQUESTS,
             Problem::NoRoute => StatusCode::NOT_FOUND,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -617,7 +681,8 @@ mod tests {
         let g = Granted { key: "rack/42".into(), token: 33, lease_id: "ab".into(), ttl_ms: 30_000 };
         pinned(g, json!({"key": "rack/42", "token": 33, "lease_id": "ab", "ttl_ms": 30000}));
         pinned(KeepaliveAck { ttl_ms: 10 }, json!({"ttl_ms": 10}));
-        pinned(Revision { rev: 40 }, json!({"rev": 40}));
+        pinned(Revision { rev: 40, cluster: None }, json!({"rev": 40}));
+        pinned(Revision { rev: 40, cluster: Some("c1".into()) }, json!({"rev": 40, "cluster": "c1"}));
         pinned(
             Released { key: "k".into(), token: 3, released: true },
             json!({"key": "k", "token": 3, "released": true}),
@@ -630,6 +695,7 @@ mod tests {
                 holder: None,
                 expires_in_ms: None,
                 compacted_below: None,
+                cluster: None,
             },
             json!({"key": "k", "held": false, "token": 0, "holder": null, "expires_in_ms": null}),
         );
@@ -645,23 +711,34 @@ mod tests {
                 snapshot_index: None,
                 purged_index: Some(3),
                 rules: 1,
+                cluster: Some("c1".into()),
             },
             json!({"id": 2, "leader": 1, "term": 4, "state": "Follower",
                    "members": [{"id": 1, "url": "http://127.0.0.1:7401"}],
                    "commit_index": 9, "last_log_index": 9, "snapshot_index": null, "purged_index": 3,
-                   "rules": 1}),
+                   "rules": 1, "cluster": "c1"}),
         );
     }
 
     #[test]
     fn lock_api_errors() {
         pinned(
-            ApiError { error: ErrorCode::LeaseNotFound, message: Some("gone".into()), held: None },
+            ApiError { error: ErrorCode::LeaseNotFound, message: Some("gone".into()), held: None, position: None },
             json!({"error": "lease_not_found", "message": "gone"}),
+        );
+        let position = NodePosition { rev: 3, cluster: Some("c1".into()) };
+        pinned(
+            ApiError {
+                error: ErrorCode::PositionUnknown,
+                message: Some("m".into()),
+                held: None,
+                position: Some(position),
+            },
+            json!({"error": "position_unknown", "message": "m", "rev": 3, "cluster": "c1"}),
         );
         let held = HeldBy { key: "k".into(), holder: None, token: 7, lock_delay: true };
         pinned(
-            ApiError { error: ErrorCode::Held, message: None, held: Some(held) },
+            ApiError { error: ErrorCode::Held, message: None, held: Some(held), position: None },
             json!({"error": "held", "key": "k", "holder": null, "token": 7, "lock_delay": true}),
         );
         for code in [
@@ -677,6 +754,8 @@ mod tests {
             ErrorCode::Held,
             ErrorCode::NoLeader,
             ErrorCode::Unavailable,
+            ErrorCode::PositionUnknown,
+            ErrorCode::ForeignCluster,
             ErrorCode::Internal,
         ] {
             assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));

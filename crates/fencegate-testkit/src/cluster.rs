@@ -48,6 +48,8 @@ pub struct Cluster {
     log_filter: String,
     /// The cluster CA and member certificates, on a secure cluster.
     pki: Option<Pki>,
+    /// The members' shared secret, on a secure cluster in plain HTTP.
+    peer_secret: Option<PathBuf>,
     /// How the kit reaches the nodes (TLS and its admin token when secure).
     options: ClientOptions,
     http: HttpClient,
@@ -55,9 +57,13 @@ pub struct Cluster {
 
 /// A secure cluster ([`ClusterOptions::security`]): HTTPS with member
 /// certificates on both planes, clients authenticated by token or
-/// certificate, and an ACL.
+/// certificate, and an ACL. Or, with `plain`, plain HTTP on loopback:
+/// clients by token, members by a shared secret (`peer_secret_file`).
 #[derive(Debug, Clone, Default)]
 pub struct Security {
+    /// Plain HTTP, the members proving a shared secret instead of
+    /// certificates ([`Cluster::peer_secret_file`]); no client certificates.
+    pub plain: bool,
     /// ACL rules (YAML list items, `  - identity: ...`) besides the kit's
     /// own ([`KIT_IDENTITY`], admin of every key).
     pub acl: String,
@@ -143,7 +149,7 @@ impl Cluster {
         // node is down.
         let reserved: Vec<Reserved> = (0..2 * n).map(|_| reserve()).collect();
         let (ports, peer_ports): (Vec<u16>, Vec<u16>) = reserved.chunks(2).map(|r| (r[0].port, r[1].port)).unzip();
-        let scheme = if o.security.is_some() { "https" } else { "http" };
+        let scheme = if o.security.as_ref().is_some_and(|s| !s.plain) { "https" } else { "http" };
         let url = |p: &u16| format!("{scheme}://127.0.0.1:{p}");
         let urls: BTreeMap<u64, String> = (1..=n).zip(ports.iter().map(url)).collect();
         let peer_urls: BTreeMap<u64, String> = (1..=n).zip(peer_ports.iter().map(url)).collect();
@@ -159,6 +165,7 @@ impl Cluster {
             None => (None, ClientOptions::default(), String::new()),
             Some(sec) => secure(dir.path(), sec),
         };
+        let peer_secret = o.security.as_ref().filter(|s| s.plain).map(|_| peer_secret(dir.path()));
         let http = options.http_client(8 << 20).unwrap();
         let mut c = Cluster {
             dir,
@@ -174,6 +181,7 @@ impl Cluster {
             data_roots: o.data_roots.clone(),
             log_filter: o.log_filter.clone(),
             pki,
+            peer_secret,
             options,
             http,
         };
@@ -319,6 +327,10 @@ impl Cluster {
                 let ca = pki.ca.display();
                 format!("tls:\n  cert: {}\n  key: {}\n  ca: {ca}\n  client_ca: {ca}\n", cert.display(), key.display())
             }
+        };
+        let tls = match &self.peer_secret {
+            Some(file) => format!("peer_secret_file: {}\n", file.display()),
+            None => tls,
         };
         let addr = |url: &str| url.rsplit("://").next().unwrap().to_string();
         let yaml = format!(
@@ -502,6 +514,12 @@ impl Cluster {
     }
 
     /// The cluster's CA and member certificates (secure clusters).
+    /// The members' shared secret's file, on a secure cluster in plain HTTP
+    /// (mode 0600; a test may rotate it and SIGHUP the nodes).
+    pub fn peer_secret_file(&self) -> Option<&Path> {
+        self.peer_secret.as_deref()
+    }
+
     pub fn pki(&self) -> Option<&Pki> {
         self.pki.as_ref()
     }
@@ -613,10 +631,9 @@ impl Cluster {
     }
 }
 
-/// The PKI, the kit's client options and the nodes' security sections
-/// (TLS is per node: see `spawn`) of a secure cluster in `dir`.
+/// The PKI (none when `plain`), the kit's client options and the nodes'
+/// security sections (TLS is per node: see `spawn`) of a secure cluster in `dir`.
 fn secure(dir: &Path, sec: &Security) -> (Option<Pki>, ClientOptions, String) {
-    let pki = Pki::new(&dir.join("pki"), "cluster");
     let tokens_file = dir.join("tokens.yaml");
     let kit = (KIT_IDENTITY.to_string(), KIT_TOKEN.to_string());
     let lines: String = sec
@@ -627,9 +644,26 @@ fn secure(dir: &Path, sec: &Security) -> (Option<Pki>, ClientOptions, String) {
         .collect();
     std::fs::write(&tokens_file, lines).unwrap();
     let yaml = security_sections(&tokens_file, &sec.acl);
+    if sec.plain {
+        return (None, ClientOptions { token: Some(KIT_TOKEN.into()), ..ClientOptions::default() }, yaml);
+    }
+    let pki = Pki::new(&dir.join("pki"), "cluster");
     let tls = TlsFiles { ca: pki.ca.clone(), cert: None, key: None }.client_config(["ca", "cert", "key"]).unwrap();
     let options = ClientOptions { tls: Some(tls), token: Some(KIT_TOKEN.into()), ..ClientOptions::default() };
     (Some(pki), options, yaml)
+}
+
+/// A members' shared secret in `dir`, readable by its owner only.
+fn peer_secret(dir: &Path) -> PathBuf {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).unwrap();
+    let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let path = dir.join("peer-secret");
+    std::fs::write(&path, format!("{secret}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
 }
 
 /// The `auth` and `acl` sections of a secure cluster's nodes: the kit's

@@ -52,10 +52,12 @@ pub use watch::Watch;
 /// The `fencegate` binary of the package being tested or benchmarked:
 /// `Bin::new(env!("CARGO_BIN_EXE_fencegate"))`, expanded where it is written
 /// (Cargo sets that variable for the integration tests and benches of the
-/// package that has the binary).
+/// package that has the binary). `FENCEGATE_TEST_BIN=PATH` runs the tests
+/// against another build instead: the one before a fix, to see its test
+/// fail.
 #[macro_export]
 macro_rules! bin {
     () => {
-        $crate::Bin::new(env!("CARGO_BIN_EXE_fencegate"))
+        $crate::Bin::new(std::env::var("FENCEGATE_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencegate").into()))
     };
 }

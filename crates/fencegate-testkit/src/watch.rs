@@ -56,6 +56,22 @@ impl Watch {
         Some(serde_json::from_slice(&line).unwrap_or_else(|e| panic!("watch {}: {e}", self.url)))
     }
 
+    /// Read lines until the stream ends, for `within` at most: `Ok` once it
+    /// ended, `Err` with every line read if it had not by then.
+    pub async fn ends_within(&mut self, within: Duration) -> Result<(), Vec<Value>> {
+        let deadline = Instant::now() + within;
+        let mut seen = vec![];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.lines.next_line(1 << 20)).await {
+                Err(_) => return Err(seen),
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Ok(Some(line))) => seen.push(serde_json::from_slice(&line).unwrap_or(Value::Null)),
+                Ok(Err(e)) => panic!("watch {}: {e}", self.url),
+            }
+        }
+    }
+
     /// The next line that is not a heartbeat (fails the test after [`LINE_WITHIN`]).
     pub async fn next_event(&mut self) -> Value {
         match self.until(LINE_WITHIN, |v| v["event"] != "heartbeat").await {

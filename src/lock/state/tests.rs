@@ -302,12 +302,18 @@ fn a_restored_table_has_no_live_lease_and_grants_above_the_floor() {
     s.apply(&Command::Expire { lease_id: "L2".into() });
     s.apply(&acquire("free", "L3", 1000, 0, None));
     s.apply(&Command::Release { lease_id: "L3".into(), by: "owner".into() });
-    let mut r = s.restored(100);
+    s.apply(&Command::Identify { cluster: "old".into() });
+    let mut r = s.restored(100, "new".into());
     assert_eq!(r.revision(), 101, "the restore takes a revision of its own above the floor");
+    assert_eq!(r.cluster(), Some("new"), "a restored cluster is another history");
     assert_eq!(r.lease_count(), 0);
     assert!(r.lease("L1").is_none() && r.delays().next().is_none());
     assert_eq!(r.owned_by("owner"), 0);
-    assert_eq!(r.key("held").map(|k| k.token), Some(1), "latest tokens are kept for reads");
+    // No key of the old history is kept: every token up to the restore
+    // reads as ended, including those granted after the backup (which a
+    // kept key's older token would sit below).
+    assert_eq!(r.key_count(), 0);
+    assert_eq!(r.compacted_below(), 101);
     // The request id of the backup's grant names a lease that is gone: a
     // retry with it is a new acquire, above the floor.
     for (key, lease, req) in [("held", "L4", Some("r1")), ("delayed", "L5", None), ("free", "L6", None)] {
@@ -315,7 +321,20 @@ fn a_restored_table_has_no_live_lease_and_grants_above_the_floor() {
         assert!(granted(&o).is_some_and(|g| g.token > 100), "{key}: {o:?}");
     }
     // A floor below the backup's revision still moves past the backup.
-    assert_eq!(s.restored(0).revision(), s.revision() + 1);
+    assert_eq!(s.restored(0, "x".into()).revision(), s.revision() + 1);
+}
+
+#[test]
+fn a_table_is_identified_once() {
+    let mut s = LockState::default();
+    assert_eq!(s.cluster(), None);
+    s.apply(&Command::Identify { cluster: "a".into() });
+    s.apply(&Command::Identify { cluster: "b".into() });
+    assert_eq!(s.cluster(), Some("a"), "the first committed identity stays");
+    let back: LockState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+    assert_eq!(back.cluster(), Some("a"), "the identity is in the snapshot");
+    let legacy = serde_json::to_string(&LockState::default()).unwrap();
+    assert!(!legacy.contains("cluster"), "a table without one serialises as before: {legacy}");
 }
 
 /// One step of the simulated leader.

@@ -117,11 +117,25 @@ fn every_schema_has_the_fields_of_its_wire_type() {
     let lease_id = "0123456789abcdef0123456789abcdef".to_string();
     fixed_shape(d, "Granted", object(&Granted { key: "k".into(), token: 1, lease_id, ttl_ms: 1 }));
     fixed_shape(d, "KeepaliveAck", object(&KeepaliveAck { ttl_ms: 1 }));
-    fixed_shape(d, "Revision", object(&Revision { rev: 1 }));
+    let rev = Revision { rev: 1, cluster: None };
+    same_shape(d, "Revision", object(&rev), object(&Revision { cluster: Some("c".into()), ..rev.clone() }));
     fixed_shape(d, "Released", object(&Released { key: "k".into(), token: 1, released: true }));
-    let free =
-        LockInfo { key: "k".into(), held: false, token: 0, holder: None, expires_in_ms: None, compacted_below: None };
-    let held = LockInfo { holder: Some("h".into()), expires_in_ms: Some(1), compacted_below: Some(1), ..free.clone() };
+    let free = LockInfo {
+        key: "k".into(),
+        held: false,
+        token: 0,
+        holder: None,
+        expires_in_ms: None,
+        compacted_below: None,
+        cluster: None,
+    };
+    let held = LockInfo {
+        holder: Some("h".into()),
+        expires_in_ms: Some(1),
+        compacted_below: Some(1),
+        cluster: Some("c".into()),
+        ..free.clone()
+    };
     same_shape(d, "LockInfo", object(&free), object(&held));
     let member = Member { id: 1, url: Some("http://127.0.0.1:7401".into()) };
     same_shape(d, "Member", object(&Member { url: None, ..member.clone() }), object(&member));
@@ -136,8 +150,15 @@ fn every_schema_has_the_fields_of_its_wire_type() {
         snapshot_index: None,
         purged_index: None,
         rules: 1,
+        cluster: None,
     };
-    let full = ClusterInfo { leader: Some(1), snapshot_index: Some(1), purged_index: Some(1), ..cluster.clone() };
+    let full = ClusterInfo {
+        leader: Some(1),
+        snapshot_index: Some(1),
+        purged_index: Some(1),
+        cluster: Some("c".into()),
+        ..cluster.clone()
+    };
     same_shape(d, "ClusterInfo", object(&cluster), object(&full));
     let state = MemberState {
         id: 1,
@@ -163,12 +184,28 @@ fn every_schema_has_the_fields_of_its_wire_type() {
         add
     );
 
-    let problem = wire::ApiError { error: ErrorCode::Internal, message: None, held: None };
+    let problem = wire::ApiError { error: ErrorCode::Internal, message: None, held: None, position: None };
     same_shape(d, "Problem", object(&problem), object(&wire::ApiError { message: Some("m".into()), ..problem }));
     let by = HeldBy { key: "k".into(), holder: None, token: 1, lock_delay: true };
-    let held_by =
-        |holder| wire::ApiError { error: ErrorCode::Held, message: None, held: Some(HeldBy { holder, ..by.clone() }) };
+    let held_by = |holder| wire::ApiError {
+        error: ErrorCode::Held,
+        message: None,
+        held: Some(HeldBy { holder, ..by.clone() }),
+        position: None,
+    };
     same_shape(d, "Held", object(&held_by(None)), object(&held_by(Some("h".into()))));
+    let position = |cluster, message| wire::ApiError {
+        error: ErrorCode::PositionUnknown,
+        message,
+        held: None,
+        position: Some(NodePosition { rev: 1, cluster }),
+    };
+    same_shape(
+        d,
+        "PositionUnknown",
+        object(&position(None, None)),
+        object(&position(Some("c".into()), Some("m".into()))),
+    );
 }
 
 #[test]
@@ -212,7 +249,9 @@ fn wire_codes() -> Vec<ErrorCode> {
         Some(Held) => Some(MembershipRefused),
         Some(MembershipRefused) => Some(NoLeader),
         Some(NoLeader) => Some(Unavailable),
-        Some(Unavailable) => Some(Internal),
+        Some(Unavailable) => Some(PositionUnknown),
+        Some(PositionUnknown) => Some(ForeignCluster),
+        Some(ForeignCluster) => Some(Internal),
         Some(Internal) | Some(Unknown) => None,
     };
     std::iter::successors(next(None), |c| next(Some(*c))).collect()
