@@ -9,7 +9,9 @@
 //! then `BENCH_BASELINE_BIN=target/baseline/release/fencegate cargo bench --bench hardening`.
 //! Env: BENCH_SECONDS (5), BENCH_REPS (3), BENCH_CONNECTIONS (32), BENCH_RATE
 //! (5000, for the latency phase), BENCH_CONSISTENCY (`cached`, or
-//! `linearizable`). Writes bench/results/hardening.{md,json}.
+//! `linearizable`), BENCH_KEYED (`1`: the route keeps idempotency records
+//! and every write has a new key: the keyed path). Writes
+//! bench/results/hardening.{md,json}.
 
 mod common;
 
@@ -19,7 +21,7 @@ use std::time::Duration;
 use common::load::MakeRequest;
 use common::pair::{self, Settings};
 use common::report::{self, Spread};
-use common::{fenced_sidecar, fenced_sidecar_of, fencegate_cluster};
+use common::{fenced_options, fenced_sidecar_of, fencegate_bin, fencegate_cluster, keyed_puts};
 use fencegate_client::AcquireOptions;
 use fencegate_testkit::http::fenced_put;
 use fencegate_testkit::upstream::{Recording, Upstream};
@@ -35,20 +37,26 @@ async fn main() {
     let upstream = Upstream::start_on_own_thread(Recording::CountOnly);
     let cluster = fencegate_cluster("").await;
     let consistency = std::env::var("BENCH_CONSISTENCY").unwrap_or_else(|_| "cached".into());
-    let before = fenced_sidecar_of(&Bin::new(&baseline), &cluster, "sidecar-before", upstream.port, &consistency).await;
-    let after = fenced_sidecar(&cluster, "sidecar-after", upstream.port, &consistency).await;
+    let keyed = std::env::var("BENCH_KEYED").is_ok_and(|k| k == "1");
+    let options = || fenced_options(&consistency, keyed);
+    let before = fenced_sidecar_of(&Bin::new(&baseline), &cluster, "sidecar-before", upstream.port, options()).await;
+    let after = fenced_sidecar_of(&fencegate_bin(), &cluster, "sidecar-after", upstream.port, options()).await;
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
     let token = lease.token();
-    let make: MakeRequest = Arc::new(move |_| fenced_put("/racks/1", token));
+    let make: MakeRequest = match keyed {
+        true => keyed_puts(token),
+        false => Arc::new(move |_| fenced_put("/racks/1", token)),
+    };
     let names = ["before (baseline build)", "after (this build)"];
     let p = pair::compare(names, [before.port, after.port], [make.clone(), make], &s).await;
     lease.release().await.unwrap();
 
     let (ratio, per_rep) = p.ratios();
     let markdown = format!(
-        "Baseline: {baseline}.\n\nStrict, {consistency}, `PUT /racks/1` with a live token, {} keep-alive connections; \
+        "Baseline: {baseline}.\n\nStrict, {consistency}{}, `PUT /racks/1` with a live token, {} keep-alive connections; \
          BENCH_REPS={}, BENCH_SECONDS={} per phase; median (min–max).\n\n{}\n\
          Throughput after ÷ before: {ratio:.3} (ratio of medians); per repetition {} (target: ≥ 0.97).\n",
+        if keyed { ", a new Idempotency-Key on every write" } else { "" },
         s.connections,
         s.reps,
         s.seconds.as_secs(),

@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +18,6 @@ use common::pair::{self, Settings};
 use common::report::{self, Spread};
 use fencegate_client::AcquireOptions;
 use fencegate_testkit::http::fenced_put;
-use fencegate_testkit::routes::{everything_else, rack_writes, table};
-use fencegate_testkit::sidecar::SidecarOptions;
 use fencegate_testkit::upstream::{Recording, Upstream};
 
 #[tokio::main(flavor = "multi_thread")]
@@ -29,26 +26,12 @@ async fn main() {
     let upstream = Upstream::start_on_own_thread(Recording::CountOnly);
     let cluster = common::fencegate_cluster("").await;
     let url = format!("http://127.0.0.1:{}", upstream.port);
-    let fenced = rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"]);
-    let options = |route| SidecarOptions {
-        // Room for every record a run makes (each new key is kept).
-        yaml: format!("limits: {{ idempotency_store: 4GiB }}\n{}", table(&[route, everything_else()])),
-        log_filter: "warn".into(),
-        ..Default::default()
-    };
-    let plain = cluster.sidecar_with("sidecar-plain", &url, options(fenced.clone())).await;
-    let keyed =
-        cluster.sidecar_with("sidecar-keyed", &url, options(fenced.with("idempotency", "{ retention: 1h }"))).await;
+    let plain = cluster.sidecar_with("sidecar-plain", &url, common::fenced_options("cached", false)).await;
+    let keyed = cluster.sidecar_with("sidecar-keyed", &url, common::fenced_options("cached", true)).await;
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
     let token = lease.token();
     let without: MakeRequest = Arc::new(move |_| fenced_put("/racks/1", token));
-    let next = Arc::new(AtomicU64::new(0));
-    let with: MakeRequest = Arc::new(move |_| {
-        let mut req = fenced_put("/racks/1", token);
-        let key = format!("bench-{}", next.fetch_add(1, Ordering::Relaxed));
-        req.headers_mut().insert("idempotency-key", key.parse().unwrap());
-        req
-    });
+    let with = common::keyed_puts(token);
     let names = ["without keys", "with a new key on every write"];
     let p = pair::compare(names, [plain.port, keyed.port], [without, with], &s).await;
     lease.release().await.unwrap();

@@ -111,7 +111,7 @@ async fn main() {
     eprintln!("starting two 3-node fencegate clusters, one plain and one secure");
     let plain = Cluster::start_with(&bin!(), cluster_options("")).await;
     let acl = format!("  - {{ identity: {CERT_IDENTITY}, prefixes: [\"bench/\"], rights: [acquire] }}\n");
-    let security = Security { acl, tokens: vec![] };
+    let security = Security { acl, tokens: vec![], ..Default::default() };
     let secure = Cluster::start_with(&bin!(), ClusterOptions { security: Some(security), ..cluster_options("") }).await;
     // The kit's client options: plain HTTP; or HTTPS trusting the cluster CA
     // with the kit's bearer token.

@@ -64,30 +64,50 @@ pub fn cluster_options(extra_yaml: &str) -> ClusterOptions {
 /// unfenced. Returns once it serves.
 pub async fn fenced_sidecar(cluster: &Cluster, name: &str, upstream_port: u16, consistency: &str) -> Sidecar {
     let upstream = format!("http://127.0.0.1:{upstream_port}");
-    cluster.sidecar_with(name, &upstream, fenced_options(consistency)).await
+    cluster.sidecar_with(name, &upstream, fenced_options(consistency, false)).await
 }
 
-/// [`fenced_sidecar`], run by another build of `fencegate` (`bin`), asking a
-/// plain (not secure) `cluster`.
+/// A `fencegate sidecar` of another build (`bin`), asking a plain (not
+/// secure) `cluster`, with `options` (`fenced_options`).
 pub async fn fenced_sidecar_of(
     bin: &fencegate_testkit::Bin,
     cluster: &Cluster,
     name: &str,
     upstream_port: u16,
-    consistency: &str,
+    options: SidecarOptions,
 ) -> Sidecar {
     let upstream = format!("http://127.0.0.1:{upstream_port}");
-    let options = SidecarOptions { lock_service: cluster.urls(), ..fenced_options(consistency) };
+    let options = SidecarOptions { lock_service: cluster.urls(), ..options };
     Sidecar::start_with(bin, cluster.dir().join(name), &upstream, options).await
 }
 
-fn fenced_options(consistency: &str) -> SidecarOptions {
+/// The sidecar config of [`fenced_sidecar`]; with `keyed`, the fenced route
+/// keeps idempotency records too, with room for every record a run makes
+/// (`keyed_puts` sends a new key with every write).
+pub fn fenced_options(consistency: &str, keyed: bool) -> SidecarOptions {
     let fence = format!("{{ mode: strict, consistency: {consistency} }}");
+    let mut route = rack_writes(&fence).methods(&["PUT"]);
+    let mut limits = String::new();
+    if keyed {
+        route = route.with("idempotency", "{ retention: 1h }");
+        limits = "limits: { idempotency_store: 4GiB }\n".into();
+    }
     SidecarOptions {
-        yaml: table(&[rack_writes(&fence).methods(&["PUT"]), everything_else()]),
+        yaml: format!("{limits}{}", table(&[route, everything_else()])),
         log_filter: "warn".into(),
         ..Default::default()
     }
+}
+
+/// `PUT /racks/1` with `token` and a new `Idempotency-Key` on every request.
+pub fn keyed_puts(token: u64) -> load::MakeRequest {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    std::sync::Arc::new(move |_| {
+        let mut req = fencegate_testkit::http::fenced_put("/racks/1", token);
+        let key = format!("bench-{}", next.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        req.headers_mut().insert("idempotency-key", key.parse().unwrap());
+        req
+    })
 }
 
 /// Until something accepts connections on `port` (a proxy, say).
