@@ -17,8 +17,11 @@
 //!   reached the upstream (overrides, case, `parseInt` ids and tokens).
 //! - [`http`], [`watch`]: raw HTTP requests and answers, the NDJSON watch stream.
 //! - [`wait`]: bounded waits for a condition (no bare sleeps for order).
-//! - [`netns`]: a private network of network namespaces (a member per
-//!   node, sidecar, workers), firewall rules in them, and packet delay.
+//! - [`verify`]: the verification suites' workload, history and checker.
+//! - `netns` and `powerloss` (feature `faults`, the privileged tier): a
+//!   private network of network namespaces (a member per node, sidecar,
+//!   workers) with firewall rules and packet delay; a FUSE filesystem whose
+//!   power a test cuts.
 //! - [`ports`], [`process`], [`tls`]: free ports, child processes killed on
 //!   drop (and when the test process dies), a throw-away PKI.
 //!
@@ -29,8 +32,10 @@ pub mod binary;
 pub mod cluster;
 pub mod http;
 pub mod lenient;
+#[cfg(feature = "faults")]
 pub mod netns;
 pub mod ports;
+#[cfg(feature = "faults")]
 pub mod powerloss;
 pub mod process;
 pub mod relay;
@@ -38,6 +43,7 @@ pub mod routes;
 pub mod sidecar;
 pub mod tls;
 pub mod upstream;
+pub mod verify;
 pub mod wait;
 pub mod watch;
 

@@ -15,8 +15,7 @@
 //!
 //! Needs root, `ip` (iproute2), `nft` (nftables) and `iptables` (for the
 //! NFQUEUE rule: this kernel's nftables has no native `queue`). Without
-//! them [`preflight`] fails loudly, unless `FENCEGATE_NETNS=skip` asks to
-//! skip.
+//! them [`preflight`] fails the test.
 
 pub mod delay;
 
@@ -33,23 +32,15 @@ use std::time::Duration;
 /// The prefix every namespace of every lab starts with.
 pub const PREFIX: &str = "fgnet";
 
-/// The environment variable that, set to `skip`, lets a test skip when
-/// namespaces cannot be made (not root, tools missing).
-pub const SKIP_VAR: &str = "FENCEGATE_NETNS";
-
 /// Every namespace a live lab of this process made: what the signal
 /// handler removes.
 static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// `Ok(())` if namespaces can be made here; `Err(why)` if not and the
-/// environment asks to skip. Panics (the test fails) if they cannot and
-/// nobody asked to skip.
-pub fn preflight() -> Result<(), String> {
-    let why = missing();
-    match why {
-        None => Ok(()),
-        Some(why) if std::env::var(SKIP_VAR).as_deref() == Ok("skip") => Err(why),
-        Some(why) => panic!("{why}; set {SKIP_VAR}=skip to skip this test (CI installs them: .ci/partitions)"),
+/// Panics (the test fails) if namespaces cannot be made here: this is the
+/// fault tier, where a missing privilege or tool is a failure, never a skip.
+pub fn preflight() {
+    if let Some(why) = missing() {
+        panic!("{why} (CI installs what the partition suite needs: .ci/partitions)");
     }
 }
 

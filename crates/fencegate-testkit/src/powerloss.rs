@@ -53,21 +53,6 @@ use std::time::Duration;
 
 use fs::{Fs, State};
 
-/// The environment variable that lets a machine without FUSE skip the
-/// tests that need it. Unset, such a test fails: CI must not go green
-/// without having cut any power.
-pub const SKIP_ENV: &str = "FENCEGATE_SKIP_FUSE";
-
-/// Whether tests on this filesystem are to be skipped ([`SKIP_ENV`]=1);
-/// says so on stderr.
-pub fn fuse_skipped() -> bool {
-    let skip = std::env::var(SKIP_ENV).is_ok_and(|v| v == "1");
-    if skip {
-        eprintln!("{SKIP_ENV}=1: skipping a test on the power-loss filesystem");
-    }
-    skip
-}
-
 /// What `fsync` does on the mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

@@ -8,10 +8,7 @@ use std::time::Duration;
 use super::{Mode, PowerLossFs};
 
 fn mount(mode: Mode) -> Option<PowerLossFs> {
-    if super::fuse_skipped() {
-        return None;
-    }
-    Some(PowerLossFs::mount(None, mode).expect("mounting (set FENCEGATE_SKIP_FUSE=1 where FUSE cannot work)"))
+    Some(PowerLossFs::mount(None, mode).expect("mounting a power-loss filesystem (FUSE: root and /dev/fuse)"))
 }
 
 fn read(path: &std::path::Path) -> Option<Vec<u8>> {

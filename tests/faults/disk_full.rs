@@ -6,7 +6,7 @@
 //! filler is gone, the nodes that exited are restarted, as a supervisor
 //! would, and recover from their durable logs: every acknowledged grant is
 //! still there, the same on every node, and new grants come above them.
-//! Root only (it mounts a tmpfs); skipped otherwise.
+//! Root only (it mounts a tmpfs); fails otherwise.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -141,10 +141,7 @@ async fn tokens_of(c: &Cluster, id: u64, last: &str) -> BTreeMap<String, u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_stops_nodes_with_70_and_restarted_they_keep_every_grant() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
+    assert!(is_root(), "mounting a tmpfs needs root (the fault tier runs as root)");
     // Dropped in reverse: the nodes are killed, the tmpfs unmounted, its
     // mount point removed.
     let mount_point = tempfile::tempdir().unwrap();
@@ -309,10 +306,7 @@ async fn a_full_disk_under_the_floor_store_is_reported_and_recovered_from() {
     use fencegate_testkit::routes::{everything_else, table, Route};
     use fencegate_testkit::sidecar::SidecarOptions;
     use fencegate_testkit::{Sidecar, Upstream};
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
+    assert!(is_root(), "mounting a tmpfs needs root (the fault tier runs as root)");
     let dir = tempfile::tempdir().unwrap();
     let _disk = Tmpfs::mount(dir.path(), "8m");
     let up = Upstream::start().await;

@@ -9,12 +9,10 @@
 //! run (paused, partitioned, deposed, never restarted), so a leak in any of
 //! them shows in their numbers instead of being reset by a restart.
 //!
-//! `SOAK_MINUTES=30 cargo test --release --test soak -- --ignored --nocapture`
+//! `SOAK_MINUTES=30 cargo test --release --features faults --test faults -- --ignored --nocapture soak::`
 //! (the table is also written to `target/tmp/soak-<seed>.md`).
 
-#[path = "soak/load.rs"]
 mod load;
-#[path = "soak/minutes.rs"]
 mod minutes;
 
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 //! and the same retries without idempotency apply some twice.
 //!
 //! The sidecar arm's nodes keep their data on power-loss filesystems (the
-//! test kit's `powerloss`; FUSE, or `FENCEGATE_SKIP_FUSE=1` to run without)
+//! test kit's `powerloss`, FUSE)
 //! and the nemesis also cuts the power of a majority.
 //!
 //! The lifecycle arms (`lifecycle.rs`): a backup, the cluster lost and
@@ -17,41 +17,35 @@
 //! middle of the workload; their control rebuilds the cluster empty instead
 //! and must show tokens granted twice.
 //!
-//! - short profile (part of `cargo test`): `cargo test --test torture short`
-//! - long profile: `TORTURE_SECONDS=600 TORTURE_SEED=7 TORTURE_NODES=5 cargo test --release --test torture -- --ignored --nocapture`
+//! - short profile (the fault tier): `cargo test --features faults --test faults torture::short`
+//! - long profile: `TORTURE_SECONDS=600 TORTURE_SEED=7 TORTURE_NODES=5 cargo test --release --features faults --test faults -- --ignored --nocapture torture::long`
 //!
 //! A failing run writes its history to `target/tmp/torture-<arm>-seed-<seed>.json`
 //! and prints the seed that replays its schedule.
 
-#[path = "torture/checker.rs"]
-mod checker;
-#[path = "torture/history.rs"]
-mod history;
-#[path = "torture/lifecycle.rs"]
 mod lifecycle;
-#[path = "torture/nemesis.rs"]
 mod nemesis;
-#[path = "torture/retries.rs"]
 mod retries;
-#[path = "torture/summary.rs"]
-mod summary;
-#[path = "torture/workload.rs"]
-mod workload;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use checker::{APPLY_MARGIN_MS, MAX_STALENESS_MS};
 use fencegate_testkit::cluster::{ClusterOptions, Security};
-use fencegate_testkit::powerloss::{fuse_skipped, Mode, PowerLossFs};
+use fencegate_testkit::powerloss::{Mode, PowerLossFs};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::verify::checker::{self, APPLY_MARGIN_MS, MAX_STALENESS_MS};
+use fencegate_testkit::verify::history::History;
+use fencegate_testkit::verify::summary::{self, Columns};
+use fencegate_testkit::verify::workload::{self, Workload};
 use fencegate_testkit::{bin, Cluster, Upstream};
-use history::{History, Kind, Outcome};
 use nemesis::Fault;
-use summary::Columns;
 use tokio::time::Instant;
-use workload::Workload;
+
+/// Where a failing run keeps its histories (`target/tmp`), and its replay.
+fn replay(suite: &str, seed: u64) -> summary::Replay<'_> {
+    summary::Replay { suite, seed, seed_var: "TORTURE_SEED", dir: env!("CARGO_TARGET_TMPDIR") }
+}
 
 fn routes() -> String {
     table(&[rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"]).timeout("5s"), everything_else()])
@@ -79,10 +73,8 @@ fn workload() -> Workload {
 async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
     let w = workload();
     // Each node's data on a power-loss filesystem, for the nemesis's power cuts.
-    let power: Option<BTreeMap<u64, PowerLossFs>> = (!fuse_skipped()).then(|| {
-        let mount = || PowerLossFs::mount(None, Mode::Strict).expect("mounting a power-loss filesystem (FUSE)");
-        (1..=nodes).map(|id| (id, mount())).collect()
-    });
+    let mount = || PowerLossFs::mount(None, Mode::Strict).expect("mounting a power-loss filesystem (FUSE)");
+    let power: Option<BTreeMap<u64, PowerLossFs>> = Some((1..=nodes).map(|id| (id, mount())).collect());
     let data_roots = power.iter().flatten().map(|(id, fs)| (*id, fs.path())).collect();
     let o = ClusterOptions {
         nodes,
@@ -168,7 +160,7 @@ async fn profile(nodes: u64, seconds: u64, control_seconds: u64, seed: u64) {
     if unkeyed.report.violations.is_empty() {
         failures.push("the retry control arm applied no write twice: the duplicate check could not fail".into());
     }
-    failures.extend(summary::failures("torture", &with, &without, seed, "TORTURE_SEED"));
+    failures.extend(summary::failures(&replay("torture", seed), &with, &without));
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
@@ -186,7 +178,7 @@ async fn lifecycle_profile() {
     let with = lifecycle::arm(true, 20, seed).await;
     let without = lifecycle::arm(false, 20, seed).await;
     println!("{}", summary::table("lifecycle", &[&with, &without], seed));
-    let mut failures = summary::failures("lifecycle", &with, &without, seed, "TORTURE_SEED");
+    let mut failures = summary::failures(&replay("lifecycle", seed), &with, &without);
     if without.reports[1].violations.is_empty() {
         failures.push("the control applied no stale write: the upstream check could not fail".into());
     }
@@ -202,57 +194,4 @@ async fn long_profile() {
     let nodes = env("TORTURE_NODES").unwrap_or(3);
     println!("long profile: {nodes} nodes, {seconds} s, seed {seed}");
     profile(nodes, seconds, 30.min(seconds), seed).await;
-}
-
-/// Each check, on a hand-made history that breaks it, must report it.
-#[test]
-fn the_checker_reports_each_kind_of_violation() {
-    use history::Op;
-    let op = |start_ms: f64, end_ms: f64, kind: Kind| Op { worker: 0, start_ms, end_ms, kind, outcome: Outcome::Ok };
-    let grant = |key: &str, t: u64| Kind::Acquire { key: key.into(), token: Some(t) };
-    // Token 5 completed before token 4 began.
-    let ops = vec![op(0.0, 10.0, grant("rack/a", 5)), op(20.0, 30.0, grant("rack/b", 4))];
-    assert_eq!(checker::token_order(&ops).violations.len(), 1);
-    // The same token twice.
-    let ops = vec![op(0.0, 10.0, grant("rack/a", 5)), op(0.0, 10.0, grant("rack/b", 5))];
-    assert!(!checker::token_order(&ops).violations.is_empty());
-    // A grant the service forgot.
-    let latest = BTreeMap::from([("rack/a".to_string(), 4)]);
-    assert_eq!(checker::durability(&[op(0.0, 1.0, grant("rack/a", 5))], &latest).violations.len(), 1);
-    // An acknowledged token the sidecar was told was never granted.
-    let refused = Op {
-        worker: 0,
-        start_ms: 50.0,
-        end_ms: 60.0,
-        kind: Kind::Write { key: "rack/a".into(), token: 5, stale: true },
-        outcome: Outcome::Refused { status: 409, error: "unknown_token".into() },
-    };
-    let latest = BTreeMap::from([("rack/a".to_string(), 9)]);
-    assert_eq!(checker::durability(&[op(0.0, 1.0, grant("rack/a", 5)), refused], &latest).violations.len(), 1);
-    // Token 6 granted while 5 was still guaranteed valid.
-    let ops = vec![
-        op(0.0, 10.0, grant("rack/a", 5)),
-        op(500.0, 500.0, Kind::ValidUntil { key: "rack/a".into(), token: 5 }),
-        op(100.0, 400.0, grant("rack/a", 6)),
-    ];
-    assert_eq!(checker::exclusion(&ops).violations.len(), 1);
-    let ok = vec![ops[0].clone(), ops[1].clone(), op(450.0, 600.0, grant("rack/a", 6))];
-    assert!(checker::exclusion(&ok).violations.is_empty());
-    // Writes applied out of order.
-    let applied = BTreeMap::from([("rack/a".to_string(), vec![3, 5, 4])]);
-    assert_eq!(checker::upstream_order(&applied).violations.len(), 1);
-    // An older token's write applied 300 ms after a newer grant completed:
-    // over a 250 ms bound; any at all on a linearizable route (bound 0).
-    let ops = vec![op(0.0, 10.0, grant("rack/a", 5)), op(100.0, 200.0, grant("rack/a", 7))];
-    let applied = BTreeMap::from([("rack/a".to_string(), vec![(5, 50.0), (5, 300.0), (5, 500.0), (7, 510.0)])]);
-    let (report, longest) = checker::stale_window(&ops, &applied, 250.0);
-    assert_eq!((report.violations.len(), longest), (1, Some(300.0)));
-    let within = BTreeMap::from([("rack/a".to_string(), vec![(5, 50.0), (5, 300.0), (7, 510.0)])]);
-    assert_eq!(checker::stale_window(&ops, &within, 250.0).0.violations.len(), 0);
-    assert_eq!(checker::stale_window(&ops, &within, 0.0).0.violations.len(), 1);
-    let none = BTreeMap::from([("rack/a".to_string(), vec![(5, 50.0), (7, 510.0)])]);
-    let (report, longest) = checker::stale_window(&ops, &none, 0.0);
-    assert!(report.violations.is_empty() && longest.is_none(), "a write before the newer grant completed");
-    assert_eq!(checker::liveness(None, 1000.0).violations.len(), 1);
-    assert!(checker::liveness(Some(200.0), 1000.0).violations.is_empty());
 }

@@ -29,10 +29,10 @@ use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::{bin, Bin, Cluster, Upstream};
 use tokio::time::Instant;
 
-use super::checker;
-use super::history::History;
-use super::summary::Arm;
-use super::workload::{self, Workload};
+use fencegate_testkit::verify::checker;
+use fencegate_testkit::verify::history::History;
+use fencegate_testkit::verify::summary::Arm;
+use fencegate_testkit::verify::workload::{self, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {

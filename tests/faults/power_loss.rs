@@ -20,14 +20,13 @@
 //! acknowledged grants within 6 cuts (it stops at the first loss), or this
 //! test could not see a loss.
 //!
-//! - CI profile: `cargo test --test power_loss` (10 cuts, and up to 6 on the control)
-//! - on demand: `POWER_LOSS_CUTS=50 POWER_LOSS_SEED=7 cargo test --test power_loss -- --ignored --nocapture`
+//! - the fault tier: `cargo test --features faults --test faults power_loss::` (10 cuts, and up to 6 on the control)
+//! - on demand: `POWER_LOSS_CUTS=50 POWER_LOSS_SEED=7 cargo test --features faults --test faults -- --ignored --nocapture power_loss::many`
 //!
 //! A failure names the lost grants and floors and the seed; the seed
 //! replays the schedule (burst lengths, victims, keys), not the exact
 //! interleaving of requests.
-//! FUSE is required: set `FENCEGATE_SKIP_FUSE=1` to skip on a machine
-//! without it (CI does not).
+//! FUSE is required (root and `/dev/fuse`); without it the test fails.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +35,7 @@ use std::time::Duration;
 
 use fencegate_testkit::cluster::ClusterOptions;
 use fencegate_testkit::http;
-use fencegate_testkit::powerloss::{fuse_skipped, Mode, PowerLossFs};
+use fencegate_testkit::powerloss::{Mode, PowerLossFs};
 use fencegate_testkit::relay::Relay;
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::sidecar::SidecarOptions;
@@ -91,10 +90,7 @@ struct Rig {
 }
 
 async fn rig(mode: Mode) -> Rig {
-    let mount = || {
-        PowerLossFs::mount(None, mode)
-            .expect("mounting a power-loss filesystem (FUSE); set FENCEGATE_SKIP_FUSE=1 only where FUSE cannot work")
-    };
+    let mount = || PowerLossFs::mount(None, mode).expect("mounting a power-loss filesystem (FUSE: root and /dev/fuse)");
     let nodes_fs: BTreeMap<u64, PowerLossFs> = (1..=3).map(|id| (id, mount())).collect();
     let sidecar_fs = mount();
     let data_roots = nodes_fs.iter().map(|(id, fs)| (*id, fs.path())).collect();
@@ -321,9 +317,6 @@ fn report(arm: &str, seed: u64, f: &Found) -> String {
 }
 
 async fn durable_arm(cuts: usize) {
-    if fuse_skipped() {
-        return;
-    }
     let seed = seed();
     let found = run(Mode::Strict, cuts, seed, false).await;
     let report = report("power cuts", seed, &found);
@@ -351,9 +344,6 @@ async fn many_power_cuts() {
 /// the sidecar's store unable to open).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_control_arm_without_fsync_loses_acknowledged_grants() {
-    if fuse_skipped() {
-        return;
-    }
     let seed = seed();
     let found = run(Mode::Writeback(Duration::from_secs(1)), 6, seed, true).await;
     let report = report("control (fsync does nothing)", seed, &found);

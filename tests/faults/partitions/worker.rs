@@ -23,8 +23,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::history::{Kind, Op, Outcome};
-use super::workload::send_write;
+use fencegate_testkit::verify::history::{Kind, Op, Outcome};
+use fencegate_testkit::verify::workload::send_write;
 
 /// The variable holding a worker's spec (JSON).
 pub const ENV: &str = "FGP_WORKER";

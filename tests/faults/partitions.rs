@@ -8,30 +8,16 @@
 //! must show damage, proving the checker can fail here too.
 //!
 //! Runs as root with `ip`, `nft` and `iptables` (`.ci/partitions` installs
-//! them); without them it fails, unless `FENCEGATE_NETNS=skip`.
+//! them); without them it fails.
 //!
-//! - short profile (part of `cargo test`): `cargo test --test partitions short`
-//! - long profile: `PARTITIONS_SECONDS=600 PARTITIONS_SEED=7 PARTITIONS_NODES=5 cargo test --test partitions -- --ignored --nocapture long`
+//! - short profile (the fault tier): `cargo test --features faults --test faults partitions::short`
+//! - long profile: `PARTITIONS_SECONDS=600 PARTITIONS_SEED=7 PARTITIONS_NODES=5 cargo test --features faults --test faults -- --ignored --nocapture partitions::long`
 //!
 //! A failing run writes its history to `target/tmp/partitions-<arm>-seed-<seed>.json`.
 
-#[path = "torture/checker.rs"]
-#[allow(dead_code)] // other suites' checks
-mod checker;
-#[path = "partitions/faults.rs"]
 mod faults;
-#[path = "torture/history.rs"]
-#[allow(dead_code)]
-mod history;
-#[path = "partitions/net.rs"]
 mod net;
-#[path = "torture/summary.rs"]
-mod summary;
-#[path = "partitions/worker.rs"]
 mod worker;
-#[path = "torture/workload.rs"]
-#[allow(dead_code)] // the in-process workers: not here (worker.rs runs processes)
-mod workload;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -39,12 +25,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use checker::{APPLY_MARGIN_MS, MAX_STALENESS_MS};
 use faults::Fault;
 use fencegate_testkit::netns::{self, monotonic_ns, Lab};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::verify::checker::{self, APPLY_MARGIN_MS, MAX_STALENESS_MS};
+use fencegate_testkit::verify::history::History;
+use fencegate_testkit::verify::{summary, workload};
 use fencegate_testkit::{bin, Proc, Upstream};
-use history::History;
 use net::{Net, CTL, UPSTREAM_PORT, WORKERS};
 use tokio::time::Instant;
 
@@ -56,6 +43,11 @@ const LIVENESS_BOUND_MS: f64 = 10_000.0;
 const WORKERS_N: usize = 6;
 const KEYS: usize = 3;
 const TTL: Duration = Duration::from_millis(1500);
+
+/// Where a failing run keeps its histories (`target/tmp`), and its replay.
+fn replay(suite: &str, seed: u64) -> summary::Replay<'_> {
+    summary::Replay { suite, seed, seed_var: "PARTITIONS_SEED", dir: env!("CARGO_TARGET_TMPDIR") }
+}
 
 fn routes() -> String {
     table(&[rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"]).timeout("5s"), everything_else()])
@@ -88,7 +80,7 @@ fn start_workers(net: &Net<'_>, history: &History, target: &str, seed: u64, unti
                 out: out.clone(),
             };
             let mut cmd = net.lab.command(WORKERS, &exe);
-            cmd.args(["worker_process", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            cmd.args(["partitions::worker_process", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
                 .env(worker::ENV, serde_json::to_string(&spec).unwrap());
             let log = net.dir.path().join(format!("worker{w}.log"));
             (Proc::spawn(&format!("worker{w}"), cmd, &log), out)
@@ -174,17 +166,14 @@ async fn profile(lab: &Lab, nodes: u64, seconds: u64, control_seconds: u64, seed
     let without = control_arm(lab, control_seconds, seed).await;
     println!("{}", summary(&[&with, &without], seed));
     let mut failures = vec![];
-    failures.extend(summary::failures("partitions", &with, &without, seed, "PARTITIONS_SEED"));
+    failures.extend(summary::failures(&replay("partitions", seed), &with, &without));
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
 /// Run `profile` in a lab of `nodes` nodes: on a thread of its own that,
 /// with every thread of its runtime, is in the controller's namespace.
 fn in_lab(nodes: u64, seconds: u64, control_seconds: u64, seed: u64) {
-    if let Err(why) = netns::preflight() {
-        eprintln!("skipped ({}=skip): {why}", netns::SKIP_VAR);
-        return;
-    }
+    netns::preflight();
     let names = net::members(nodes);
     let lab = Lab::new(&names.iter().map(String::as_str).collect::<Vec<_>>());
     let ctl = lab.member(CTL).ns.clone();
@@ -242,10 +231,7 @@ fn the_lab_drops_silently_and_delays() {
     use std::net::TcpStream;
     use std::time::Instant;
 
-    if let Err(why) = netns::preflight() {
-        eprintln!("skipped ({}=skip): {why}", netns::SKIP_VAR);
-        return;
-    }
+    netns::preflight();
     let lab = Lab::new(&["a", "b"]);
     let b = SocketAddr::new(lab.addr("b").into(), 7000);
     let done = std::sync::atomic::AtomicBool::new(false);

@@ -24,8 +24,8 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::history::{Kind, Op, Outcome};
 use super::net::{node, Net, SIDECAR, WORKERS};
+use fencegate_testkit::verify::history::{Kind, Op, Outcome};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {

@@ -76,7 +76,6 @@ impl History {
 
     /// Add an operation recorded elsewhere (a worker process stamps its
     /// own on this history's timeline).
-    #[allow(dead_code)] // torture's workers record in-process
     pub fn push(&self, op: Op) {
         self.ops.lock().unwrap().push(op);
     }

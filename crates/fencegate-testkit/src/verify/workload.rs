@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::Upstream;
 use fencegate_client::http::HttpClient;
 use fencegate_client::{AcquireOptions, Client, ClientError};
-use fencegate_testkit::Upstream;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;

@@ -20,27 +20,32 @@ pub struct Arm<F> {
     pub window_ms: Option<f64>,
 }
 
+/// Where a failing run keeps its histories, and how to replay it.
+pub struct Replay<'a> {
+    /// The suite's name, the start of each file's name.
+    pub suite: &'a str,
+    pub seed: u64,
+    /// The environment variable that replays the schedule.
+    pub seed_var: &'a str,
+    /// The directory: the test's `env!("CARGO_TARGET_TMPDIR")`.
+    pub dir: &'a str,
+}
+
 impl<F: std::fmt::Debug> Arm<F> {
-    /// Keep this arm's history as `target/tmp/<suite>-<arm>-seed-<seed>.json`;
-    /// the line saying where, and how to replay its schedule (`seed_var`).
-    pub fn keep_history(&self, suite: &str, seed: u64, seed_var: &str) -> String {
+    /// Keep this arm's history as `<dir>/<suite>-<arm>-seed-<seed>.json`;
+    /// the line saying where, and how to replay its schedule.
+    pub fn keep_history(&self, r: &Replay) -> String {
         let name = self.name.split_whitespace().next().unwrap_or("arm");
-        let path = format!("{}/{suite}-{name}-seed-{seed}.json", env!("CARGO_TARGET_TMPDIR"));
+        let path = format!("{}/{}-{name}-seed-{}.json", r.dir, r.suite, r.seed);
         std::fs::write(&path, serde_json::to_vec_pretty(&self.history.ops()).unwrap()).unwrap();
-        format!("history: {path}; replay the schedule with {seed_var}={seed}")
+        format!("history: {path}; replay the schedule with {}={}", r.seed_var, r.seed)
     }
 }
 
 /// What fails a run: any violation in the sidecar arm (its history kept),
 /// or a control arm that found no out-of-order write (the checker could not
 /// fail).
-pub fn failures<F: std::fmt::Debug>(
-    suite: &str,
-    with: &Arm<F>,
-    without: &Arm<F>,
-    seed: u64,
-    seed_var: &str,
-) -> Vec<String> {
+pub fn failures<F: std::fmt::Debug>(replay: &Replay, with: &Arm<F>, without: &Arm<F>) -> Vec<String> {
     let mut failures = vec![];
     for r in &with.reports {
         for v in r.violations.iter().take(5) {
@@ -48,12 +53,12 @@ pub fn failures<F: std::fmt::Debug>(
         }
     }
     if !failures.is_empty() {
-        failures.push(with.keep_history(suite, seed, seed_var));
+        failures.push(with.keep_history(replay));
     }
     if without.reports[0].violations.is_empty() {
         failures.push(format!(
             "the control arm found no out-of-order write: the checker could not fail ({})",
-            without.keep_history(suite, seed, seed_var)
+            without.keep_history(replay)
         ));
     }
     failures

@@ -9,14 +9,6 @@
 //! a new address, and a removal refused because it would lose quorum.
 
 // `liveness` is the torture suite's own.
-#[allow(dead_code)]
-#[path = "torture/checker.rs"]
-mod checker;
-#[path = "torture/history.rs"]
-mod history;
-#[path = "torture/workload.rs"]
-#[allow(dead_code)] // the workers only; the upstream readers are the suites'
-mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -25,10 +17,11 @@ use std::time::Duration;
 use fencegate_client::wire::{AddMember, ErrorCode, MemberList};
 use fencegate_client::{Client, ClientError};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
+use fencegate_testkit::verify::checker;
+use fencegate_testkit::verify::history::{self, History};
+use fencegate_testkit::verify::workload::{self, Workload};
 use fencegate_testkit::{bin, Cluster, Upstream};
-use history::History;
 use tokio::time::Instant;
-use workload::Workload;
 
 const NODE_YAML: &str =
     "raft: { heartbeat: 50ms, election_timeout_min: 200ms, election_timeout_max: 400ms, propose_timeout: 2s }\n";

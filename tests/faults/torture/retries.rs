@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::checker::Report;
+use fencegate_testkit::verify::checker::Report;
 
 const KEY_HEADER: &str = "idempotency-key";
 const WORKERS: usize = 4;

@@ -4,12 +4,9 @@
 //! is in `sidecar/framing.rs`.
 
 /// Refusals decided before the lock service is asked, without a cluster.
-#[path = "sidecar/bypass.rs"]
 mod bypass;
-#[path = "sidecar/framing.rs"]
 mod framing;
 /// SIGHUP reloads, and the configured drain.
-#[path = "sidecar/reload.rs"]
 mod reload;
 
 use std::sync::Arc;

@@ -168,3 +168,63 @@ pub fn stale_window(ops: &[Op], applied: &BTreeMap<String, Vec<(u64, f64)>>, bou
     }
     (Report { name: "cached window below max_staleness", violations }, longest)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// Each check, on a hand-made history that breaks it, must report it.
+    #[test]
+    fn the_checker_reports_each_kind_of_violation() {
+        let op =
+            |start_ms: f64, end_ms: f64, kind: Kind| Op { worker: 0, start_ms, end_ms, kind, outcome: Outcome::Ok };
+        let grant = |key: &str, t: u64| Kind::Acquire { key: key.into(), token: Some(t) };
+        // Token 5 completed before token 4 began.
+        let ops = vec![op(0.0, 10.0, grant("rack/a", 5)), op(20.0, 30.0, grant("rack/b", 4))];
+        assert_eq!(token_order(&ops).violations.len(), 1);
+        // The same token twice.
+        let ops = vec![op(0.0, 10.0, grant("rack/a", 5)), op(0.0, 10.0, grant("rack/b", 5))];
+        assert!(!token_order(&ops).violations.is_empty());
+        // A grant the service forgot.
+        let latest = BTreeMap::from([("rack/a".to_string(), 4)]);
+        assert_eq!(durability(&[op(0.0, 1.0, grant("rack/a", 5))], &latest).violations.len(), 1);
+        // An acknowledged token the sidecar was told was never granted.
+        let refused = Op {
+            worker: 0,
+            start_ms: 50.0,
+            end_ms: 60.0,
+            kind: Kind::Write { key: "rack/a".into(), token: 5, stale: true },
+            outcome: Outcome::Refused { status: 409, error: "unknown_token".into() },
+        };
+        let latest = BTreeMap::from([("rack/a".to_string(), 9)]);
+        assert_eq!(durability(&[op(0.0, 1.0, grant("rack/a", 5)), refused], &latest).violations.len(), 1);
+        // Token 6 granted while 5 was still guaranteed valid.
+        let ops = vec![
+            op(0.0, 10.0, grant("rack/a", 5)),
+            op(500.0, 500.0, Kind::ValidUntil { key: "rack/a".into(), token: 5 }),
+            op(100.0, 400.0, grant("rack/a", 6)),
+        ];
+        assert_eq!(exclusion(&ops).violations.len(), 1);
+        let ok = vec![ops[0].clone(), ops[1].clone(), op(450.0, 600.0, grant("rack/a", 6))];
+        assert!(exclusion(&ok).violations.is_empty());
+        // Writes applied out of order.
+        let applied = BTreeMap::from([("rack/a".to_string(), vec![3, 5, 4])]);
+        assert_eq!(upstream_order(&applied).violations.len(), 1);
+        // An older token's write applied 300 ms after a newer grant completed:
+        // over a 250 ms bound; any at all on a linearizable route (bound 0).
+        let ops = vec![op(0.0, 10.0, grant("rack/a", 5)), op(100.0, 200.0, grant("rack/a", 7))];
+        let applied = BTreeMap::from([("rack/a".to_string(), vec![(5, 50.0), (5, 300.0), (5, 500.0), (7, 510.0)])]);
+        let (report, longest) = stale_window(&ops, &applied, 250.0);
+        assert_eq!((report.violations.len(), longest), (1, Some(300.0)));
+        let within = BTreeMap::from([("rack/a".to_string(), vec![(5, 50.0), (5, 300.0), (7, 510.0)])]);
+        assert_eq!(stale_window(&ops, &within, 250.0).0.violations.len(), 0);
+        assert_eq!(stale_window(&ops, &within, 0.0).0.violations.len(), 1);
+        let none = BTreeMap::from([("rack/a".to_string(), vec![(5, 50.0), (7, 510.0)])]);
+        let (report, longest) = stale_window(&ops, &none, 0.0);
+        assert!(report.violations.is_empty() && longest.is_none(), "a write before the newer grant completed");
+        assert_eq!(liveness(None, 1000.0).violations.len(), 1);
+        assert!(liveness(Some(200.0), 1000.0).violations.is_empty());
+    }
+}

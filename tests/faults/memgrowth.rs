@@ -1,6 +1,6 @@
 //! Memory of a lock node under a steady acquire/release load on a few keys
 //! (the soak's pattern without its faults). `memgrowth_experiment` is run by
-//! hand: `MG_CYCLES=20000 MG_RID=1 cargo test --test memgrowth -- --ignored --nocapture`.
+//! hand: `MG_CYCLES=20000 MG_RID=1 cargo test --features faults --test faults -- --ignored --nocapture memgrowth::`.
 //!
 //! Seen (debug build, one node, 8 workers, 4 keys each), when the event
 //! ring held 65,536 events: without request ids, RSS grew ~0.57 KB per
