@@ -9,6 +9,12 @@
 //!   it may watch;
 //! - `acquire`: take a key, and keep alive or release the leases it took;
 //! - `admin`: all of these, and release (revoke) anyone's lease on the prefix.
+//!
+//! An ACL rule names an identity (or `prefix*` of identities), key prefixes
+//! and rights, from the node config. `Tokens` holds the tokens file: identity
+//! → SHA-256 hashes; a token is found by its hash, and the file holds none.
+//! `PeerSecrets`: the HMAC proof a member sends, naming its own id, and its
+//! constant-time check. Knows no HTTP, TLS or files.
 
 use std::collections::HashMap;
 

@@ -6,6 +6,13 @@
 //!
 //! The body is checksummed, not the header: the header only describes it,
 //! and a restore takes the revision from the body.
+//!
+//! `restore_floor` says where a restore's tokens start: the restoring
+//! host's clock in microseconds, or `--min-token` above it (below 2^53), never
+//! an operator's guess, so that a restore never grants a token again. What
+//! a restore does to the table is the pure `LockState::restored(floor,
+//! cluster)`: a new cluster id, no key survives, the revision and
+//! `compacted_below` go to `floor + 1`.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,6 +1,15 @@
 //! Configuration files: `load(path)` → `from_yaml(&str)` → `validate()`.
 //! Everything is checked before any port is bound; a bad file is reported with
 //! the field and line and the process exits with `EX_CONFIG` (64, docs/DESIGN.md).
+//!
+//! `ConfigFile` is implemented by `NodeConfig` and `SidecarConfig`, with
+//! `deny_unknown_fields` everywhere; serde_yaml_ng's errors carry the line.
+//! `validate(self)` returns what the process runs on: the node config itself,
+//! or `SidecarSettings` with the compiled route table and every upstream
+//! URL parsed once (`compile_routes`). This module knows the sidecar's
+//! route and fence types (it builds them); they do not know it. The
+//! imports go one way: `config` → `sidecar::{routes, fence}` →
+//! `lock::validate`, and `sidecar.rs` → `config`.
 
 pub mod node;
 pub mod sidecar;

@@ -2,6 +2,10 @@
 //! node API, the sidecar, the metrics listener, the demo inventory): the
 //! one accept loop (`serve`), the response body type and JSON answers.
 //! The client side lives in `fencegate_client::http`.
+//!
+//! `refusal` is the one builder of error answers: a JSON body, a
+//! `Retry-After` on every 503, and a `Cause` (client, upstream, lock service,
+//! internal) saying who caused it.
 
 mod deadline;
 mod listen;

@@ -7,6 +7,9 @@
 //! The decision is a pure function of the instants it is given
 //! ([`Window::hit`]); each caller owns its window (behind its own lock if
 //! shared) and passes the real clock in.
+//!
+//! Used where a failure repeats by the hundred: the sidecar's watch
+//! reconnects, a node's RPCs to a peer that is down (`raft::network`).
 
 use std::fmt;
 use std::time::{Duration, Instant};

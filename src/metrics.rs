@@ -1,5 +1,10 @@
 //! Prometheus metric families, one struct per subsystem. Each registers its
 //! families on a registry passed down from `main`; there are no global statics.
+//!
+//! Also here: the process families and `fencegate_build_info` (`process`),
+//! the sidecar's label vocabularies (`Outcome`, `KeyResult`), and
+//! `start_at_zero`, which creates every series a route can count at 0, so
+//! that `increase()` sees a first event (`tests/metrics.rs`).
 
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,

@@ -4,6 +4,10 @@
 //! with umask 077, so every file and directory they create, whichever
 //! library creates it (redb), is 0600 or 0700. State left more open by an
 //! earlier build is tightened at start, and said so.
+//!
+//! `own_files_only` sets the umask; `cli::run` calls it before any thread
+//! starts, for the commands that write state. `tighten` makes the files in
+//! `data_dir`/`state_dir` 0600 at start (the directory is only warned about).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -3,6 +3,15 @@
 //!
 //! `Node::start` + `serve(listeners, node, shutdown)` is the whole lifecycle, so
 //! tests can run a real node on `127.0.0.1:0` exactly as `fencegate server` does.
+//!
+//! `Node::start` checks the data directory's `DATA_FORMAT`, opens storage,
+//! starts Raft, bootstraps on first start and starts the lease keeper;
+//! `serve` drains both planes together. `restore` builds a restored
+//! cluster's first node's data directory (only the smallest id of `peers`,
+//! only into an empty `data_dir`). [`inputs`] re-exports, as the handlers
+//! call them, the decoders of what the node reads from the network (`call`,
+//! `acquire_params`, `watch_params`, `member_of`, `peer_rpc` with
+//! `PeerRpc::check`) for `fuzz/`: the fuzzer has no second path.
 
 mod api;
 pub(crate) mod credentials;

@@ -12,6 +12,17 @@
 //! `fencegate_sidecar_rejections_total` (route `-` before a route is
 //! chosen), and a fence refusal is logged with route, key, presented and
 //! current token.
+//!
+//! In full: framing and disguise checks (method overrides are refused, or
+//! taken by `find_overridden` where a route allows them) → `routes` →
+//! `check` → a fenced body of unannounced length, or a keyed one, read
+//! whole → `keyed` before → `forward` → `keyed` after → `answer`, all from
+//! validated `SidecarSettings`, through the one accept loop (HTTP/1.1 and
+//! HTTP/2, TLS). The metrics listener serves `/healthz`, `/readyz` and the
+//! admin calls on idempotency records (`admin`). This module and `live` are
+//! the only ones of the sidecar that know the config. Lower-case methods
+//! are refused (400 `malformed_method`), so that `put` cannot slip past a
+//! route fenced for `PUT`.
 
 pub mod admin;
 pub mod answer;

@@ -8,6 +8,16 @@
 //! Problems are reported against the config field and the file that caused
 //! them, and become `ConfigError`s (exit 64), because a bad path or PEM file
 //! is a configuration mistake like any other.
+//!
+//! The sidecar's server config offers ALPN h2 and http/1.1 and may verify
+//! client certificates; its upstream client trusts webpki's roots plus
+//! `upstream_tls.ca`. A node's `NodeTls`: on the client plane client
+//! certificates are optional, on the peer plane a member's certificate is
+//! required. TLS files are loaded before any port is bound (and by
+//! `check-config`). Handshakes run in the accept loop's per-connection task,
+//! under `limits.header_timeout`, and the loop hands each request the
+//! client's certificate chain (`http::Conn`). Knows no routes, rights or
+//! fencing.
 
 use std::path::Path;
 

@@ -2,6 +2,10 @@
 //! well-known local ports: lock nodes 7401–7403, the sidecar on 8080 (metrics
 //! 9464) in front of the built-in inventory API on 9000 (`--free-ports`: on
 //! ports the OS picks).
+//!
+//! It also shows a retried write replayed. Its banner gives a stale-write
+//! snippet; `tests/cli.rs` `dev_smoke` reads the addresses from the banner,
+//! sends the snippet and expects the answer the banner promises.
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,6 +1,10 @@
 //! The exit statuses of `fencegate` (docs/DESIGN.md "Exit status"), and the
 //! one mapping from an error to its status. Numbers from sysexits.h where
 //! one fits, so that scripts and supervisors can tell the causes apart.
+//!
+//! 64 config, 69 lock service or listen address unavailable, 70 Raft core
+//! stopped (`fencegate server`, so that a supervisor restarts it), 75 held,
+//! 76 lost, 130/143 signals, 141 a closed stdout.
 
 use fencegate_client::ClientError;
 

@@ -1,6 +1,8 @@
 //! `fencegate snapshot save | inspect | restore`: back up the lock table
 //! from the leader, check a backup, build a new cluster's first node from
 //! one (docs/DESIGN.md "Backup and restore").
+//!
+//! A backup is written through a synced temporary file and a rename.
 
 use std::io::Write;
 use std::path::Path;

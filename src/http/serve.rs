@@ -9,6 +9,26 @@
 //! them up to `drain`. A listener's options may be swapped while it serves
 //! (`serve_live`, a reload): each connection takes those current when it is
 //! accepted, and the drain those current at shutdown.
+//!
+//! Details that matter:
+//! - a connection with nothing in flight is closed after the header timeout,
+//!   before its first request and between requests (hyper does it for
+//!   HTTP/1.1, `Activity` for HTTP/2, which counts a request in flight until
+//!   its answer's body is dropped);
+//! - at most `max_connections` at once: a semaphore of slots, each held until
+//!   its connection closes; the drain waits for all slots back, up to its
+//!   deadline (5 s on a node, whose watch streams and parked acquires end
+//!   first; `limits.drain_timeout` on the sidecar, which then waits for its
+//!   ordering permits up to its longest route timeout);
+//! - `accept` failures are backed off only when out of descriptors or memory,
+//!   with one warning a second;
+//! - `serve_on` hands each accepted connection to one of a `Workers`' event
+//!   loops (the sidecar), socket and all: it is taken off the accepting
+//!   runtime's reactor and registered with the loop's, so that its readiness
+//!   does not cross threads (a wakeup per request otherwise). A connection
+//!   left open past the drain deadline then lives as long as its loop.
+//!
+//! Knows no routes and no API.
 
 use std::convert::Infallible;
 use std::future::Future;

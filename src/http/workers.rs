@@ -6,6 +6,9 @@
 //! workers run. Whatever the requests share (floors, permits, the lock
 //! service's view) is thread-safe and stays shared: one process is one
 //! fencing authority whatever `n` is.
+//!
+//! `Workers::current` tells a task which loop it runs on, for what each loop
+//! keeps of its own (the sidecar's upstream pools, `sidecar::pool`).
 
 use std::cell::Cell;
 use std::future::Future;

@@ -22,6 +22,27 @@
 //! table then remembers only that every token of an absent key up to
 //! `compacted_below` has ended (L1 and the sidecar's checks stay exact: no
 //! absent key has a live lease).
+//!
+//! What else the table holds, all of it replicated and in the snapshot (the
+//! table serialises as the snapshot):
+//! - request ids, per owner: under rules 1, every live lease's, plus the
+//!   last `REQUEST_ID_MEMORY` ended ones, forgotten in the order their leases
+//!   ended, so a steady load of acquires leaves the table (and the snapshot)
+//!   flat; under rules 0, the last 65,536 of any lease;
+//! - the `rules` the table is applied by, moved only by a committed `Rules`
+//!   (`raft::upgrade` says when);
+//! - live leases per owner (for quotas), and `compacted_below`, raised by
+//!   `Compact { through }`, which drops the free keys idle since revision
+//!   `through` (never the counter, never a key with a live lease or
+//!   lock-delay).
+//!
+//! Lease ids are random, so they are drawn by the leader's API handler and
+//! carried in the command: every replica applies the same thing.
+//! [`LockState::admission`] is the one "already granted / free / held"
+//! decision: `apply` uses it, and so does the leader's wait loop, to keep
+//! proposals that would be refused out of the log (the proptest in
+//! `tests.rs` checks that it predicts `apply`). This module knows nothing of
+//! HTTP or of how watchers see events.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 

@@ -1,5 +1,8 @@
 //! Input limits for the lock API, checked before anything is proposed so that
 //! bad input changes no state.
+//!
+//! Knows no config: the bounds that are configurable (TTLs, holder and key
+//! lengths) are passed in.
 
 use thiserror::Error;
 

@@ -9,6 +9,16 @@
 //!
 //! These checks bound the damage of a malformed RPC; they do not make a
 //! forged one harmless (authenticating peers does that).
+//!
+//! What is checked: the sender is a member and not this node; terms and
+//! indices are below 2^62; log ids lie within the RPC's term; entries are
+//! consecutive and their count bounded; commands are valid; a membership
+//! has at most 16 nodes, with URLs that are URLs (it may name nodes not
+//! known yet: that is how an added member arrives); no entry moves the
+//! table to rules newer than this build's. `tests/attacks.rs` sends such
+//! RPCs to a real cluster and fails without this module. Not
+//! authentication: that is `server::raft_rpc`'s certificate check, or the
+//! peer secret.
 
 use openraft::{EntryPayload, Membership};
 

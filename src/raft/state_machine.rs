@@ -2,8 +2,18 @@
 //! shared [`Applied`] state, and builds, stores and installs snapshots.
 //!
 //! The applied state lives in memory; what survives a crash is the last
-//! snapshot (stored in the same redb file as the log) plus the log entries
-//! after it, which openraft re-applies once they are known to be committed.
+//! snapshot (`data_dir/snapshot`, `raft::snapshot_file`; in data format 1,
+//! the log's redb file) plus the log entries after it, which openraft
+//! re-applies once they are known to be committed. Nothing is acknowledged
+//! to a client before its entry is committed on a majority's disks.
+//!
+//! [`Applied`] is the table behind a std `Mutex` plus a `watch` of the
+//! applied index (which wakes watch streams and waiting acquires); beside it
+//! the `EventLog` ring that watch streams resume from, and the lease clock,
+//! the audit log and the metrics, fed each applied event. This is the only
+//! caller of `LockState::apply`; snapshots are the table's JSON, and `seed`
+//! writes a restored table as the snapshot a new log starts after. Knows no
+//! HTTP.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Cursor;

@@ -1,4 +1,9 @@
 //! The openraft type configuration for fencegate.
+//!
+//! An entry is a batch of commands (`D = Vec<Command>`, one `Outcome` each).
+//! A member ([`Member`]) carries the URLs it was added with; entries written
+//! before it did read as openraft's `{}` (`EmptyNode`), and each node's own
+//! `peers` config then says where the member is.
 
 use crate::lock::state::{Command, Outcome};
 

@@ -17,6 +17,11 @@
 //! member refuses what it cannot read (the entry, the protocol) and stays
 //! behind; it cannot apply the table wrongly. A data directory this build
 //! has opened is format 4, which older builds refuse to start on.
+//!
+//! `Protocols` holds both sides: the protocol this node sends (set by the
+//! state machine) and what each member's latest answer said its build
+//! speaks (forgotten when an RPC to it fails); `due` is the pure decision
+//! the leader's keeper asks.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -10,6 +10,31 @@
 //! needs a right on its key (`auth::Acl`); a lease's keepalive and release
 //! need its owner, or an admin (a revocation). Refusals change nothing and
 //! are audited.
+//!
+//! A request's life: validate the input (bad input is refused before
+//! anything is proposed and never writes to the log), check the identity,
+//! rights (`Caller::may`), lease ownership (`may_use`) and quotas, forward
+//! to the leader if needed, then either propose a `Command` through
+//! `proposer` (acquire, release) or confirm leadership in a quorum round
+//! that started after the call arrived and answer from the applied state
+//! (keepalive, the linearizable read, `GET /v1/revision`, which a sidecar's
+//! probe reads); a keepalive writes no log entry. A release is proposed at
+//! once if the leader has applied its lease and the caller may release it;
+//! otherwise it is looked up after such a round (and proposed if found), so
+//! that unknown lease ids write nothing to the log. Acquires that must wait
+//! park in `waitlist` (the acquire wait loop).
+//!
+//! Two planes (`Plane`): the client plane has no `/raft/*` (404); the peer
+//! plane has only Raft, forwarded leader calls (with the identity the
+//! forwarding member authenticated) and `/v1/cluster`. Where identities mean
+//! something (clients authenticate, or an ACL), nothing on the peer plane is
+//! served to a sender that did not prove to be another member, by
+//! certificate with TLS, else by the peer secret (`proven_member`, checked at
+//! the plane's entry, before any body is read); a forwarded identity is
+//! taken only from a proven member, never from a bare header. Without TLS, a
+//! `peer_listen` outside loopback is refused unless the config says
+//! `insecure_peers: true`. Bodies are `wire` types: no JSON is written by
+//! hand.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,7 @@
 //! The Lock API's errors, and the one place that maps them to HTTP answers.
+//!
+//! Each variant has its wire code and its cause (client, lock service or
+//! internal), and is answered through `http::refusal`.
 
 use fencegate_client::wire::{self, ErrorCode, HeldBy, NodePosition};
 use hyper::header::{HeaderValue, ALLOW};

@@ -3,6 +3,9 @@
 //! The forwarded request carries `x-fencegate-forwarded-by`; a node that gets
 //! such a request and is not the leader answers 503 instead of forwarding
 //! again, so a stale view of the leader can never make a loop.
+//!
+//! Bodies are passed on without being read (but `wait_ms`, for the
+//! forwarded call's timeout).
 
 use bytes::Bytes;
 use http_body_util::Full;

@@ -8,6 +8,15 @@
 //! clock so every lease gets a full TTL from now (L3), and only then marks
 //! the node ready: keepalives and linearizable reads wait for that, and only
 //! then does it expire anything.
+//!
+//! Why the fresh entry (`Node::clock_term`): openraft 0.9 can restore a
+//! leader after a restart without a new entry, and without a persisted
+//! commit index its read barrier could sit below entries acknowledged before
+//! the crash (`tests/lock_service.rs`
+//! `whole_cluster_restart_continues_tokens_above_the_last` fails without
+//! it). Compaction samples the revision over time; a new leader starts
+//! sampling afresh, so compaction is late, never early. The keeper serves
+//! no requests.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

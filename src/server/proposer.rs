@@ -9,6 +9,9 @@
 //! - **leadership checks**: keepalives and linearizable reads that arrive
 //!   while one `ensure_linearizable` round runs share the next round, which
 //!   starts after all of them were received (L3 needs exactly that).
+//!
+//! `pause` refuses both while a leadership handover runs (`members`).
+//! Knows nothing of HTTP or of what commands mean.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -6,6 +6,8 @@
 //! tokens file is not part of it: it is re-read within a second whenever it
 //! changes (`credentials.rs`). Either change ends the long-lived requests
 //! (watch streams, parked acquires) it takes the right from.
+//!
+//! `restart_needed` is the pure list of every other field that changed.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -4,6 +4,8 @@
 //! leader. If the leader changes, parked requests get 503 and their clients
 //! retry on the new leader (with the same request id, so nothing is granted
 //! twice); fairness holds within one leader's term.
+//!
+//! The waiters are counted in `fencegate_lock_waiters`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -21,6 +21,9 @@
 //! cluster's history is answered 409 `position_unknown` with the node's
 //! revision and cluster id, never a heartbeat at the watcher's position,
 //! which would tell it that nothing happened up to there.
+//!
+//! Applied `Event`s become `wire::WatchLine`s here; lease ids never leave
+//! the node.
 
 use std::future::Future;
 use std::sync::Arc;

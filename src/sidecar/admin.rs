@@ -1,6 +1,9 @@
 //! The admin calls on idempotency records, on the metrics listener:
 //! `POST /admin/idempotency/show` and `/resolve` (what `fencegate
 //! idempotency` sends), and the token they need.
+//!
+//! A record is named by its holder (lock key, token, key, client identity).
+//! The token lives in `state_dir/admin-token`.
 
 use hyper::body::Incoming;
 use hyper::{Request, Response};

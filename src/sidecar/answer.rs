@@ -5,6 +5,10 @@
 //! Every error says who caused it: the downstream client (bad token, bad
 //! framing, too large), the lock service (unavailable), the upstream (timeout,
 //! failure) or the sidecar itself.
+//!
+//! `refusals(phase)`: the reasons a refusal before a route (route `-`) or on
+//! one can have, taken from the wire enums, so that the metrics start every
+//! one of them at 0.
 
 use fencegate_client::wire::{self, Problem, ProblemBody, Reason, Token};
 use hyper::{Response, StatusCode};

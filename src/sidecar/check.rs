@@ -19,6 +19,11 @@
 //! and otherwise reads the key first; a read answered `max_staleness` or
 //! more after it was sent vouches for nothing (503). Before the barrier, a
 //! `cached` route decides from the watch alone while it is proven fresh.
+//!
+//! A refusal on cached knowledge stands without a read, since knowledge only
+//! grows. Forwarding needs a read on linearizable routes, whenever the watch
+//! is down, and on cached routes once the proof is older than
+//! `max_staleness`. Knows no upstream.
 
 use std::borrow::Cow;
 use std::sync::Arc;

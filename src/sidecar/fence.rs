@@ -2,6 +2,11 @@
 //! fence and what the sidecar knows about the key. No clock, no IO, no
 //! config file; the caller (`sidecar::check`) fetches knowledge and asks
 //! again when told to.
+//!
+//! `parse_token` is S6; `decide(mode, token, knowledge, fresh)` answers
+//! `Forward`, `Reject` or `AskService`. A key whose service token is below
+//! its floor is refused whatever the token (`behind_floor`: the lock
+//! service's history went back, e.g. a restore).
 
 use fencegate_client::wire::{Token, TOKEN_HEADER};
 use hyper::header::{HeaderMap, HeaderName};

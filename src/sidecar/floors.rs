@@ -5,6 +5,8 @@
 //! A new, higher floor is fsync'd before the first request carrying it is
 //! forwarded; concurrent raises (and idempotency records) share one write
 //! transaction.
+//!
+//! Knows nothing of what tokens mean, only that floors never go down.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -10,6 +10,12 @@
 //!   `X-Fence-Token` is passed on;
 //! - the route's timeout bounds the wait for the upstream's response head
 //!   (504), a failed connection or exchange is a 502.
+//!
+//! Knows no fencing: it is only reached with a permit (fenced) or on an
+//! unfenced route. A failure says whether anything may have reached the
+//! upstream (`pool`'s `Failure::Connect`, nothing sent, vs
+//! `Failure::Exchange`): S1's permit is released at once only for the
+//! first.
 
 use std::time::Duration;
 

@@ -15,6 +15,9 @@
 //! What is *not* proof: a watch line or heartbeat by itself (the node
 //! sending it may have lost its leader and still stream its old table), and
 //! the time an answer was received.
+//!
+//! `behind`: a stream short of an answered probe's revision for
+//! `4 × max_staleness` (at least 1 s) is reopened on the next endpoint.
 
 use std::time::Duration;
 

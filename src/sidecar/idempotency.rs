@@ -10,6 +10,9 @@
 //! unknown (the exchange broke after it may have reached the upstream, or
 //! the sidecar died in between), a retry is never forwarded again by
 //! itself: 409 `outcome_unknown`, until an operator resolves it.
+//!
+//! A record's `scope` is its holder: lock key, token, key and client
+//! identity (`upgrade_scope` for format 4's records, which had none).
 
 use bytes::Bytes;
 use hyper::HeaderMap;

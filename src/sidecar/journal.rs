@@ -32,7 +32,7 @@
 //! also commit the file's new size through the filesystem's own journal
 //! (ext4's jbd2 thread, which must be scheduled on a busy machine): on
 //! this machine a keyed request then waited longer, and the sidecar made
-//! fewer of them (`bench/README.md`, issue 13). Zeros end the replay as a
+//! fewer of them (`bench/JOURNAL.md`, issue 13). Zeros end the replay as a
 //! torn entry would, but are no damage: a journal ending in zeros opens as
 //! it is.
 //!

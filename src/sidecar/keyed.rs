@@ -11,6 +11,8 @@
 //!                                                         broke after it may have arrived: unknown
 //!                                                         never sent: record dropped
 //! ```
+//!
+//! A `Keyed` dropped unsettled becomes unknown.
 
 use std::sync::Arc;
 use std::time::Duration;

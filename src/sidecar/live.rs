@@ -7,6 +7,11 @@
 //! Floors, idempotency records and the S1 ordering permits are keyed by lock
 //! key, not by route: they live in `Sidecar`, outside what is swapped, and a
 //! reload leaves them as they are.
+//!
+//! A reload is applied whole or not at all: the new file is validated and
+//! its TLS files loaded before anything is swapped, and the pure
+//! `restart_needed` refuses what would need rebuilding the listeners, the
+//! state store or the watch.
 
 use std::path::Path;
 use std::sync::Arc;

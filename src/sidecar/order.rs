@@ -2,7 +2,14 @@
 //! a key in non-decreasing token order. A request with token T is dispatched
 //! only once no request with a lower token is in flight for that key; those
 //! end when the upstream answers or the route's upstream timeout fires (the
-//! one residual window, see ARCHITECTURE.md).
+//! residual window of docs/DESIGN.md, "Residual windows").
+//!
+//! A permit lives until the upstream answered, the route's timeout passed,
+//! or the request provably never left (connection refused). Each request
+//! runs in its own task, so a client hanging up does not drop its permit.
+//! Observed-mode routes order under their own namespace (`@observed/<key>`),
+//! so an unverified token never holds back a strict route's requests.
+//! `idle()` is what shutdown waits for. Knows no HTTP.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -6,7 +6,7 @@
 //! is a scan of a short list behind a lock that, in practice, one thread
 //! takes. hyper-util's general-purpose pool (hashing per checkout and per
 //! return, waiters, its boxed futures moved about) cost ~8,000 instructions
-//! a request here (callgrind, bench/README §1).
+//! a request here (callgrind, `bench/JOURNAL.md`, §1 round three).
 //!
 //! - A connection goes back to its loop's list once its response's body has
 //!   ended. One whose response was dropped half-read is closed, as hyper

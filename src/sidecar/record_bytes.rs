@@ -14,7 +14,7 @@
 //! still read (a JSON length is never `u32::MAX`). Format 3 is plain copies
 //! where the JSON cost escaping: on a keyed request a record is written
 //! twice (pending, then answered), and the JSON was an eighth of the
-//! request's instructions (`bench/README.md`, issue 13).
+//! request's instructions (`bench/JOURNAL.md`, issue 13).
 
 use bytes::Bytes;
 use serde::Deserialize;

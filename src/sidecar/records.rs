@@ -9,6 +9,11 @@
 //! Every change is queued for the disk while the index lock is held, so the
 //! disk sees the changes to a key in the order the index made them (a
 //! forget never lands after the newer record that replaced it).
+//!
+//! A pending record holds room for its answer. Expiry is lazy, plus a sweep
+//! of at most 500 records per hold of the lock; `resolve` is an operator's
+//! settling of an unknown outcome. A journal rewrite's snapshot is taken
+//! under the lock as pointers and encoded by the writer thread.
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;

@@ -3,6 +3,19 @@
 //! routes (it knows nothing of YAML), queried per request.
 //!
 //! Only canonical request paths are matched; `canonical` says why.
+//!
+//! Templates: literals match ignoring case, typed `{x:int}` and `{x:slug}`
+//! parameters are rendered canonically, listed format `suffixes` are
+//! stripped before matching; the first match wins and lock keys come from
+//! path parameters; each route carries its parsed upstream. An unfenced
+//! route cannot be reached by spelling a fenced path differently: a fenced
+//! route whose key is invalid, or whose typed parameter has no canonical
+//! form, answers 400 instead of falling through, and an unsafe method on a
+//! fenced path that only an unfenced route would take is refused.
+//! `shadowed()` finds fenced routes that an earlier route starves (a
+//! config error). Methods are checked against the registry. The property
+//! tests hold the table to a lenient framework's reading; they write their
+//! tables in YAML through the config loader, as users do.
 
 use std::borrow::Cow;
 use std::time::Duration;

@@ -11,6 +11,11 @@
 //! for the next write, and the journal is reopened at the end of what is
 //! valid, so both recover by themselves once the cause is gone. Meanwhile
 //! the store says it is broken (`/healthz`, `/readyz`).
+//!
+//! State format 5. A state directory of format 4 has its records' scopes
+//! taken as their holders' at open (`idempotency::upgrade_scope`) and the
+//! journal written anew. `probe` retries what failed (a floor raise, or a
+//! probe row and journal entry) to tell when the store works again.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

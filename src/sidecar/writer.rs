@@ -13,6 +13,10 @@
 //! `soon` at the latest). The answer of a keyed request is the second kind:
 //! its client has it already, so it rides along with the next pending
 //! record instead of costing an fsync of its own.
+//!
+//! The writer is woken only when it would not look at the queue in time by
+//! itself (just after a batch it sleeps on its timer); dropping it writes
+//! what is queued.
 
 use std::future::Future;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

@@ -2,6 +2,10 @@
 //! presented (already verified against the CA by rustls in the handshake):
 //! the member a peer certificate speaks for, and the name a client
 //! certificate gives its holder.
+//!
+//! `certifies_member(cert, id)`: webpki's name check against
+//! `fencegate-node-<id>`. `client_name(cert)`: the common name, else the
+//! first DNS name (x509-parser).
 
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::ParsedCertificate;

@@ -1,5 +1,10 @@
 //! [`Client`]: talks to any node of a cluster, finds the leader, fails over,
 //! acquires leases and keeps them alive.
+//!
+//! Leaders are found through `GET /v1/cluster`; an acquire keeps one request
+//! id across its retries, so a retry is answered with the grant an earlier
+//! attempt got instead of a second one. Knows the API's paths, not the
+//! server.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

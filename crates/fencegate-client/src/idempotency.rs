@@ -18,6 +18,9 @@
 //! let reply = write.send(&http, 5, Duration::from_secs(10)).await?;
 //! # Ok(()) }
 //! ```
+//!
+//! A write is retried with the same key on timeouts, broken connections and
+//! `idempotency_in_flight`.
 
 use std::time::Duration;
 

@@ -6,6 +6,13 @@
 //! leader acknowledged. The leader measures from when it *received* that
 //! request (later), so as long as clock rates differ by less than `drift`, the
 //! client always gives up before the service can expire the lease.
+//!
+//! For an acquire, `t_sent` is the *first* attempt's send time (a retry may
+//! be answered with an earlier attempt's grant); when a long wait leaves
+//! less than half the TTL, the client anchors afresh with an immediate
+//! keepalive before handing the lease out. Loss is final: an
+//! acknowledgement that arrives after the deadline passed does not revive
+//! the lease.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

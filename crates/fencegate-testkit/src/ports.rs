@@ -1,4 +1,7 @@
 //! Loopback ports the OS assigns.
+//!
+//! Each port is held by a bound, non-listening socket for the life of the
+//! node that uses it, so a parallel test is never handed it.
 
 use std::time::Duration;
 

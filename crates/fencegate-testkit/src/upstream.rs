@@ -8,6 +8,10 @@
 //!
 //! Benchmarks run it counting only, on a thread and runtime of its own so
 //! that its cost stays apart from the load generator's.
+//!
+//! Each arrival and write is stamped (`Seen::at`) with when it arrived or
+//! took effect on the test process's clock; `start_at` listens on a given
+//! address, in whatever network namespace the calling thread is in.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
