@@ -1,7 +1,7 @@
 //! Names that survive a power cut. A file's fsync makes its data durable,
 //! not its name: a new directory entry (a create, a rename, a `mkdir`) is
 //! durable only once its parent directory is fsync'd (POSIX; ext4 often
-//! does it anyway, XFS and btrfs need not). `tests/power_loss.rs` holds the
+//! does it anyway, XFS and btrfs need not). `tests/faults/power_loss.rs` holds the
 //! node's and the sidecar's directories to that.
 
 use std::fs::File;

@@ -4,7 +4,7 @@
 //! Also here: the process families and `fencegate_build_info` (`process`),
 //! the sidecar's label vocabularies (`Outcome`, `KeyResult`), and
 //! `start_at_zero`, which creates every series a route can count at 0, so
-//! that `increase()` sees a first event (`tests/metrics.rs`).
+//! that `increase()` sees a first event (`tests/e2e/metrics.rs`).
 
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,

@@ -4,7 +4,7 @@
 //! ports the OS picks).
 //!
 //! It also shows a retried write replayed. Its banner gives a stale-write
-//! snippet; `tests/cli.rs` `dev_smoke` reads the addresses from the banner,
+//! snippet; `tests/e2e/cli.rs` `dev_smoke` reads the addresses from the banner,
 //! sends the snippet and expects the answer the banner promises.
 
 use std::path::Path;

@@ -15,7 +15,7 @@
 //! consecutive and their count bounded; commands are valid; a membership
 //! has at most 16 nodes, with URLs that are URLs (it may name nodes not
 //! known yet: that is how an added member arrives); no entry moves the
-//! table to rules newer than this build's. `tests/attacks.rs` sends such
+//! table to rules newer than this build's. `tests/e2e/attacks.rs` sends such
 //! RPCs to a real cluster and fails without this module. Not
 //! authentication: that is `server::raft_rpc`'s certificate check, or the
 //! peer secret.

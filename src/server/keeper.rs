@@ -12,7 +12,7 @@
 //! Why the fresh entry (`Node::clock_term`): openraft 0.9 can restore a
 //! leader after a restart without a new entry, and without a persisted
 //! commit index its read barrier could sit below entries acknowledged before
-//! the crash (`tests/lock_service.rs`
+//! the crash (`tests/e2e/lock_service.rs`
 //! `whole_cluster_restart_continues_tokens_above_the_last` fails without
 //! it). Compaction samples the revision over time; a new leader starts
 //! sampling afresh, so compaction is late, never early. The keeper serves

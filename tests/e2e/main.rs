@@ -11,6 +11,7 @@ mod backup;
 mod cli;
 mod compaction;
 mod deploy;
+mod docs;
 mod idempotency;
 mod lock_cli;
 mod lock_service;

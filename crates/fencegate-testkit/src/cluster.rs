@@ -94,7 +94,7 @@ pub struct ClusterOptions {
     /// `FENCEGATE_LOG` of the nodes.
     pub log_filter: String,
     /// Node id -> a directory its data directory goes under (its own
-    /// mount, say: `tests/power_loss.rs`); a node not listed keeps its data
+    /// mount, say: `tests/faults/power_loss.rs`); a node not listed keeps its data
     /// with the configs. Configs and logs never go there.
     pub data_roots: BTreeMap<u64, PathBuf>,
     /// TLS, authentication and an ACL; `None`: plain HTTP, everyone anonymous.

@@ -42,7 +42,7 @@ pub struct SidecarOptions {
     /// `FENCEGATE_LOG` (`info`: one line per refusal).
     pub log_filter: String,
     /// Its `state_dir` (the floors and records) if not `dir/state`: on a
-    /// mount of its own, say (`tests/power_loss.rs`).
+    /// mount of its own, say (`tests/faults/power_loss.rs`).
     pub state_dir: Option<PathBuf>,
 }
 
