@@ -3,7 +3,7 @@
 //!
 //! Used on the leader to pack proposals into one Raft entry (one fsync for all
 //! of them) and to confirm leadership once for many concurrent keepalives and
-//! reads (the sidecar's disk has a thread of its own: `sidecar::writer`). In each, a
+//! reads (the sidecar's disk has a thread of its own: `sidecar::state::writer`). In each, a
 //! request is served by a round that *started after it arrived*, which is what
 //! makes the sharing safe.
 

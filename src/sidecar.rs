@@ -4,7 +4,7 @@
 //! One request's phases, each in its own module:
 //!
 //! ```text
-//! accept ─▶ TLS handshake ─▶ framing & limits (here) ─▶ routes::find ─▶ check::Fencer::check ─▶ forward::Upstream::forward ─▶ answer
+//! accept ─▶ TLS handshake ─▶ framing & limits (here) ─▶ routing::find ─▶ fencing::Fencer::check ─▶ upstream::Upstream::forward ─▶ answer
 //!            (tls only)        400/413                    400/404         409/428/400/503         502/504
 //! ```
 //!
@@ -24,26 +24,13 @@
 //! are refused (400 `malformed_method`), so that `put` cannot slip past a
 //! route fenced for `PUT`.
 
-pub mod admin;
 pub mod answer;
-pub mod check;
-pub mod fence;
-pub mod floors;
-pub mod forward;
-pub mod freshness;
+pub mod fencing;
 pub mod idempotency;
-pub mod journal;
-pub mod keyed;
-pub mod knowledge;
-pub mod live;
-pub mod order;
-pub mod pool;
-pub mod record_bytes;
-pub mod records;
-pub mod routes;
-pub mod sharded;
-pub mod store;
-pub mod writer;
+pub mod reload;
+pub mod routing;
+pub mod state;
+pub mod upstream;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -67,11 +54,11 @@ use crate::http::{Body, BoxError, Listener, LiveListener, Workers};
 use crate::metrics::{Outcome, SidecarMetrics};
 use crate::tls::SidecarTls;
 use answer::{Answer, Phase};
-use check::Fencer;
-use forward::Upstream;
-use knowledge::LockView;
-use live::Live;
-use routes::MatchError;
+use fencing::knowledge::LockView;
+use fencing::Fencer;
+use reload::Live;
+use routing::MatchError;
+use upstream::Upstream;
 
 pub struct Sidecar {
     /// Routes, upstreams, limits: what a reload replaces (`live.rs`). Each
@@ -88,8 +75,8 @@ pub struct Sidecar {
     /// Floors, the lock service's view and the S1 permits, kept across reloads.
     pub fencer: Fencer,
     /// Floors and idempotency records on disk.
-    store: Arc<store::Store>,
-    records: Arc<records::Records>,
+    store: Arc<state::Store>,
+    records: Arc<idempotency::records::Records>,
     /// SHA-256 of the bearer token admin calls must carry (`state_dir/admin-token`).
     admin_token: [u8; 32],
     pub registry: Registry,
@@ -124,21 +111,21 @@ impl Sidecar {
             }
             _ => None,
         };
-        let (store, loaded) = store::Store::open(&settings.state_dir)?;
+        let (store, loaded) = state::Store::open(&settings.state_dir)?;
         let store = Arc::new(store);
-        let floors = floors::Floors::new(store.clone(), loaded.floors);
-        let records = Arc::new(records::Records::load(
+        let floors = state::floors::Floors::new(store.clone(), loaded.floors);
+        let records = Arc::new(idempotency::records::Records::load(
             store.clone(),
             loaded.records,
             settings.limits.idempotency_store,
-            keyed::now_ms(),
+            idempotency::exchange::now_ms(),
         ));
         let dir = settings.state_dir.display();
         tracing::info!(keys = floors.len(), idempotency_records = records.len(), %dir, "state loaded");
         metrics.idempotency_records.set(records.len() as i64);
         // Always: a reload may add a route with idempotency.
         tokio::spawn(sweep(Arc::downgrade(&records), metrics.clone()));
-        let admin_token = crate::auth::token_hash(&admin::token(&settings.state_dir)?);
+        let admin_token = crate::auth::token_hash(&idempotency::admin::token(&settings.state_dir)?);
         let fencer = Fencer { view, floors, order: Arc::default() };
         let listener = Arc::new(ArcSwap::from_pointee(listener_options(&settings, acceptor, &metrics)));
         let workers = Workers::start("sidecar", settings.workers)?;
@@ -222,7 +209,7 @@ impl Sidecar {
         };
         let (mut parts, body) = req.into_parts();
         let idempotency_key = match (&route.idempotency, &matched.key) {
-            (Some(policy), Some(key)) => match keyed::key_of(policy, &parts.headers) {
+            (Some(policy), Some(key)) => match idempotency::exchange::key_of(policy, &parts.headers) {
                 Ok(k) => k,
                 Err(a) => return self.answer(name, Some(key), a),
             },
@@ -242,7 +229,7 @@ impl Sidecar {
                     Err(a) => return self.answer(name, matched.key.as_deref(), a),
                 };
                 if let (Some(key), Some(policy), Some(lock_key)) = (&idempotency_key, route.idempotency, &matched.key) {
-                    let request = keyed::Request {
+                    let request = idempotency::exchange::Request {
                         route: name,
                         timeout: route.timeout,
                         lock_key,
@@ -252,15 +239,15 @@ impl Sidecar {
                         path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
                         headers: &parts.headers,
                         body: &bytes,
-                        token: fence::parse_token(&parts.headers).ok().flatten().unwrap_or(0),
+                        token: fencing::decision::parse_token(&parts.headers).ok().flatten().unwrap_or(0),
                         // Named once per connection, and only for keyed requests.
                         identity: conn.leaf().and_then(|cert| {
                             conn.named.get_or_init(|| crate::tls::identity::client_name(cert)).as_deref()
                         }),
                     };
-                    match keyed::begin(&self.records, &self.metrics, policy, request).await {
-                        Ok(keyed::Begun::Forward(k)) => keyed = Some(k),
-                        Ok(keyed::Begun::Answered(resp)) => {
+                    match idempotency::exchange::begin(&self.records, &self.metrics, policy, request).await {
+                        Ok(idempotency::exchange::Begun::Forward(k)) => keyed = Some(k),
+                        Ok(idempotency::exchange::Begun::Answered(resp)) => {
                             self.metrics.request(name, Outcome::Replayed);
                             return resp;
                         }
@@ -308,7 +295,7 @@ impl Sidecar {
             (_, permit) => drop(permit),
         }
         let result = match keyed {
-            Some(k) => keyed::finish(&self.metrics, name, k, result).await,
+            Some(k) => idempotency::exchange::finish(&self.metrics, name, k, result).await,
             None => result,
         };
         match result {
@@ -342,7 +329,7 @@ impl Sidecar {
 /// `Deadline`) and the route's timeout.
 async fn read_whole(
     body: crate::http::Deadline<Incoming>,
-    route: &routes::Route,
+    route: &routing::Route,
     limit: u64,
 ) -> Result<bytes::Bytes, Answer> {
     match tokio::time::timeout(route.timeout, crate::http::read_body(body, limit as usize)).await {
@@ -500,12 +487,12 @@ fn disguise(h: &hyper::HeaderMap) -> Option<String> {
 
 /// Drop expired idempotency records every few seconds, for as long as the
 /// sidecar lives.
-async fn sweep(records: std::sync::Weak<records::Records>, metrics: SidecarMetrics) {
+async fn sweep(records: std::sync::Weak<idempotency::records::Records>, metrics: SidecarMetrics) {
     let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
     loop {
         every.tick().await;
         let Some(records) = records.upgrade() else { return };
-        match records.expire(keyed::now_ms()).await {
+        match records.expire(idempotency::exchange::now_ms()).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(expired = n, left = records.len(), "idempotency records expired"),
             Err(e) => tracing::warn!("expiring idempotency records: {e}"),

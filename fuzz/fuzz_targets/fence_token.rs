@@ -12,7 +12,7 @@
 //! 255 visible ASCII characters and is the value, or the value unquoted.
 #![no_main]
 
-use fencegate::sidecar::fence::{parse_token, Reason};
+use fencegate::sidecar::fencing::decision::{parse_token, Reason};
 use fencegate::sidecar::idempotency::{self, parse_key};
 use fencegate_client::wire::TOKEN_HEADER;
 use hyper::header::{HeaderMap, HeaderValue};

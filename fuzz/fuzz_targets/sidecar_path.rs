@@ -25,7 +25,7 @@ use std::sync::LazyLock;
 use fencegate::config::sidecar::SidecarConfig;
 use fencegate::config::ConfigFile;
 use fencegate::percent::hex_byte;
-use fencegate::sidecar::routes::{canonical, MatchError, Matched, Routes};
+use fencegate::sidecar::routing::{canonical, MatchError, Matched, Routes};
 use hyper::Method;
 use libfuzzer_sys::fuzz_target;
 

@@ -13,9 +13,9 @@ use serde::{Deserialize, Deserializer};
 
 use super::{endpoint_url, upstream_url, ConfigError, ConfigFile};
 use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS, MAX_WORKERS};
-use crate::sidecar::fence::{Consistency, Fence, FenceMode, MissingToken};
+use crate::sidecar::fencing::decision::{Consistency, Fence, FenceMode, MissingToken};
 use crate::sidecar::idempotency::Policy;
-use crate::sidecar::routes::{Route, RouteSpec, Routes};
+use crate::sidecar::routing::{Route, RouteSpec, Routes};
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;

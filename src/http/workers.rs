@@ -8,7 +8,7 @@
 //! fencing authority whatever `n` is.
 //!
 //! `Workers::current` tells a task which loop it runs on, for what each loop
-//! keeps of its own (the sidecar's upstream pools, `sidecar::pool`).
+//! keeps of its own (the sidecar's upstream pools, `sidecar::upstream::pool`).
 
 use std::cell::Cell;
 use std::future::Future;

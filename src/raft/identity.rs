@@ -14,7 +14,7 @@
 //! a data directory of a build before ids) takes the first one a member
 //! shows it — every id on the wire is committed — and keeps it for good.
 //! The Lock API's answers carry the id too, so that a sidecar can tell "the
-//! same history, later" from "another history" (`sidecar::knowledge`).
+//! same history, later" from "another history" (`sidecar::fencing::knowledge`).
 
 use std::sync::{Arc, RwLock};
 

@@ -14,6 +14,12 @@
 //! A record's `scope` is its holder: lock key, token, key and client
 //! identity (`upgrade_scope` for format 4's records, which had none).
 
+pub mod admin;
+pub mod exchange;
+pub mod record_bytes;
+pub mod records;
+pub mod sharded;
+
 use bytes::Bytes;
 use hyper::HeaderMap;
 

@@ -60,7 +60,14 @@ pub struct History {
     ops: Mutex<Vec<Op>>,
 }
 
+impl Default for History {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl History {
+    /// An empty history whose clock starts now.
     pub fn new() -> Self {
         Self { t0: Instant::now(), ops: Mutex::new(vec![]) }
     }

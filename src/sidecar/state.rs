@@ -17,6 +17,10 @@
 //! journal written anew. `probe` retries what failed (a floor raise, or a
 //! probe row and journal entry) to tell when the store works again.
 
+pub mod floors;
+pub mod journal;
+pub mod writer;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,11 +29,11 @@ use std::sync::{Arc, Mutex};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
-use super::idempotency::Record;
-use super::journal::{Change, Journal};
-pub use super::writer::When;
-use super::writer::Writer;
 use crate::lock::state::Token;
+use crate::sidecar::idempotency::Record;
+use crate::sidecar::state::journal::{Change, Journal};
+pub use crate::sidecar::state::writer::When;
+use crate::sidecar::state::writer::Writer;
 
 /// How long a write nobody waits for (`When::Soon`: a keyed request's
 /// answer) may stay off the disk, waiting for one that somebody does. A
@@ -287,7 +291,7 @@ fn upgrade_scopes(journal: &mut Journal, records: &mut [(String, Vec<u8>)]) -> R
     let mut upgraded = 0;
     for (scope, bytes) in records.iter_mut() {
         let Ok(record) = Record::decode(bytes) else { continue };
-        if let Some(new) = super::idempotency::upgrade_scope(scope, record.token) {
+        if let Some(new) = crate::sidecar::idempotency::upgrade_scope(scope, record.token) {
             *scope = new;
             upgraded += 1;
         }
@@ -417,7 +421,7 @@ mod tests {
         let mut scopes: Vec<&str> = loaded.records.iter().map(|(s, _)| s.as_str()).collect();
         scopes.sort();
         assert_eq!(scopes, ["rack/1\n29\ndrain-7", "rack/2\n4\nop-9"]);
-        let records = crate::sidecar::records::Records::load(Arc::new(store), loaded.records, 1 << 20, 0);
+        let records = crate::sidecar::idempotency::records::Records::load(Arc::new(store), loaded.records, 1 << 20, 0);
         let request = |token| Record {
             route: "rack-writes".into(),
             fingerprint: fingerprint("PUT", "/racks/1", None, b"{}"),

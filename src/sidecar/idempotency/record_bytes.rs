@@ -19,7 +19,7 @@
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::idempotency::{Record, State};
+use crate::sidecar::idempotency::{Record, State};
 
 /// Where a JSON record has its metadata's length.
 const BINARY: u32 = u32::MAX;

@@ -17,6 +17,8 @@
 //! `Failure::Exchange`): S1's permit is released at once only for the
 //! first.
 
+pub mod pool;
+
 use std::time::Duration;
 
 use http_body_util::BodyExt;
@@ -30,9 +32,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use fencegate_client::wire::Problem;
 
-use super::answer::Answer;
-use super::pool::{Failure, Pool};
 use crate::http::{error_chain, Body};
+use crate::sidecar::answer::Answer;
+use crate::sidecar::upstream::pool::{Failure, Pool};
 
 static HOP_BY_HOP: [HeaderName; 8] = [
     CONNECTION,
@@ -59,7 +61,7 @@ impl Upstream {
     }
 }
 
-pub(super) fn connector(tls: rustls::ClientConfig) -> HttpsConnector<HttpConnector> {
+pub(in crate::sidecar) fn connector(tls: rustls::ClientConfig) -> HttpsConnector<HttpConnector> {
     let mut tcp = HttpConnector::new();
     tcp.set_nodelay(true);
     tcp.set_connect_timeout(Some(Duration::from_secs(5)));

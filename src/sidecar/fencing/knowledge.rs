@@ -45,9 +45,9 @@ use fencegate_client::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::fence::Knowledge;
-use super::freshness::{self, Freshness};
 use crate::metrics::SidecarMetrics;
+use crate::sidecar::fencing::decision::Knowledge;
+use crate::sidecar::fencing::freshness::{self, Freshness};
 
 /// A watch stream silent for this long is considered dead (the lock service
 /// sends a heartbeat every 5 s).

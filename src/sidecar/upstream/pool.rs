@@ -271,7 +271,7 @@ mod tests {
             .unwrap()
             .with_root_certificates(rustls::RootCertStore::empty())
             .with_no_client_auth();
-        Pool::new(super::super::forward::connector(tls), 1)
+        Pool::new(crate::sidecar::upstream::connector(tls), 1)
     }
 
     fn get(uri: &Uri, path: &'static str) -> Request<Body> {

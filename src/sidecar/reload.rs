@@ -18,10 +18,10 @@ use std::sync::Arc;
 
 use tokio_rustls::TlsAcceptor;
 
-use super::forward::Upstream;
 use super::Sidecar;
 use crate::config::sidecar::{SidecarConfig, SidecarSettings};
 use crate::config::{ConfigError, ConfigFile};
+use crate::sidecar::upstream::Upstream;
 use crate::tls::SidecarTls;
 
 /// What requests are served with until the next reload.

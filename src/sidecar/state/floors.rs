@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::store::{Store, StoreError, Write};
 use crate::lock::state::Token;
+use crate::sidecar::state::{Store, StoreError, Write};
 
 pub struct Floors {
     /// What is durable (or being made durable right now).

@@ -23,11 +23,11 @@ use http_body_util::BodyExt;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use hyper::{HeaderMap, Response, StatusCode};
 
-use super::answer::Answer;
-use super::idempotency::{self, Policy, Record, State, Verdict};
-use super::records::{BeginError, Records};
 use crate::http::{Body, BoxError};
 use crate::metrics::{KeyResult, SidecarMetrics};
+use crate::sidecar::answer::Answer;
+use crate::sidecar::idempotency::records::{BeginError, Records};
+use crate::sidecar::idempotency::{self, Policy, Record, State, Verdict};
 
 /// Room held for an answer's headers while its request is pending (an
 /// answer with more is kept without its body if the store has no room).
@@ -65,7 +65,7 @@ impl Drop for Keyed {
 /// A settled record's write, not waited for: the answer need not wait for
 /// it (see `Records::settle`), and the store's writer writes it whether or
 /// not anyone waits, and logs a batch that fails. No task per request.
-fn durably(write: impl std::future::Future<Output = Result<(), super::store::StoreError>>) {
+fn durably(write: impl std::future::Future<Output = Result<(), crate::sidecar::state::StoreError>>) {
     drop(write);
 }
 

@@ -25,19 +25,26 @@
 //! is down, and on cached routes once the proof is older than
 //! `max_staleness`. Knows no upstream.
 
+pub mod barrier;
+pub mod decision;
+pub mod freshness;
+pub mod knowledge;
+
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use hyper::HeaderMap;
 use tokio::time::Instant;
 
-use super::answer::{Answer, Rejection};
-use super::fence::{decide, parse_token, Consistency, Fence, FenceMode, Knowledge, MissingToken, Reason, Verdict};
-use super::floors::Floors;
-use super::knowledge::LockView;
-use super::order::{Order, Permit};
-use super::routes::Route;
 use crate::lock::state::Token;
+use crate::sidecar::answer::{Answer, Rejection};
+use crate::sidecar::fencing::barrier::{Order, Permit};
+use crate::sidecar::fencing::decision::{
+    decide, parse_token, Consistency, Fence, FenceMode, Knowledge, MissingToken, Reason, Verdict,
+};
+use crate::sidecar::fencing::knowledge::LockView;
+use crate::sidecar::routing::Route;
+use crate::sidecar::state::floors::Floors;
 
 /// A fenced request that passed the check: its place in the order, and
 /// what `dispatch` needs to decide again.
@@ -235,8 +242,8 @@ mod tests {
 
     use super::*;
     use crate::metrics::SidecarMetrics;
-    use crate::sidecar::knowledge::tests::slow_reads;
-    use crate::sidecar::store::Store;
+    use crate::sidecar::fencing::knowledge::tests::slow_reads;
+    use crate::sidecar::state::Store;
 
     /// A fencer whose lock service answers reads of `rack/1` (token 34,
     /// held) 150 ms after they are sent, and whose watch never proves

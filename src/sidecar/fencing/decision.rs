@@ -1,6 +1,6 @@
 //! The fence decision: a pure function of the presented token, the route's
 //! fence and what the sidecar knows about the key. No clock, no IO, no
-//! config file; the caller (`sidecar::check`) fetches knowledge and asks
+//! config file; the caller (`sidecar::fencing`) fetches knowledge and asks
 //! again when told to.
 //!
 //! `parse_token` is S6; `decide(mode, token, knowledge, fresh)` answers

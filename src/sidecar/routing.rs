@@ -23,10 +23,10 @@ use std::time::Duration;
 use hyper::{Method, Uri};
 use thiserror::Error;
 
-use super::fence::{Fence, MissingToken};
-use super::idempotency::Policy;
 use crate::lock::validate;
 use crate::percent::{decode, hex_byte};
+use crate::sidecar::fencing::decision::{Fence, MissingToken};
+use crate::sidecar::idempotency::Policy;
 
 /// Routes in config order; the first one that matches a request wins.
 #[derive(Debug, Clone)]
@@ -758,7 +758,7 @@ fn literal_eq(segment: &str, literal: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sidecar::fence::{Consistency, FenceMode};
+    use crate::sidecar::fencing::decision::{Consistency, FenceMode};
     // Tables are written as users write them, in the config's YAML.
     use crate::config::sidecar::{compile_routes, RouteConfig};
 

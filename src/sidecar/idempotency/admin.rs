@@ -8,8 +8,9 @@
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 
-use super::{idempotency, records, Sidecar};
 use crate::http::Body;
+use crate::sidecar::idempotency::{self, records};
+use crate::sidecar::Sidecar;
 
 /// The admin token in `dir/admin-token`, made (random, 256 bits, mode 0600)
 /// on first start.
@@ -52,7 +53,7 @@ impl Sidecar {
     /// metrics listener is on loopback (the token travels in clear text),
     /// and never from a browser (an `Origin` header: a page cannot forge
     /// the token, but the refusal costs nothing).
-    pub(super) async fn admin(&self, action: &str, req: Request<Incoming>) -> Response<Body> {
+    pub(in crate::sidecar) async fn admin(&self, action: &str, req: Request<Incoming>) -> Response<Body> {
         use hyper::StatusCode;
         let refuse = |status, message: String| {
             crate::http::refusal(status, crate::http::Cause::Client, &serde_json::json!({ "error": message }))

@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::idempotency::{judge, lock_key_of, Record, State, Verdict};
-use super::sharded::Sharded;
-use super::store::{Store, StoreError, When, Write};
+use crate::sidecar::idempotency::sharded::Sharded;
+use crate::sidecar::idempotency::{judge, lock_key_of, Record, State, Verdict};
+use crate::sidecar::state::{Store, StoreError, When, Write};
 
 /// The journal is written anew once it is over four times what is live
 /// plus this.
