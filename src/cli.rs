@@ -513,7 +513,7 @@ fn check_config_file(file: &std::path::Path) -> Result<(), ConfigError> {
     if sidecar {
         let c = crate::config::sidecar::SidecarConfig::from_yaml(&text)?;
         // The files it names too: a mistyped cert path is found here, not at startup.
-        crate::tls::SidecarTls::load(&c)?;
+        c.load_tls()?;
         println!("{}: ok (sidecar, {} routes)", file.display(), c.routes.iter().count());
     } else {
         let c = crate::config::node::NodeConfig::from_yaml(&text)?;

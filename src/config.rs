@@ -6,10 +6,10 @@
 //! `deny_unknown_fields` everywhere; serde_yaml_ng's errors carry the line.
 //! `validate(self)` returns what the process runs on: the node config itself,
 //! or `SidecarSettings` with the compiled route table and every upstream
-//! URL parsed once (`compile_routes`). This module knows the sidecar's
-//! route and fence types (it builds them); they do not know it. The
-//! imports go one way: `config` → `sidecar::{routes, fence}` →
-//! `lock::validate`, and `sidecar.rs` → `config`.
+//! URL parsed once. Config is plain data and its checks: it knows no
+//! component's types. The sidecar compiles its file into its own
+//! (`sidecar::settings`, where `SidecarConfig`'s `ConfigFile` impl lives),
+//! so the imports go one way: `sidecar` → `config`, `tls` → `config`.
 
 pub mod node;
 pub mod sidecar;

@@ -29,6 +29,7 @@ pub mod fencing;
 pub mod idempotency;
 pub mod reload;
 pub mod routing;
+pub mod settings;
 pub mod state;
 pub mod upstream;
 
@@ -49,7 +50,6 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::sidecar::SidecarSettings;
 use crate::http::{Body, BoxError, Listener, LiveListener, Workers};
 use crate::metrics::{Outcome, SidecarMetrics};
 use crate::tls::SidecarTls;
@@ -58,6 +58,7 @@ use fencing::knowledge::LockView;
 use fencing::Fencer;
 use reload::Live;
 use routing::MatchError;
+use settings::SidecarSettings;
 use upstream::Upstream;
 
 pub struct Sidecar {
@@ -89,7 +90,7 @@ impl Sidecar {
     pub fn new(settings: SidecarSettings) -> anyhow::Result<Arc<Sidecar>> {
         // TLS files first, before anything is opened or started: a missing or
         // bad file is a configuration error (exit 64) like a bad field.
-        let tls = SidecarTls::load(&settings)?;
+        let tls = settings.load_tls()?;
         Self::with_tls(settings, tls)
     }
 

@@ -30,7 +30,7 @@ use fencegate_client::tls::TlsFiles;
 use fencegate_client::ClientOptions;
 
 use crate::config::node::{NodeConfig, NodeTls as NodeTlsConfig};
-use crate::config::sidecar::{LockServiceConfig, SidecarSettings, TlsConfig, UpstreamTls};
+use crate::config::sidecar::{LockServiceConfig, TlsConfig, UpstreamTls};
 use crate::config::ConfigError;
 
 pub mod identity;
@@ -57,11 +57,16 @@ pub struct SidecarTls {
 }
 
 impl SidecarTls {
-    /// Used by startup and by `check-config`, so that both report the same file problems.
-    pub fn load(config: &SidecarSettings) -> Result<Self, ConfigError> {
-        let server = config.tls.as_ref().map(server_config).transpose()?;
-        let upstream = upstream_client_config(config.upstream_tls.as_ref())?;
-        let lock_service = config.lock_service.as_ref().map(lock_service_options).transpose()?;
+    /// The files a sidecar's `tls`, `upstream_tls` and `lock_service` name
+    /// (`sidecar::settings::SidecarSettings::load_tls`).
+    pub fn load(
+        tls: Option<&TlsConfig>,
+        upstream_tls: Option<&UpstreamTls>,
+        lock_service: Option<&LockServiceConfig>,
+    ) -> Result<Self, ConfigError> {
+        let server = tls.map(server_config).transpose()?;
+        let upstream = upstream_client_config(upstream_tls)?;
+        let lock_service = lock_service.map(lock_service_options).transpose()?;
         Ok(Self { server, upstream, lock_service })
     }
 }

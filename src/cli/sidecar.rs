@@ -9,14 +9,13 @@ use crate::config::sidecar::SidecarConfig;
 use crate::config::ConfigFile;
 use crate::http::bind;
 use crate::sidecar::{serve, serve_metrics, Sidecar};
-use crate::tls::SidecarTls;
 
 pub async fn run(path: &Path) -> anyhow::Result<i32> {
     // Validate everything, TLS files included, before binding anything (a
     // bad file: exit 64); bind every listener before anything is created
     // under state_dir (a taken port: exit 69, no state left behind).
     let config = SidecarConfig::load(path)?;
-    let tls = SidecarTls::load(&config)?;
+    let tls = config.load_tls()?;
     let hangups = Hangups::install();
     let listener = bind(config.listen, "listen").await?;
     let metrics_listener = match config.metrics_listen {

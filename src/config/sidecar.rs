@@ -7,15 +7,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hyper::Uri;
 use serde::de::{self, MapAccess, Unexpected, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use super::{endpoint_url, upstream_url, ConfigError, ConfigFile};
+use super::{endpoint_url, ConfigError};
 use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS, MAX_WORKERS};
-use crate::sidecar::fencing::decision::{Consistency, Fence, FenceMode, MissingToken};
-use crate::sidecar::idempotency::Policy;
-use crate::sidecar::routing::{Route, RouteSpec, Routes};
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
@@ -174,6 +170,73 @@ pub struct UpstreamTls {
     pub ca: PathBuf,
 }
 
+/// How a route is fenced: `fence: off`, or `fence: { mode, consistency }`.
+/// Plain values of the file, which the sidecar's fence decides with
+/// (`sidecar::fencing::decision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    Off,
+    On { mode: FenceMode, consistency: Consistency },
+}
+
+impl Default for Fence {
+    /// Fenced, strict, cached: forgetting the line must not leave writes unfenced.
+    fn default() -> Self {
+        Self::On { mode: FenceMode::default(), consistency: Consistency::default() }
+    }
+}
+
+impl Fence {
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::On { .. })
+    }
+
+    /// `observed` keeps its own high-water marks; the other modes verify
+    /// tokens with the lock service (S3, S4).
+    pub fn needs_lock_service(&self) -> bool {
+        matches!(self, Self::On { mode: FenceMode::Strict | FenceMode::Monotonic, .. })
+    }
+
+    /// Decides from the watch stream's knowledge while it is proven fresh
+    /// enough (`max_staleness`): a `cached` route of the lock service.
+    pub fn trusts_the_watch(&self) -> bool {
+        self.needs_lock_service() && matches!(self, Self::On { consistency: Consistency::Cached, .. })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FenceMode {
+    /// S2 + S3 + S4: also refuse a token whose lease is known to have ended.
+    #[default]
+    Strict,
+    /// S2 + S3: refuse only tokens below the latest grant.
+    Monotonic,
+    /// Durable high-water mark of accepted tokens, no lock service.
+    Observed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Consistency {
+    /// Check against what the watch stream has delivered so far.
+    #[default]
+    Cached,
+    /// S5: one (coalesced) quorum read per check.
+    Linearizable,
+}
+
+/// What a fenced route does with a request that carries no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingToken {
+    /// 428 `missing_token`.
+    #[default]
+    Reject,
+    /// Forward requests without a token unchecked (tokened ones are still checked).
+    Allow,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
@@ -247,37 +310,43 @@ fn default_max_response() -> u64 {
     MIB
 }
 
-fn idempotency_policy(i: usize, c: &IdempotencyConfig, timeout: Duration, store: u64) -> Result<Policy, ConfigError> {
-    let field = format!("routes[{i}].idempotency.retention");
-    if c.retention < Duration::from_secs(1) || c.retention > MAX_RETENTION {
-        return Err(ConfigError::invalid(field, "must be between 1s and 30d"));
+impl IdempotencyConfig {
+    /// The bytes one lock key's records may hold: `per_lock_key`, or by
+    /// default `PER_LOCK_KEY_SHARE` of the store (`limits.idempotency_store`),
+    /// with room for one pending record at least.
+    pub fn per_lock_key_or_default(&self, store: u64) -> u64 {
+        let least = self.max_response + PER_LOCK_KEY_ROOM;
+        self.per_lock_key.unwrap_or((store / PER_LOCK_KEY_SHARE).max(least).min(store))
     }
-    // A record must outlive the request it covers: one that expired while
-    // the request was still in flight would let a retry through.
-    if c.retention <= timeout {
-        return Err(ConfigError::invalid(
-            field,
-            format!("must be longer than the route's timeout ({})", humantime::format_duration(timeout)),
-        ));
-    }
-    if c.max_response > MAX_RESPONSE_KEPT {
-        return Err(ConfigError::invalid(format!("routes[{i}].idempotency.max_response"), "must be at most 64MiB"));
-    }
-    // Room for one pending record at least: a quota below it takes no key.
-    let least = c.max_response + PER_LOCK_KEY_ROOM;
-    let per_lock_key = match c.per_lock_key {
-        Some(n) if n < least || n > store => {
+
+    fn check(&self, i: usize, timeout: Duration, store: u64) -> Result<(), ConfigError> {
+        let field = format!("routes[{i}].idempotency.retention");
+        if self.retention < Duration::from_secs(1) || self.retention > MAX_RETENTION {
+            return Err(ConfigError::invalid(field, "must be between 1s and 30d"));
+        }
+        // A record must outlive the request it covers: one that expired while
+        // the request was still in flight would let a retry through.
+        if self.retention <= timeout {
             return Err(ConfigError::invalid(
+                field,
+                format!("must be longer than the route's timeout ({})", humantime::format_duration(timeout)),
+            ));
+        }
+        if self.max_response > MAX_RESPONSE_KEPT {
+            return Err(ConfigError::invalid(format!("routes[{i}].idempotency.max_response"), "must be at most 64MiB"));
+        }
+        // Room for one pending record at least: a quota below it takes no key.
+        let least = self.max_response + PER_LOCK_KEY_ROOM;
+        match self.per_lock_key {
+            Some(n) if n < least || n > store => Err(ConfigError::invalid(
                 format!("routes[{i}].idempotency.per_lock_key"),
                 format!(
                     "must be between max_response + 8KiB ({least} bytes) and limits.idempotency_store ({store} bytes)"
                 ),
-            ))
+            )),
+            _ => Ok(()),
         }
-        Some(n) => n,
-        None => (store / PER_LOCK_KEY_SHARE).max(least).min(store),
-    };
-    Ok(Policy { required: c.required, retention: c.retention, max_response: c.max_response, per_lock_key })
+    }
 }
 
 fn default_route_timeout() -> Duration {
@@ -352,7 +421,7 @@ fn some_byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Err
 }
 
 /// Binary units only: `10MB` is refused rather than guessed at (10^7 or 10 MiB?).
-fn parse_byte_size(s: &str) -> Option<u64> {
+pub(crate) fn parse_byte_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (number, unit) = s.split_at(digits);
@@ -366,32 +435,12 @@ fn parse_byte_size(s: &str) -> Option<u64> {
     number.parse::<u64>().ok()?.checked_mul(multiplier)
 }
 
-/// A sidecar configuration that passed validation, with what the sidecar
-/// runs on built once: the compiled route table (each route with its parsed
-/// upstream) and the checked lock service endpoints. TLS files are loaded
-/// from `tls` and `upstream_tls` by `tls::SidecarTls::load`.
-#[derive(Debug, Clone)]
-pub struct SidecarSettings {
-    pub listen: SocketAddr,
-    pub metrics_listen: Option<SocketAddr>,
-    /// The default upstream (routes carry their own, resolved).
-    pub upstream: Uri,
-    /// `None` when no route checks tokens with the lock service and none was configured.
-    pub lock_service: Option<LockServiceConfig>,
-    pub state_dir: PathBuf,
-    pub workers: usize,
-    pub limits: Limits,
-    pub tls: Option<TlsConfig>,
-    pub upstream_tls: Option<UpstreamTls>,
-    pub routes: Routes,
-}
-
-impl ConfigFile for SidecarConfig {
-    type Valid = SidecarSettings;
-
-    /// Everything the sidecar will need at startup, route templates included,
-    /// so that a typo is reported by `check-config` and not on the first request.
-    fn validate(self) -> Result<SidecarSettings, ConfigError> {
+impl SidecarConfig {
+    /// Everything that can be checked on the file's values alone (bounds,
+    /// names, combinations); what the values compile into (route templates,
+    /// upstream URLs) is checked by the sidecar as it builds its settings
+    /// (`sidecar::settings`), so `check-config` reports both.
+    pub fn check(&self) -> Result<(), ConfigError> {
         super::Kind::check(self.kind, super::Kind::Sidecar)?;
         self.validate_limits()?;
         if let Some(metrics) = self.metrics_listen {
@@ -403,7 +452,6 @@ impl ConfigFile for SidecarConfig {
         if self.state_dir.as_os_str().is_empty() {
             return Err(ConfigError::invalid("state_dir", "must not be empty"));
         }
-        let upstream = upstream_url("upstream", &self.upstream)?;
         if self.routes.is_empty() {
             return Err(ConfigError::invalid("routes", "must list at least one route"));
         }
@@ -422,79 +470,24 @@ impl ConfigFile for SidecarConfig {
                     "linearizable reads the lock service, which observed mode does not use",
                 ));
             }
-        }
-        let routes = compile_routes(&self.routes, &upstream, self.limits.idempotency_store)?;
-        self.validate_lock_service()?;
-        let workers = match self.workers {
-            Some(n) if !(1..=MAX_WORKERS).contains(&n) => {
-                return Err(ConfigError::invalid("workers", format!("must be between 1 and {MAX_WORKERS}")))
+            if let Some(idempotency) = &r.idempotency {
+                idempotency.check(i, r.timeout, self.limits.idempotency_store)?;
             }
-            Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS)),
-        };
-        Ok(SidecarSettings {
-            listen: self.listen,
-            metrics_listen: self.metrics_listen,
-            upstream,
-            lock_service: self.lock_service,
-            state_dir: self.state_dir,
-            workers,
-            limits: self.limits,
-            tls: self.tls,
-            upstream_tls: self.upstream_tls,
-            routes,
-        })
+        }
+        self.validate_lock_service()?;
+        if let Some(n) = self.workers {
+            if !(1..=MAX_WORKERS).contains(&n) {
+                return Err(ConfigError::invalid("workers", format!("must be between 1 and {MAX_WORKERS}")));
+            }
+        }
+        Ok(())
     }
-}
 
-/// Compile the route table: templates, methods and upstreams, each parsed
-/// once. Errors name the field (`routes[2].lock_key`).
-/// `store` is `limits.idempotency_store`, which routes' quotas are a share of.
-pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri, store: u64) -> Result<Routes, ConfigError> {
-    let mut compiled = Vec::with_capacity(routes.len());
-    for (i, r) in routes.iter().enumerate() {
-        let upstream = match &r.upstream {
-            Some(url) => upstream_url(&format!("routes[{i}].upstream"), url)?,
-            None => default_upstream.clone(),
-        };
-        let spec = RouteSpec {
-            name: &r.name,
-            methods: r.methods.as_deref(),
-            path: &r.path,
-            lock_key: r.lock_key.as_deref(),
-            fence: r.fence,
-            missing_token: r.missing_token,
-            upstream,
-            timeout: r.timeout,
-            allow_unfenced_writes: r.allow_unfenced_writes,
-            allow_method_override: r.allow_method_override,
-            idempotency: r.idempotency.as_ref().map(|c| idempotency_policy(i, c, r.timeout, store)).transpose()?,
-            suffixes: &r.suffixes,
-        };
-        let route =
-            Route::build(spec).map_err(|e| ConfigError::invalid(format!("routes[{i}].{}", e.field), e.message))?;
-        compiled.push(route);
+    /// `workers`, or one event loop per core (at most `MAX_WORKERS`).
+    pub fn workers_or_default(&self) -> usize {
+        self.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS)))
     }
-    let routes = Routes::new(compiled);
-    if let Some((i, earlier, request)) = routes.shadowed() {
-        let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
-        let name = |j: usize| names[j];
-        return Err(ConfigError::invalid(
-            format!("routes[{i}]"),
-            format!(
-                "fenced route {:?} is shadowed by the earlier route {:?} (routes[{earlier}]), which takes {request}: \
-                 put {:?} first, or narrow {:?}",
-                name(i),
-                name(earlier),
-                name(i),
-                name(earlier)
-            ),
-        ));
-    }
-    Ok(routes)
-}
 
-impl SidecarConfig {
     fn validate_limits(&self) -> Result<(), ConfigError> {
         let l = &self.limits;
         if !(1..=GIB).contains(&l.max_body) {
@@ -588,419 +581,4 @@ fn check_route_name(field: &str, name: &str) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// docs/DESIGN.md's example with every optional section filled in.
-    const FULL: &str = "
-listen: 127.0.0.1:8080
-upstream: http://127.0.0.1:9000
-lock_service:
-  endpoints: [http://127.0.0.1:7401, http://127.0.0.1:7402, http://127.0.0.1:7403]
-state_dir: ./data/sidecar
-metrics_listen: 127.0.0.1:9464
-limits:
-  max_body: 10MiB
-  max_header_bytes: 64KiB
-  header_timeout: 10s
-  body_timeout: 60s
-  send_timeout: 60s
-tls:
-  cert: ./tls/cert.pem
-  key: ./tls/key.pem
-  client_ca: ./tls/ca.pem
-upstream_tls:
-  ca: ./tls/upstream-ca.pem
-routes:
-  - name: rack-writes
-    methods: [PUT, POST, PATCH, DELETE]
-    path: /racks/{rack}
-    lock_key: rack/{rack}
-    fence: { mode: strict, consistency: cached }
-    missing_token: reject
-    upstream: http://127.0.0.1:9001
-    timeout: 30s
-  - name: everything-else
-    path: /{*rest}
-    fence: off
-";
-
-    /// Only the required keys.
-    const MINIMAL: &str = "
-listen: 127.0.0.1:8080
-upstream: https://inventory.internal
-state_dir: ./data/sidecar
-lock_service: { endpoints: [http://127.0.0.1:7401] }
-routes:
-  - name: racks
-    path: /racks/{rack}
-    lock_key: rack/{rack}
-";
-
-    fn err(yaml: &str) -> String {
-        SidecarConfig::from_yaml(yaml).unwrap_err().to_string()
-    }
-
-    /// The file as written, after checking that it validates.
-    fn parsed(yaml: &str) -> SidecarConfig {
-        let c: SidecarConfig = crate::config::parse_yaml(yaml).unwrap();
-        c.clone().validate().unwrap();
-        c
-    }
-
-    #[test]
-    fn parses_the_full_example() {
-        let c = parsed(FULL);
-        assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
-        assert_eq!(c.upstream, "http://127.0.0.1:9000");
-        assert_eq!(c.lock_service.as_ref().unwrap().endpoints.len(), 3);
-        assert_eq!(c.lock_service.as_ref().unwrap().max_staleness, DEFAULT_MAX_STALENESS);
-        let set = parsed(&FULL.replace("7403]\n", "7403]\n  max_staleness: 400ms\n"));
-        assert_eq!(set.lock_service.unwrap().max_staleness, Duration::from_millis(400));
-        assert_eq!(c.state_dir, PathBuf::from("./data/sidecar"));
-        assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
-        assert_eq!(c.limits.max_body, 10 * MIB);
-        assert_eq!(c.limits.max_header_bytes, 64 * KIB);
-        assert_eq!(c.limits.header_timeout, Duration::from_secs(10));
-        let tls = c.tls.as_ref().unwrap();
-        assert_eq!(tls.cert, PathBuf::from("./tls/cert.pem"));
-        assert_eq!(tls.key, PathBuf::from("./tls/key.pem"));
-        assert_eq!(tls.client_ca, Some(PathBuf::from("./tls/ca.pem")));
-        assert_eq!(c.upstream_tls.as_ref().unwrap().ca, PathBuf::from("./tls/upstream-ca.pem"));
-
-        let [writes, rest] = &c.routes[..] else { panic!("two routes expected") };
-        assert_eq!(writes.name, "rack-writes");
-        assert_eq!(writes.methods.as_deref(), Some(&["PUT", "POST", "PATCH", "DELETE"].map(String::from)[..]));
-        assert_eq!(writes.path, "/racks/{rack}");
-        assert_eq!(writes.lock_key.as_deref(), Some("rack/{rack}"));
-        assert_eq!(writes.fence, Fence::On { mode: FenceMode::Strict, consistency: Consistency::Cached });
-        assert_eq!(writes.missing_token, MissingToken::Reject);
-        assert_eq!(writes.upstream.as_deref(), Some("http://127.0.0.1:9001"));
-        assert_eq!(writes.timeout, Duration::from_secs(30));
-
-        assert_eq!(rest.name, "everything-else");
-        assert_eq!(rest.methods, None);
-        assert_eq!(rest.path, "/{*rest}");
-        assert_eq!(rest.lock_key, None);
-        assert_eq!(rest.fence, Fence::Off);
-        assert!(!rest.fence.is_fenced() && !rest.fence.needs_lock_service());
-    }
-
-    #[test]
-    fn defaults() {
-        let c = parsed(MINIMAL);
-        assert_eq!(c.metrics_listen, None);
-        assert!(c.tls.is_none() && c.upstream_tls.is_none());
-        assert_eq!(c.limits.max_body, 10 * MIB);
-        assert_eq!(c.limits.max_header_bytes, 64 * KIB);
-        assert_eq!(c.limits.header_timeout, Duration::from_secs(10));
-        assert_eq!(c.limits.drain_timeout, Duration::from_secs(10));
-        let r = &c.routes[0];
-        assert_eq!(r.methods, None);
-        assert_eq!(r.upstream, None);
-        assert_eq!(r.missing_token, MissingToken::Reject);
-        assert_eq!(r.timeout, DEFAULT_ROUTE_TIMEOUT);
-        // No `fence` line is the safe choice, not "off".
-        assert_eq!(r.fence, Fence::On { mode: FenceMode::Strict, consistency: Consistency::Cached });
-        assert!(r.fence.needs_lock_service());
-
-        let c = parsed(&MINIMAL.replace("lock_key", "fence: {}\n    lock_key"));
-        assert_eq!(c.routes[0].fence, Fence::default());
-        let c = parsed(&format!("{MINIMAL}limits: {{ max_body: 1KiB }}\n"));
-        assert_eq!((c.limits.max_body, c.limits.max_header_bytes), (KIB, 64 * KIB));
-    }
-
-    #[test]
-    fn fence_is_off_or_a_mapping() {
-        let with = |fence: &str| MINIMAL.replace("lock_key", &format!("fence: {fence}\n    lock_key"));
-        for (fence, mode, consistency) in [
-            ("{ mode: monotonic }", FenceMode::Monotonic, Consistency::Cached),
-            ("{ consistency: linearizable }", FenceMode::Strict, Consistency::Linearizable),
-            ("{ mode: observed, consistency: cached }", FenceMode::Observed, Consistency::Cached),
-        ] {
-            let c = parsed(&with(fence));
-            assert_eq!(c.routes[0].fence, Fence::On { mode, consistency }, "{fence}");
-        }
-        let off = MINIMAL.replace("lock_key: rack/{rack}", "fence: off");
-        assert_eq!(parsed(&off).routes[0].fence, Fence::Off);
-        let off = MINIMAL.replace("lock_key: rack/{rack}", "fence: \"off\"");
-        assert_eq!(parsed(&off).routes[0].fence, Fence::Off);
-
-        for (fence, says) in [
-            ("on", "`off` or a mapping"),
-            ("Off", "`off` or a mapping"),
-            ("false", "`off` or a mapping"),
-            ("0", "`off` or a mapping"),
-            ("[strict]", "`off` or a mapping"),
-            ("{ mode: strikt }", "strikt"),
-            ("{ mode: strict, consistency: eventual }", "eventual"),
-            ("{ mode: strict, colour: blue }", "colour"),
-        ] {
-            let e = err(&with(fence));
-            assert!(e.contains("routes[0].fence") && e.contains(says) && e.contains("line"), "{fence}: {e}");
-        }
-    }
-
-    #[test]
-    fn unknown_keys_are_errors_with_a_line() {
-        for (from, to, key) in [
-            ("state_dir:", "colour: blue\nstate_dir:", "colour"),
-            ("lock_service: { endpoints:", "lock_service: { endpionts:", "endpionts"),
-            ("max_body: 10MiB", "max_bodyy: 10MiB", "max_bodyy"),
-            ("client_ca:", "client_cert:", "client_cert"),
-            ("ca: ./tls/upstream", "cert: ./tls/upstream", "cert"),
-            ("    timeout: 30s", "    timout: 30s", "timout"),
-        ] {
-            let base = if from.starts_with("lock_service") { MINIMAL } else { FULL };
-            assert!(base.contains(from), "{from}");
-            let e = err(&base.replace(from, to));
-            assert!(e.contains(key) && e.contains("line"), "{key}: {e}");
-        }
-    }
-
-    #[test]
-    fn byte_sizes() {
-        for (text, bytes) in [
-            ("0", Some(0)),
-            ("512", Some(512)),
-            ("512B", Some(512)),
-            ("64KiB", Some(64 * KIB)),
-            ("10 MiB", Some(10 * MIB)),
-            (" 1GiB ", Some(GIB)),
-            ("10MB", None),
-            ("10mib", None),
-            ("1.5MiB", None),
-            ("-1", None),
-            ("MiB", None),
-            ("", None),
-            ("99999999999999999999GiB", None),
-            ("17179869184GiB", None),
-        ] {
-            assert_eq!(parse_byte_size(text), bytes, "{text:?}");
-        }
-        let c = parsed(&FULL.replace("max_body: 10MiB", "max_body: 4096"));
-        assert_eq!(c.limits.max_body, 4096);
-        for bad in ["max_body: -5", "max_body: 10MB", "max_body: 1.5", "max_body: [1]"] {
-            let e = err(&FULL.replace("max_body: 10MiB", bad));
-            assert!(e.contains("max_body") && e.contains("byte size"), "{bad}: {e}");
-        }
-    }
-
-    #[test]
-    fn bad_values_name_the_field() {
-        for (from, to, field) in [
-            // limits
-            ("max_body: 10MiB", "max_body: 0", "limits.max_body"),
-            ("max_body: 10MiB", "max_body: 2GiB", "limits.max_body"),
-            ("max_header_bytes: 64KiB", "max_header_bytes: 4KiB", "limits.max_header_bytes"),
-            ("max_header_bytes: 64KiB", "max_header_bytes: 2MiB", "limits.max_header_bytes"),
-            ("header_timeout: 10s", "header_timeout: 0s", "limits.header_timeout"),
-            ("header_timeout: 10s", "header_timeout: 6m", "limits.header_timeout"),
-            ("header_timeout: 10s", "header_timeout: soon", "header_timeout"),
-            ("body_timeout: 60s", "body_timeout: 0s", "limits.body_timeout"),
-            ("body_timeout: 60s", "body_timeout: 2h", "limits.body_timeout"),
-            ("send_timeout: 60s", "send_timeout: 0s", "limits.send_timeout"),
-            ("header_timeout: 10s", "header_timeout: 10s\n  drain_timeout: 0s", "limits.drain_timeout"),
-            ("header_timeout: 10s", "header_timeout: 10s\n  drain_timeout: 2h", "limits.drain_timeout"),
-            ("header_timeout: 10s", "header_timeout: 10s\n  max_connections: 0", "limits.max_connections"),
-            // addresses
-            ("metrics_listen: 127.0.0.1:9464", "metrics_listen: 127.0.0.1:8080", "metrics_listen"),
-            ("listen: 127.0.0.1:8080", "listen: localhost", "listen"),
-            ("state_dir: ./data/sidecar", "state_dir: ''", "state_dir"),
-            ("state_dir: ./data/sidecar", "state_dir: ./data/sidecar\nworkers: 0", "workers"),
-            ("state_dir: ./data/sidecar", "state_dir: ./data/sidecar\nworkers: 257", "workers"),
-            // upstreams
-            ("upstream: http://127.0.0.1:9000", "upstream: 127.0.0.1:9000", "upstream"),
-            ("upstream: http://127.0.0.1:9000", "upstream: ftp://127.0.0.1:9000", "upstream"),
-            ("upstream: http://127.0.0.1:9000", "upstream: http://127.0.0.1:9000/api", "upstream"),
-            ("upstream: http://127.0.0.1:9001", "upstream: http://127.0.0.1:9001?x=1", "routes[0].upstream"),
-            ("upstream: http://127.0.0.1:9001", "upstream: http://u:p@127.0.0.1:9001", "routes[0].upstream"),
-            // lock service
-            ("http://127.0.0.1:7403]", "https://127.0.0.1:7403]", "lock_service.endpoints[2]"),
-            ("http://127.0.0.1:7403]", "http://127.0.0.1:7401]", "lock_service.endpoints[2]"),
-            ("[http://127.0.0.1:7401, http://127.0.0.1:7402, http://127.0.0.1:7403]", "[]", "lock_service.endpoints"),
-            ("7403]\n", "7403]\n  max_staleness: 10ms\n", "lock_service.max_staleness"),
-            ("7403]\n", "7403]\n  max_staleness: 11s\n", "lock_service.max_staleness"),
-            ("7403]\n", "7403]\n  max_staleness: soon\n", "max_staleness"),
-            // routes
-            ("  - name: rack-writes", "  - name: ''", "routes[0].name"),
-            ("  - name: rack-writes", "  - name: rack writes", "routes[0].name"),
-            ("  - name: rack-writes", "  - name: rack/writes", "routes[0].name"),
-            ("  - name: everything-else", "  - name: rack-writes", "routes[1].name"),
-            ("methods: [PUT, POST, PATCH, DELETE]", "methods: [PUT, put]", "routes[0].methods"),
-            ("methods: [PUT, POST, PATCH, DELETE]", "methods: [PUT, POST, PUT]", "routes[0].methods"),
-            ("methods: [PUT, POST, PATCH, DELETE]", "methods: ['GET /']", "routes[0].methods"),
-            ("methods: [PUT, POST, PATCH, DELETE]", "methods: []", "routes[0].methods"),
-            ("    lock_key: rack/{rack}\n", "", "routes[0].lock_key"),
-            ("    fence: off", "    fence: off\n    lock_key: all", "routes[1].lock_key"),
-            ("lock_key: rack/{rack}", "lock_key: rack/{id}", "routes[0].lock_key"),
-            ("lock_key: rack/{rack}", "lock_key: rack//{rack}", "routes[0].lock_key"),
-            ("lock_key: rack/{rack}", "lock_key: rack/{rack", "routes[0].lock_key"),
-            // idempotency
-            ("    missing_token: reject\n", "    idempotency: { retention: 30s }\n", "routes[0].idempotency.retention"),
-            ("    missing_token: reject\n", "    idempotency: { retention: 31d }\n", "routes[0].idempotency.retention"),
-            (
-                "    missing_token: reject\n",
-                "    idempotency: { max_response: 65MiB }\n",
-                "routes[0].idempotency.max_response",
-            ),
-            ("    fence: off", "    fence: off\n    idempotency: {}", "routes[1].idempotency"),
-            (
-                "    missing_token: reject\n",
-                "    idempotency: { max_response: 1MiB, per_lock_key: 1MiB }\n",
-                "routes[0].idempotency.per_lock_key",
-            ),
-            (
-                "    missing_token: reject\n",
-                "    idempotency: { per_lock_key: 65MiB }\n",
-                "routes[0].idempotency.per_lock_key",
-            ),
-            ("    missing_token: reject\n", "    idempotency: { per_lock_key: lots }\n", "per_lock_key"),
-            ("  header_timeout: 10s", "  header_timeout: 10s\n  idempotency_store: 1KiB", "limits.idempotency_store"),
-            ("path: /racks/{rack}", "path: racks/{rack}", "routes[0].path"),
-            ("path: /racks/{rack}", "path: /racks/{rack}/", "routes[0].path"),
-            ("path: /racks/{rack}", "path: /racks/{rack}.json", "routes[0].path"),
-            ("path: /racks/{rack}", "path: /racks/{*rack}/x", "routes[0].path"),
-            ("path: /racks/{rack}", "path: /racks/{rack}/{rack}", "routes[0].path"),
-            ("path: /racks/{rack}", "path: /racks/../{rack}", "routes[0].path"),
-            ("path: /{*rest}", "path: /{1st}", "routes[1].path"),
-            ("timeout: 30s", "timeout: 0s", "routes[0].timeout"),
-            ("timeout: 30s", "timeout: 2h", "routes[0].timeout"),
-            (
-                "mode: strict, consistency: cached",
-                "mode: observed, consistency: linearizable",
-                "routes[0].fence.consistency",
-            ),
-        ] {
-            assert!(FULL.contains(from), "{from}");
-            let e = err(&FULL.replacen(from, to, 1));
-            assert!(e.contains(field), "{from} -> {to}: {e}");
-        }
-        let before_routes = FULL.split("routes:").next().unwrap();
-        let e = err(before_routes);
-        assert!(e.contains("missing field `routes`"), "{e}");
-        let e = err(&format!("{before_routes}routes: []\n"));
-        assert!(e.contains("`routes`"), "{e}");
-        let ten = (1..=10).map(|i| format!("http://127.0.0.1:{}", 7400 + i)).collect::<Vec<_>>().join(", ");
-        let e = err(&MINIMAL.replace("[http://127.0.0.1:7401]", &format!("[{ten}]")));
-        assert!(e.contains("lock_service.endpoints"), "{e}");
-    }
-
-    /// A lock key's quota: a share of the store by default, never less
-    /// than one pending record's room, never more than the store.
-    #[test]
-    fn a_lock_keys_idempotency_quota_defaults_to_a_share_of_the_store() {
-        let quota = |idempotency: &str, limits: &str| {
-            let yaml = FULL
-                .replace("    missing_token: reject\n", &format!("    idempotency: {idempotency}\n"))
-                .replace("  send_timeout: 60s\n", &format!("  send_timeout: 60s\n{limits}"));
-            let routes = SidecarConfig::from_yaml(&yaml).unwrap().routes;
-            let first = routes.iter().next().unwrap().idempotency.unwrap();
-            first.per_lock_key
-        };
-        assert_eq!(quota("{}", ""), 4 * MIB, "a sixteenth of the default 64MiB");
-        assert_eq!(quota("{}", "  idempotency_store: 1GiB\n"), 64 * MIB);
-        assert_eq!(quota("{ max_response: 8MiB }", ""), 8 * MIB + 8 * KIB, "room for one answer");
-        assert_eq!(quota("{ max_response: 64MiB }", "  idempotency_store: 64MiB\n"), 64 * MIB, "at most the store");
-        assert_eq!(quota("{ per_lock_key: 2MiB }", ""), 2 * MIB);
-    }
-
-    #[test]
-    fn lock_service_is_needed_only_by_strict_and_monotonic_routes() {
-        let without = MINIMAL.replace("lock_service: { endpoints: [http://127.0.0.1:7401] }\n", "");
-        let e = err(&without);
-        assert!(e.contains("`lock_service`") && e.contains("\"racks\""), "{e}");
-        let e = err(&without.replace("lock_key", "fence: { mode: monotonic }\n    lock_key"));
-        assert!(e.contains("`lock_service`"), "{e}");
-        let observed = without.replace("lock_key", "fence: { mode: observed }\n    lock_key");
-        assert!(parsed(&observed).lock_service.is_none());
-        let off = without.replace("lock_key: rack/{rack}", "fence: off");
-        assert!(SidecarConfig::from_yaml(&off).is_ok());
-        // Present but unused is still checked.
-        let e = err(&MINIMAL.replace("lock_key: rack/{rack}", "fence: off").replace("[http://127.0.0.1:7401]", "[x]"));
-        assert!(e.contains("lock_service.endpoints[0]"), "{e}");
-    }
-
-    #[test]
-    fn routes_that_would_unfence_by_accident_are_refused_naming_both() {
-        let catch_all = "  - { name: all, path: '/{*rest}', fence: off }\n";
-        let fenced = "  - { name: racks, methods: [PUT], path: '/racks/{rack}', lock_key: 'rack/{rack}' }\n";
-        let table = |routes: &str| MINIMAL.split("routes:").next().unwrap().to_string() + "routes:\n" + routes;
-        parsed(&table(&format!("{fenced}{catch_all}")));
-        let e = err(&table(&format!("{catch_all}{fenced}")));
-        assert!(
-            e.contains("routes[1]") && e.contains("\"racks\"") && e.contains("\"all\"") && e.contains("PUT /racks/x"),
-            "{e}"
-        );
-        let reads = "  - { name: reads, methods: [GET], path: '/{*rest}', fence: off }\n";
-        parsed(&table(&format!("{reads}{fenced}")));
-        let typo = fenced.replace("[PUT]", "[PUTT]");
-        let e = err(&table(&typo));
-        assert!(e.contains("routes[0].methods") && e.contains("PUTT"), "{e}");
-        parsed(&table(&fenced.replace("[PUT]", "[PUT, PURGE, X-FLASH]")));
-    }
-
-    #[test]
-    fn the_lock_service_credentials_need_tls_off_this_machine() {
-        let with = |service: &str| MINIMAL.replace("{ endpoints: [http://127.0.0.1:7401] }", service);
-        parsed(&with("{ endpoints: [http://127.0.0.1:7401], token_file: t }"));
-        let e = err(&with("{ endpoints: [http://10.0.0.1:7401], token_file: t }"));
-        assert!(e.contains("lock_service.token_file") && e.contains("clear text"), "{e}");
-        parsed(&with("{ endpoints: [https://10.0.0.1:7401], ca: ca.pem, token_file: t }"));
-        let e = err(&with("{ endpoints: [http://10.0.0.1:7401], ca: ca.pem }"));
-        assert!(e.contains("https://"), "{e}");
-        let e = err(&with("{ endpoints: [https://10.0.0.1:7401], cert: c.pem, key: k.pem }"));
-        assert!(e.contains("lock_service.ca"), "{e}");
-        let e = err(&with("{ endpoints: [https://10.0.0.1:7401], ca: ca.pem, cert: c.pem }"));
-        assert!(e.contains("lock_service.cert"), "{e}");
-    }
-
-    #[test]
-    fn listen_ports_may_both_be_os_assigned() {
-        let yaml = FULL.replace("127.0.0.1:8080", "127.0.0.1:0").replace("127.0.0.1:9464", "127.0.0.1:0");
-        assert!(SidecarConfig::from_yaml(&yaml).is_ok());
-    }
-
-    #[test]
-    fn upstream_urls() {
-        for ok in [
-            "http://127.0.0.1:9000",
-            "https://inventory.internal",
-            "https://inventory.internal:8443/",
-            "http://[::1]:9000",
-            "http://inventory",
-        ] {
-            assert!(upstream_url("u", ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            "inventory:9000",
-            "/api",
-            "ftp://inventory",
-            "http://",
-            "http://inventory/api",
-            "http://inventory?x=1",
-            "http://user:secret@inventory",
-            "http://inventory:99999",
-            "http://inventory:",
-            "http://[::1]:x",
-        ] {
-            let Err(e) = upstream_url("routes[3].upstream", bad) else { panic!("{bad:?} accepted") };
-            let e = e.to_string();
-            assert!(e.contains("routes[3].upstream"), "{bad}: {e}");
-        }
-    }
-
-    #[test]
-    fn load_reads_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sidecar.yaml");
-        std::fs::write(&path, FULL).unwrap();
-        assert_eq!(SidecarConfig::load(&path).unwrap().routes.iter().count(), 2);
-        let e = SidecarConfig::load(&dir.path().join("missing.yaml")).unwrap_err();
-        assert!(matches!(e, ConfigError::Read { .. }), "{e}");
-    }
 }

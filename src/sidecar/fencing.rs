@@ -36,12 +36,11 @@ use std::sync::Arc;
 use hyper::HeaderMap;
 use tokio::time::Instant;
 
+use crate::config::sidecar::{Consistency, Fence, FenceMode, MissingToken};
 use crate::lock::state::Token;
 use crate::sidecar::answer::{Answer, Rejection};
 use crate::sidecar::fencing::barrier::{Order, Permit};
-use crate::sidecar::fencing::decision::{
-    decide, parse_token, Consistency, Fence, FenceMode, Knowledge, MissingToken, Reason, Verdict,
-};
+use crate::sidecar::fencing::decision::{decide, parse_token, Knowledge, Reason, Verdict};
 use crate::sidecar::fencing::knowledge::LockView;
 use crate::sidecar::routing::Route;
 use crate::sidecar::state::floors::Floors;

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use tokio_rustls::TlsAcceptor;
 
 use super::Sidecar;
-use crate::config::sidecar::{SidecarConfig, SidecarSettings};
+use crate::config::sidecar::SidecarConfig;
 use crate::config::{ConfigError, ConfigFile};
+use crate::sidecar::settings::SidecarSettings;
 use crate::sidecar::upstream::Upstream;
-use crate::tls::SidecarTls;
 
 /// What requests are served with until the next reload.
 pub struct Live {
@@ -42,7 +42,7 @@ impl Sidecar {
     /// running config, when it is invalid or changes what takes a restart.
     pub fn reload(&self, path: &Path) -> Result<(), ConfigError> {
         let settings = SidecarConfig::load(path)?;
-        let tls = SidecarTls::load(&settings)?;
+        let tls = settings.load_tls()?;
         if let Some(refusal) = restart_needed(&self.live().settings, &settings, self.fencer.view.is_some()) {
             return Err(refusal);
         }

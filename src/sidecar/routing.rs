@@ -23,9 +23,9 @@ use std::time::Duration;
 use hyper::{Method, Uri};
 use thiserror::Error;
 
+use crate::config::sidecar::{Fence, MissingToken};
 use crate::lock::validate;
 use crate::percent::{decode, hex_byte};
-use crate::sidecar::fencing::decision::{Fence, MissingToken};
 use crate::sidecar::idempotency::Policy;
 
 /// Routes in config order; the first one that matches a request wins.
@@ -758,9 +758,10 @@ fn literal_eq(segment: &str, literal: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sidecar::fencing::decision::{Consistency, FenceMode};
+    use crate::config::sidecar::{Consistency, FenceMode};
     // Tables are written as users write them, in the config's YAML.
-    use crate::config::sidecar::{compile_routes, RouteConfig};
+    use crate::config::sidecar::RouteConfig;
+    use crate::sidecar::settings::compile_routes;
 
     const DEFAULT_UPSTREAM: &str = "http://127.0.0.1:9000";
 

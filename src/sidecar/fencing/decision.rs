@@ -1,6 +1,6 @@
 //! The fence decision: a pure function of the presented token, the route's
-//! fence and what the sidecar knows about the key. No clock, no IO, no
-//! config file; the caller (`sidecar::fencing`) fetches knowledge and asks
+//! fence (`config::sidecar::Fence`, plain values) and what the sidecar
+//! knows about the key. No clock, no IO, no config file; the caller (`sidecar::fencing`) fetches knowledge and asks
 //! again when told to.
 //!
 //! `parse_token` is S6; `decide(mode, token, knowledge, fresh)` answers
@@ -10,75 +10,10 @@
 
 use fencegate_client::wire::{Token, TOKEN_HEADER};
 use hyper::header::{HeaderMap, HeaderName};
-use serde::Deserialize;
 
 pub use fencegate_client::wire::Reason;
 
-/// How a route is fenced: `fence: off`, or `fence: { mode, consistency }`.
-/// (Read from YAML by `config::sidecar`.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fence {
-    Off,
-    On { mode: FenceMode, consistency: Consistency },
-}
-
-impl Default for Fence {
-    /// Fenced, strict, cached: forgetting the line must not leave writes unfenced.
-    fn default() -> Self {
-        Self::On { mode: FenceMode::default(), consistency: Consistency::default() }
-    }
-}
-
-impl Fence {
-    pub fn is_fenced(&self) -> bool {
-        matches!(self, Self::On { .. })
-    }
-
-    /// `observed` keeps its own high-water marks; the other modes verify
-    /// tokens with the lock service (S3, S4).
-    pub fn needs_lock_service(&self) -> bool {
-        matches!(self, Self::On { mode: FenceMode::Strict | FenceMode::Monotonic, .. })
-    }
-
-    /// Decides from the watch stream's knowledge while it is proven fresh
-    /// enough (`max_staleness`): a `cached` route of the lock service.
-    pub fn trusts_the_watch(&self) -> bool {
-        self.needs_lock_service() && matches!(self, Self::On { consistency: Consistency::Cached, .. })
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FenceMode {
-    /// S2 + S3 + S4: also refuse a token whose lease is known to have ended.
-    #[default]
-    Strict,
-    /// S2 + S3: refuse only tokens below the latest grant.
-    Monotonic,
-    /// Durable high-water mark of accepted tokens, no lock service.
-    Observed,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Consistency {
-    /// Check against what the watch stream has delivered so far.
-    #[default]
-    Cached,
-    /// S5: one (coalesced) quorum read per check.
-    Linearizable,
-}
-
-/// What a fenced route does with a request that carries no token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MissingToken {
-    /// 428 `missing_token`.
-    #[default]
-    Reject,
-    /// Forward requests without a token unchecked (tokened ones are still checked).
-    Allow,
-}
+use crate::config::sidecar::FenceMode;
 
 /// S6: exactly one `X-Fence-Token` header whose value is a plain decimal u64
 /// (ASCII digits only: no sign, no spaces, no comma lists, no overflow).
