@@ -54,11 +54,6 @@ pub struct Header {
 /// every JSON parser (JavaScript's, `jq`'s) reads a token exactly.
 pub const MAX_TOKEN: u64 = (1 << 53) - (1 << 32);
 
-/// Tokens granted per second that the clock floor of a restore stays ahead
-/// of: one per microsecond, far above what a Raft log that syncs every
-/// entry to disk can commit.
-pub const TOKENS_PER_SECOND: u64 = 1_000_000;
-
 /// The floor a restored cluster's tokens start above, and what set it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestoreFloor {
@@ -210,7 +205,10 @@ mod tests {
         assert!(restore_floor(now, 0, now).unwrap_err().contains("clock is behind"));
         assert!(restore_floor(5, MAX_TOKEN, now).unwrap_err().contains("2^53"));
         // Two restores of one backup a second apart: the second starts
-        // above every token the first could grant in that second.
+        // above every token the first could grant in that second, at one
+        // per microsecond (far above what a Raft log that syncs every entry
+        // to disk can commit).
+        const TOKENS_PER_SECOND: u64 = 1_000_000;
         let first = restore_floor(5, 0, now).unwrap().floor;
         let second = restore_floor(5, 0, now + 1_000_000).unwrap().floor;
         assert!(second >= first + TOKENS_PER_SECOND);

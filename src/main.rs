@@ -3,6 +3,6 @@
 use clap::Parser;
 
 fn main() {
-    let args = fencegate::cli::Cli::parse();
-    std::process::exit(fencegate::cli::run(args));
+    let args = fencegate::Cli::parse();
+    std::process::exit(fencegate::run(args));
 }

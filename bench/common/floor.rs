@@ -21,7 +21,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use fencegate::http::Workers;
+use fencegate::testing::Workers;
 use fencegate_testkit::Proc;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;

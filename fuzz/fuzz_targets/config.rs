@@ -5,9 +5,9 @@
 //! reloads read the same code in a running sidecar or node.
 #![no_main]
 
-use fencegate::config::node::NodeConfig;
-use fencegate::config::sidecar::SidecarConfig;
-use fencegate::config::ConfigFile;
+use fencegate::fuzzing::NodeConfig;
+use fencegate::fuzzing::SidecarConfig;
+use fencegate::fuzzing::ConfigFile;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -22,10 +22,10 @@
 
 use std::sync::LazyLock;
 
-use fencegate::config::sidecar::SidecarConfig;
-use fencegate::config::ConfigFile;
-use fencegate::percent::hex_byte;
-use fencegate::sidecar::routing::{canonical, MatchError, Matched, Routes};
+use fencegate::fuzzing::SidecarConfig;
+use fencegate::fuzzing::ConfigFile;
+use fencegate::fuzzing::hex_byte;
+use fencegate::fuzzing::{canonical, MatchError, Matched, Routes};
 use hyper::Method;
 use libfuzzer_sys::fuzz_target;
 

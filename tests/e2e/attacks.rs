@@ -9,7 +9,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use fencegate::raft::types::{Entry, TypeConfig};
+use fencegate::testing::{Entry, TypeConfig};
 use fencegate_client::http::HttpClient;
 use fencegate_client::AcquireOptions;
 use fencegate_testkit::http::raw_answer;

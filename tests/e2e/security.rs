@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use fencegate::auth::PeerSecrets;
-use fencegate::raft::types::TypeConfig;
+use fencegate::testing::PeerSecrets;
+use fencegate::testing::TypeConfig;
 use fencegate_client::http::{error_chain, HttpClient, Reply};
 use fencegate_client::tls::TlsFiles;
 use fencegate_client::{AcquireOptions, ClientOptions};

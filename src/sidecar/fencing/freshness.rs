@@ -72,11 +72,6 @@ impl Freshness {
         self.proven
     }
 
-    /// Where the stream is complete up to.
-    pub fn position(&self) -> u64 {
-        self.delivered
-    }
-
     /// The send time of the oldest answered probe whose revision the stream
     /// has not delivered yet.
     pub fn oldest_waiting(&self) -> Option<Instant> {
@@ -189,7 +184,7 @@ mod tests {
         f.answered(t0, 1); // a late answer of an older probe
         assert_eq!(f.proven(), Some(t0 + ms(200)));
         f.delivered(3);
-        assert_eq!(f.position(), 5);
+        assert_eq!(f.delivered, 5);
     }
 
     /// Only the last few answers wait; dropping the oldest delays a proof,

@@ -34,10 +34,6 @@ impl Floors {
         self.known.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Make `token` the durable floor of `key` if it is higher; returns once
     /// it is on disk.
     pub async fn raise(&self, key: &str, token: Token) -> Result<(), StoreError> {
