@@ -85,10 +85,17 @@ async fn a_retry_after_a_client_timeout_is_applied_once_and_replayed_byte_for_by
         .await;
     assert_eq!((status, error_of(&v)), (409, "idempotency_in_flight"), "{v}");
     up.wait_for_applied(1, Duration::from_secs(5)).await;
-    // Once it is answered: the stored answer, and nothing new upstream.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let (status, v) = sc
-        .send_body("PUT", "/racks/1", Some(5), &[(KEY, "drain-1"), (DELAY_HEADER, "800")], r#"{"state":"drained"}"#)
+    // Once it is answered (the record is in flight until the upstream's
+    // answer is stored): the stored answer, and nothing new upstream.
+    let (status, v) =
+        fencegate_testkit::wait::until_ok("the first attempt's answer stored", Duration::from_secs(5), || async {
+            let retry = [(KEY, "drain-1"), (DELAY_HEADER, "800")];
+            let (status, v) = sc.send_body("PUT", "/racks/1", Some(5), &retry, r#"{"state":"drained"}"#).await;
+            match (status, error_of(&v)) {
+                (409, "idempotency_in_flight") => Err("still in flight"),
+                _ => Ok((status, v)),
+            }
+        })
         .await;
     assert_eq!((status, &v["applied"]), (200, &Value::from(0)), "the first attempt's answer: {v}");
     assert_eq!(applied(&up, "/racks/1"), 1);

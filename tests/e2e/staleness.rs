@@ -331,6 +331,9 @@ async fn a_body_that_outlasts_max_staleness_is_decided_again_at_dispatch() {
     assert_eq!(sc.send("PUT", path, Some(a), &[]).await.0, 200);
     tokio::time::sleep(Duration::from_millis(400)).await;
 
+    // Fenced requests whose check is done: the head below makes one more.
+    let checked = r#"fencegate_sidecar_fence_wait_seconds_count{route="rack-writes"}"#;
+    let before = fencegate_testkit::http::metric(&sc.metrics().await, checked).unwrap();
     let port: u16 = sc.url().rsplit(':').next().unwrap().parse().unwrap();
     let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let head = format!(
@@ -339,7 +342,7 @@ async fn a_body_that_outlasts_max_staleness_is_decided_again_at_dispatch() {
     conn.write_all(head.as_bytes()).await.unwrap();
     // The head is checked at once (A holds the key, proven within the
     // bound); the sidecar now waits for the rest of the body.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    sc.wait_for_metric(checked, before + 1.0, Duration::from_secs(5)).await;
     relays[0].set_black_hole(true);
     assert_eq!(raw("DELETE", &format!("{}/v1/leases/{lease}", c.url(2)), None).await.0, 200);
     let (b, _) = take(&c, key).await;
