@@ -13,14 +13,20 @@
 //! chosen), and a fence refusal is logged with route, key, presented and
 //! current token.
 //!
-//! In full: framing and disguise checks (method overrides are refused, or
-//! taken by `find_overridden` where a route allows them) → `routes` →
-//! `check` → a fenced body of unannounced length, or a keyed one, read
-//! whole → `keyed` before → `forward` → `keyed` after → `answer`, all from
-//! validated `SidecarSettings`, through the one accept loop (HTTP/1.1 and
-//! HTTP/2, TLS). The metrics listener serves `/healthz`, `/readyz` and the
-//! admin calls on idempotency records (`admin`). This module and `live` are
-//! the only ones of the sidecar that know the config. Lower-case methods
+//! In full (`Sidecar::handle`): framing and disguise checks (method
+//! overrides are refused, or taken by `find_overridden` where a route allows
+//! them) → `routing` → `fencing` → a fenced body of unannounced length, or a
+//! keyed one, read whole → `idempotency::exchange` before → `upstream` →
+//! `idempotency::exchange` after → `answer`, all from `SidecarSettings`
+//! (`settings`), through the one accept loop (HTTP/1.1 and HTTP/2, TLS).
+//! The metrics listener serves `/healthz`, `/readyz` and the admin calls on
+//! idempotency records (`idempotency::admin`).
+//!
+//! The rooms: `routing` (which route, which lock key), `fencing` (the token
+//! check, the barrier, what the lock service said), `idempotency` (keys,
+//! records, their exchange), `state` (floors and records on disk),
+//! `upstream` (forwarding, the connection pool); `settings` and `reload` are
+//! the only ones that know the config file. Lower-case methods
 //! are refused (400 `malformed_method`), so that `put` cannot slip past a
 //! route fenced for `PUT`.
 
@@ -62,7 +68,7 @@ use settings::SidecarSettings;
 use upstream::Upstream;
 
 pub struct Sidecar {
-    /// Routes, upstreams, limits: what a reload replaces (`live.rs`). Each
+    /// Routes, upstreams, limits: what a reload replaces (`reload.rs`). Each
     /// request reads it once.
     live: ArcSwap<Live>,
     /// The proxy listener's options (its TLS acceptor, header bounds, the

@@ -30,7 +30,7 @@
 //! a new cluster): every key's knowledge, the position and the proofs are
 //! dropped and the stream starts over from a state dump; the floors stay,
 //! and a key whose new token is below its floor is refused until it passes
-//! it (`fence::decide`). Answers of the history left behind are not learnt.
+//! it (`decision::decide`). Answers of the history left behind are not learnt.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,5 @@
 //! Per-key floors: the highest token this sidecar has forwarded for each key,
-//! kept in the state store (`store.rs`) so that a restarted sidecar still
+//! kept in the state store (`state.rs`) so that a restarted sidecar still
 //! refuses what it refused before (S2), even while the lock service is down.
 //!
 //! A new, higher floor is fsync'd before the first request carrying it is
