@@ -60,6 +60,12 @@ pub struct History {
     ops: Mutex<Vec<Op>>,
 }
 
+impl Default for History {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl History {
     pub fn new() -> Self {
         Self { t0: Instant::now(), ops: Mutex::new(vec![]) }
