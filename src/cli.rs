@@ -79,15 +79,16 @@ enum Command {
     #[command(verbatim_doc_comment)]
     Lock {
         /// The lock key, e.g. rack/42.
+        #[arg(value_parser = lock_key)]
         key: String,
         /// Lease TTL: how long the service keeps the lease without keepalives.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "30s", value_parser = ttl)]
         ttl: std::time::Duration,
         /// How long to wait for the lock if someone else holds it.
-        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "0s", value_parser = wait)]
         wait: std::time::Duration,
         /// Who is holding it, shown by `fencegate status KEY` (default: host:pid).
-        #[arg(long)]
+        #[arg(long, value_parser = holder)]
         holder: Option<String>,
         /// Time between SIGTERM and SIGKILL when CMD must stop.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
@@ -108,6 +109,7 @@ enum Command {
     /// Exit status: 0; 69 if the lock service is unavailable; 1 for other errors.
     Status {
         /// A lock key, e.g. rack/42. Without it, the cluster is shown.
+        #[arg(value_parser = lock_key)]
         key: Option<String>,
         /// Print the Lock API's answer as one JSON object instead: that of
         /// GET /v1/cluster, or of GET /v1/locks/KEY (docs/DESIGN.md "CLI").
@@ -398,6 +400,49 @@ impl Endpoints {
         let options = fencegate_client::ClientOptions { tls, token: self.token, ..Default::default() };
         Ok(fencegate_client::Client::with_options(urls, options)?)
     }
+}
+
+/// A lock key, checked as every node checks it: a bad one is a usage
+/// error (exit 2), not a request refused.
+fn lock_key(s: &str) -> Result<String, String> {
+    crate::lock::validate::key(s).map(|()| s.to_string()).map_err(|e| e.to_string())
+}
+
+/// `--holder`, checked as every node checks it.
+fn holder(s: &str) -> Result<String, String> {
+    crate::lock::validate::holder(s).map(|()| s.to_string()).map_err(|e| e.to_string())
+}
+
+/// `--ttl`: at least what any node can grant (`validate::MIN_TTL`). A
+/// cluster's own range (`lease.min_ttl`..`lease.max_ttl`) is its config's,
+/// unknown here: a TTL outside it is refused by the node.
+fn ttl(s: &str) -> Result<std::time::Duration, String> {
+    let ttl = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let min = crate::lock::validate::MIN_TTL;
+    if ttl < min {
+        let d = crate::config::node::LeaseConfig::default();
+        return Err(format!(
+            "a lease lasts at least {} (a cluster grants lease.min_ttl to lease.max_ttl, by default {} to {})",
+            humantime::format_duration(min),
+            humantime::format_duration(d.min_ttl),
+            humantime::format_duration(d.max_ttl)
+        ));
+    }
+    Ok(ttl)
+}
+
+/// `--wait`: at most what any node waits (`validate::MAX_WAIT`).
+fn wait(s: &str) -> Result<std::time::Duration, String> {
+    let wait = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let max = crate::lock::validate::MAX_WAIT;
+    if wait > max {
+        return Err(format!(
+            "no lock service waits longer than {} (a cluster's limit is its lease.max_wait, by default {})",
+            humantime::format_duration(max),
+            humantime::format_duration(crate::config::node::LeaseConfig::default().max_wait)
+        ));
+    }
+    Ok(wait)
 }
 
 /// An operation id: something an idempotency key can start with.

@@ -123,8 +123,9 @@ async fn status_shows_the_cluster_and_a_key() {
     let (code, out, _) = fencegate(&["status", "rack/9", "--endpoints", &endpoints]);
     assert_eq!(code, 0);
     assert!(out.contains("held by ops-1") && out.contains(&format!("token:   {}", lease.token())), "{out}");
+    // A key no node would take is a usage error, found before any request.
     let (code, _, err) = fencegate(&["status", "bad key", "--endpoints", &endpoints]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(err.contains("key must be"), "{err}");
     // Nothing listening: a clear error, not a hang, and its own exit status.
     let nobody = format!("http://127.0.0.1:{}", free_port());

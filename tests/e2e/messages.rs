@@ -244,3 +244,58 @@ async fn a_repeated_failure_is_logged_once_per_interval() {
         assert!(!stderr.contains("openraft"), "{config}: {stderr}");
     }
 }
+
+/// What no lock service would accept is a usage error (2) said by the
+/// parser, before any request: the node at --endpoints is never contacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_no_node_accepts_is_a_usage_error_before_any_request() {
+    let node = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    node.set_nonblocking(true).unwrap();
+    let endpoints = format!("http://{}", node.local_addr().unwrap());
+    let env = [("FENCEGATE_ENDPOINTS", endpoints.as_str())];
+    let more = "\n\nFor more information, try '--help'.\n";
+    let cases: [(&[&str], String); 5] = [
+        (
+            &["lock", "rack/1", "--ttl", "0s", "--", "true"],
+            format!(
+                "error: invalid value '0s' for '--ttl <TTL>': a lease lasts at least 1ms (a cluster grants \
+                 lease.min_ttl to lease.max_ttl, by default 500ms to 1h){more}"
+            ),
+        ),
+        (
+            &["lock", "rack/1", "--ttl", "500us", "--", "true"],
+            format!(
+                "error: invalid value '500us' for '--ttl <TTL>': a lease lasts at least 1ms (a cluster grants \
+                 lease.min_ttl to lease.max_ttl, by default 500ms to 1h){more}"
+            ),
+        ),
+        (
+            &["lock", "rack/1", "--wait", "2h", "--", "true"],
+            format!(
+                "error: invalid value '2h' for '--wait <WAIT>': no lock service waits longer than 1h (a cluster's \
+                 limit is its lease.max_wait, by default 5m){more}"
+            ),
+        ),
+        (
+            &["lock", "rack//1", "--", "true"],
+            format!(
+                "error: invalid value 'rack//1' for '<KEY>': key must be 1..=256 bytes of [A-Za-z0-9._:-] segments \
+                 (not . or ..) separated by single '/', got \"rack//1\"{more}"
+            ),
+        ),
+        (
+            &["lock", "rack/1", "--holder", "", "--", "true"],
+            format!(
+                "error: invalid value '' for '--holder <HOLDER>': holder must be 1..=128 printable ASCII characters{more}"
+            ),
+        ),
+    ];
+    for (args, expected) in cases {
+        let (code, stderr) = fencegate(args, &env).await;
+        assert_eq!((code, stderr.as_str()), (2, expected.as_str()), "{args:?}");
+        assert!(node.accept().is_err(), "{args:?}: the node was contacted");
+    }
+    // Inside every node's limits, the request is made (and here refused by nobody answering HTTP).
+    let (code, _) = fencegate(&["lock", "rack/1", "--ttl", "1ms", "--", "true"], &env).await;
+    assert_ne!(code, 2);
+}
