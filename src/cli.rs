@@ -465,6 +465,8 @@ pub fn run(cli: Cli) -> i32 {
     ) {
         crate::private::own_files_only();
     }
+    // Known before the command takes its endpoints: whether they are the defaults.
+    let defaults = cli.command.endpoints().map(|e| e.endpoints.is_none());
     // The demo prints its own timeline: only errors besides it.
     logging::init(logging::default_filter(matches!(cli.command, Command::Demo { .. })), cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("starting the tokio runtime");
@@ -524,8 +526,34 @@ pub fn run(cli: Cli) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("fencegate: {e:#}");
+            eprintln!("fencegate: {e:#}{}", hint(&e, defaults));
             exit::for_error(&e)
+        }
+    }
+}
+
+/// The likely fix, after an error whose cause a person can guess: nothing
+/// listening at the endpoints, which are `fencegate dev`'s when
+/// `defaults` (`Some(true)`).
+fn hint(e: &anyhow::Error, defaults: Option<bool>) -> &'static str {
+    match (e.downcast_ref::<fencegate_client::ClientError>(), defaults) {
+        (Some(c), Some(true)) if c.no_node_answered() => {
+            "; is `fencegate dev` running? (these are its nodes; else give --endpoints or FENCEGATE_ENDPOINTS)"
+        }
+        (Some(c), Some(false)) if c.no_node_answered() => "; is a fencegate node listening there?",
+        _ => "",
+    }
+}
+
+impl Command {
+    /// The connection options of a command that talks to the lock service.
+    fn endpoints(&self) -> Option<&Endpoints> {
+        match self {
+            Command::Lock { endpoints, .. }
+            | Command::Status { endpoints, .. }
+            | Command::Member { endpoints, .. }
+            | Command::Snapshot { action: SnapshotAction::Save { endpoints, .. } } => Some(endpoints),
+            _ => None,
         }
     }
 }
@@ -614,6 +642,24 @@ mod tests {
             let Command::Member { endpoints, .. } = cli.command else { panic!("{args:?}") };
             assert_eq!(endpoints.urls().unwrap(), ["http://n:1"], "{args:?}");
         }
+    }
+
+    /// Nobody answering at the default endpoints suggests starting `fencegate
+    /// dev`; at named ones, checking that a node listens there; nothing else
+    /// gets a hint.
+    #[test]
+    fn nobody_answering_gets_a_hint_by_whose_endpoints_they_were() {
+        use fencegate_client::ClientError;
+        let nobody = || anyhow::Error::new(ClientError::Unavailable("no node answered; tried x".into()));
+        assert!(hint(&nobody(), Some(true)).contains("is `fencegate dev` running?"));
+        assert_eq!(hint(&nobody(), Some(false)), "; is a fencegate node listening there?");
+        assert_eq!(
+            hint(&nobody().context("rack/1 not obtained"), Some(false)),
+            "; is a fencegate node listening there?"
+        );
+        let no_quorum = anyhow::Error::new(ClientError::Unavailable("tried x (last error: no quorum)".into()));
+        assert_eq!(hint(&no_quorum, Some(true)), "");
+        assert_eq!(hint(&anyhow::anyhow!("other"), Some(true)), "");
     }
 
     /// A token over plain HTTP goes only to endpoints someone named.

@@ -84,25 +84,71 @@ async fn held_and_unavailable_are_told_apart_in_words_and_in_exit_status() {
         .unwrap_or_else(|| panic!("{stderr}"));
     assert_eq!((&acquired["level"], &acquired["fields"]["key"]), (&"INFO".into(), &"rack/9".into()), "{stderr}");
 
-    // Nothing listening: 69, and the message says the service, not the key, is the problem.
-    let nobody = format!("http://127.0.0.1:{}", free_port());
+    // Nothing listening: 69, and the message says the service, not the key,
+    // is the problem, names every endpoint tried, and what to check.
+    let [a, b, c] = fencegate_testkit::free_ports::<3>();
+    let nobody = format!("http://127.0.0.1:{a},http://127.0.0.1:{b},http://127.0.0.1:{c}");
     let env = [("FENCEGATE_ENDPOINTS", nobody.as_str())];
     let (code, stderr) = fencegate(&["lock", "rack/8", "--", "true"], &env).await;
+    let refused = "failed: client error (Connect): tcp connect error: Connection refused (os error 111)";
     assert_eq!(
         (code, normalised(&stderr, None).as_str()),
         (
             69,
-            "fencegate: rack/8 not obtained: lock service unavailable: request to \
-             http://127.0.0.1:PORT/v1/locks/rack/8 failed: client error (Connect): tcp connect error: \
-             Connection refused (os error 111)\n"
+            format!(
+                "fencegate: rack/8 not obtained: lock service unavailable: no node answered; tried \
+                 http://127.0.0.1:PORT, http://127.0.0.1:PORT, http://127.0.0.1:PORT (last error: request to \
+                 http://127.0.0.1:PORT/v1/locks/rack/8 {refused}); is a fencegate node listening there?\n"
+            )
+            .as_str()
         )
     );
+    for port in [a, b, c] {
+        assert!(stderr.contains(&format!("http://127.0.0.1:{port},")) || stderr.contains(&format!("{port} (")));
+    }
     assert_readable(&stderr);
     let (code, stderr) = fencegate(&["status"], &env).await;
     assert_eq!(code, 69, "{stderr}");
-    assert!(stderr.starts_with("fencegate: lock service unavailable: "), "{stderr}");
+    assert!(stderr.starts_with("fencegate: lock service unavailable: no node answered; tried "), "{stderr}");
+    assert!(stderr.ends_with("; is a fencegate node listening there?\n"), "{stderr}");
     assert_readable(&stderr);
     lease.release().await.unwrap();
+}
+
+/// An endpoint that answers, but is another service (here one answering
+/// 404 `{"error":"not found"}`, as the demo's inventory API does), is named
+/// as not a lock node, not reported as a refusal with an empty reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_service_at_the_endpoint_is_named_as_not_a_lock_node() {
+    use std::io::{Read, Write};
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", other.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut stream in other.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let body = r#"{"error":"not found"}"#;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let env = [("FENCEGATE_ENDPOINTS", url.as_str())];
+    let not_a_node = "answered 404 Not Found but is not a fencegate lock node (no fencegate-cluster header, no Lock \
+                      API error): is the endpoint a node's `listen` address?\n";
+    let (code, stderr) = fencegate(&["status"], &env).await;
+    assert_eq!(
+        (code, normalised(&stderr, None).as_str()),
+        (1, format!("fencegate: http://127.0.0.1:PORT/v1/cluster {not_a_node}").as_str())
+    );
+    let (code, stderr) = fencegate(&["lock", "rack/1", "--", "true"], &env).await;
+    assert_eq!(
+        (code, normalised(&stderr, None).as_str()),
+        (1, format!("fencegate: rack/1 not obtained: http://127.0.0.1:PORT/v1/locks/rack/1 {not_a_node}").as_str())
+    );
+    assert_readable(&stderr);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

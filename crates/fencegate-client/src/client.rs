@@ -86,6 +86,33 @@ pub enum ClientError {
     /// version, or not a fencegate node). The string is the decoding error.
     #[error("unexpected answer from the lock service: {0}")]
     Protocol(String),
+    /// An endpoint answered an error, but not as a lock node does: no
+    /// [`wire::CLUSTER_HEADER`] and no Lock API error in the body. The wrong
+    /// address or port (another service), or something in between.
+    #[error(
+        "{url} answered {status} but is not a fencegate lock node (no {} header, no Lock API error): \
+         is the endpoint a node's `listen` address?",
+        wire::CLUSTER_HEADER
+    )]
+    NotALockNode {
+        /// The URL asked.
+        url: String,
+        /// The status it answered with.
+        status: StatusCode,
+    },
+}
+
+/// How an [`ClientError::Unavailable`] begins when no endpoint answered at
+/// all (every attempt failed to connect or timed out), as opposed to nodes
+/// that answered without a quorum.
+const NO_NODE_ANSWERED: &str = "no node answered";
+
+impl ClientError {
+    /// Unavailable because no endpoint answered at all: nothing listening
+    /// there, or nothing reachable; not a cluster without a quorum.
+    pub fn no_node_answered(&self) -> bool {
+        matches!(self, ClientError::Unavailable(m) if m.starts_with(NO_NODE_ANSWERED))
+    }
 }
 
 /// [`ClientError::Held`] for a person: who holds the key, or why nobody can have it yet.
@@ -297,6 +324,9 @@ impl Client {
         let mut backoff = election_backoff();
         let mut last_error;
         let mut attempt = 0usize;
+        // The endpoints tried, in order, and whether any answered HTTP at all.
+        let mut tried: Vec<usize> = Vec::with_capacity(n);
+        let mut answered = false;
         loop {
             if self.inner.rediscover.swap(false, Ordering::Relaxed) {
                 self.discover_leader().await;
@@ -304,18 +334,34 @@ impl Client {
             let i = (self.inner.preferred.load(Ordering::Relaxed) + attempt) % n;
             let url = format!("{}{path}", self.inner.endpoints[i]);
             let timeout = self.inner.options.request_timeout + extra;
+            if !tried.contains(&i) {
+                tried.push(i);
+            }
             match http.call(method.clone(), &url, bytes.clone(), timeout).await {
+                // Not a 503: a proxy in front of a restarting node says that too.
+                Ok(a) if a.status != StatusCode::SERVICE_UNAVAILABLE && !from_a_lock_node(&a) => {
+                    return Err(ClientError::NotALockNode { url, status: a.status });
+                }
                 Ok(a) if a.status != StatusCode::SERVICE_UNAVAILABLE => {
                     self.inner.preferred.store(i, Ordering::Relaxed);
                     return Ok(a);
                 }
-                Ok(a) => last_error = format!("{url}: {}", String::from_utf8_lossy(&a.body).trim()),
+                Ok(a) => {
+                    answered = true;
+                    last_error = format!("{url}: {}", String::from_utf8_lossy(&a.body).trim());
+                }
                 Err(e) => last_error = e.to_string(),
             }
             attempt += 1;
             self.inner.rediscover.store(true, Ordering::Relaxed);
             if Instant::now() >= deadline {
-                return Err(ClientError::Unavailable(last_error));
+                let tried: Vec<&str> = tried.iter().map(|&i| self.inner.endpoints[i].as_str()).collect();
+                let nobody = if answered { "" } else { "no node answered; " };
+                debug_assert!(nobody.is_empty() || nobody.starts_with(NO_NODE_ANSWERED));
+                return Err(ClientError::Unavailable(format!(
+                    "{nobody}tried {} (last error: {last_error})",
+                    tried.join(", ")
+                )));
             }
             if attempt % n == 0 {
                 // Every node said no: give the cluster an election's time,
@@ -468,6 +514,16 @@ fn election_backoff() -> Backoff {
 }
 
 /// Map an answer to its body, or to the error it carries.
+/// Whether an answer can be a lock node's: a success, or an error that
+/// names the cluster or is a Lock API error with a code of the API. (A
+/// node says its cluster id only once it has one; its errors are always
+/// Lock API errors. Another service's `{"error": "not found"}` is not one.)
+fn from_a_lock_node(a: &Reply) -> bool {
+    a.status.is_success()
+        || a.headers.contains_key(wire::CLUSTER_HEADER)
+        || serde_json::from_slice::<wire::ApiError>(&a.body).is_ok_and(|e| !matches!(e.error, ErrorCode::Unknown))
+}
+
 fn decode<T: DeserializeOwned>(a: Reply) -> Result<T, ClientError> {
     if a.status == StatusCode::OK {
         return serde_json::from_slice(&a.body).map_err(|e| ClientError::Protocol(e.to_string()));
