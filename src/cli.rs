@@ -39,6 +39,10 @@ pub struct Cli {
     /// terminal, and not with NO_COLOR set.
     #[arg(long, global = true, value_enum, default_value = "text", env = "FENCEGATE_LOG_FORMAT")]
     log_format: logging::LogFormat,
+    /// Log INFO lines too (`lock`, `status` and the other one-shot commands
+    /// print only warnings and errors by default; FENCEGATE_LOG overrides).
+    #[arg(long, short, global = true)]
+    verbose: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -467,8 +471,14 @@ pub fn run(cli: Cli) -> i32 {
     }
     // Known before the command takes its endpoints: whether they are the defaults.
     let defaults = cli.command.endpoints().map(|e| e.endpoints.is_none());
-    // The demo prints its own timeline: only errors besides it.
-    logging::init(logging::default_filter(matches!(cli.command, Command::Demo { .. })), cli.log_format);
+    let kind = match cli.command {
+        Command::Server { .. } | Command::Sidecar { .. } | Command::Dev { .. } | Command::Inventory { .. } => {
+            logging::Kind::Service
+        }
+        Command::Demo { .. } => logging::Kind::Demo,
+        _ => logging::Kind::OneShot,
+    };
+    logging::init(logging::default_filter(kind, cli.verbose), cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("starting the tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {

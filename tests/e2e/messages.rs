@@ -70,11 +70,20 @@ async fn held_and_unavailable_are_told_apart_in_words_and_in_exit_status() {
     assert_eq!(code, 75);
     assert!(stderr.ends_with("; not obtained (--wait 1s 500ms)\n"), "{stderr}");
 
-    // Log lines: no colour into a pipe; one JSON object per line with --log-format json.
+    // Quiet on success (cron mails what a job prints): nothing on stderr.
     let (code, stderr) = fencegate(&["lock", "rack/9", "--", "true"], &env).await;
-    assert!(code == 0 && stderr.contains("INFO") && stderr.contains("lock acquired"), "{stderr}");
-    assert_readable(&stderr);
-    let (code, stderr) = fencegate(&["--log-format", "json", "lock", "rack/9", "--", "true"], &env).await;
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    // Log lines when asked: no colour into a pipe; one JSON object per line with --log-format json.
+    for (args, env) in [
+        (&["lock", "-v", "rack/9", "--", "true"][..], &env[..]),
+        (&["--verbose", "lock", "rack/9", "--", "true"], &env),
+        (&["lock", "rack/9", "--", "true"], &[env[0], ("FENCEGATE_LOG", "info")]),
+    ] {
+        let (code, stderr) = fencegate(args, env).await;
+        assert!(code == 0 && stderr.contains("INFO") && stderr.contains("lock acquired"), "{args:?}: {stderr}");
+        assert_readable(&stderr);
+    }
+    let (code, stderr) = fencegate(&["--log-format", "json", "lock", "-v", "rack/9", "--", "true"], &env).await;
     assert_eq!(code, 0, "{stderr}");
     let lines: Vec<serde_json::Value> =
         stderr.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
