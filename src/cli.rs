@@ -455,6 +455,103 @@ fn operation_id(s: &str) -> Result<String, String> {
     ok.then(|| s.to_string()).ok_or_else(|| "1 to 128 of A-Z a-z 0-9 - _ . :".into())
 }
 
+impl Cli {
+    /// The command line of this process, as [`Cli::parse_args`] takes it;
+    /// on an error, clap's message and exit status 2.
+    pub fn parse_from_env() -> Cli {
+        Self::parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// Parse `args` (the program's name first). The connection options
+    /// (`--endpoints`, `--ca`, `--cert`, `--key`, `--token`) belong to the
+    /// subcommands that talk to the lock service, and may also come before
+    /// the subcommand: `fencegate --endpoints URL status` is
+    /// `fencegate status --endpoints URL`.
+    pub fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString>,
+    {
+        Cli::try_parse_from(hoist_connection_options(args.into_iter().map(Into::into).collect()))
+    }
+}
+
+/// `args` with the connection options given before the subcommand moved
+/// after its last subcommand name (`fencegate --endpoints U member list` →
+/// `fencegate member list --endpoints U`), where they are declared. One that
+/// is not an option of that subcommand is then an error of clap's, as it
+/// would be there.
+fn hoist_connection_options(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    use clap::{Args, CommandFactory};
+    let connection = Endpoints::augment_args(clap::Command::new("connection"));
+    // (long name, whether it takes a value), from the options themselves.
+    let options: Vec<(String, bool)> = connection
+        .get_arguments()
+        .filter_map(|a| Some((a.get_long()?.to_string(), a.get_action().takes_values())))
+        .collect();
+    let top = Cli::command();
+    let top_values: Vec<String> = top
+        .get_arguments()
+        .filter(|a| a.get_action().takes_values())
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .collect();
+    let mut rest = args.into_iter();
+    let mut out: Vec<std::ffi::OsString> = rest.next().into_iter().collect();
+    let mut hoisted = Vec::new();
+    // Up to the subcommand's name: the top level's options and ours.
+    let mut next = None;
+    while let Some(arg) = rest.next() {
+        let Some(text) = arg.to_str().filter(|t| t.starts_with('-') && *t != "-" && *t != "--") else {
+            next = Some(arg);
+            break;
+        };
+        if !text.starts_with("--") {
+            // The top level's short flags (-v, -h, -V) take no value.
+            out.push(arg);
+            continue;
+        }
+        let name = text[2..].split('=').next().unwrap_or_default().to_string();
+        let inline = text.contains('=');
+        if let Some(&(_, takes_value)) = options.iter().find(|(long, _)| *long == name) {
+            hoisted.push(arg);
+            if takes_value && !inline {
+                hoisted.extend(rest.next());
+            }
+        } else {
+            let takes_value = top_values.contains(&name) && !inline;
+            out.push(arg);
+            if takes_value {
+                out.extend(rest.next());
+            }
+        }
+    }
+    let Some(first) = next else {
+        out.extend(hoisted);
+        return out;
+    };
+    if hoisted.is_empty() {
+        out.push(first);
+        out.extend(rest);
+        return out;
+    }
+    // Down the subcommand names given, to the last one.
+    let mut command = top.find_subcommand(&first).cloned();
+    out.push(first);
+    let mut rest = rest.peekable();
+    while let Some(c) = command.take() {
+        match rest.peek().and_then(|a| c.find_subcommand(a)) {
+            Some(sub) => {
+                command = Some(sub.clone());
+                out.extend(rest.next());
+            }
+            None => break,
+        }
+    }
+    out.extend(hoisted);
+    out.extend(rest);
+    out
+}
+
 /// Run a subcommand, returning the process exit status.
 pub fn run(cli: Cli) -> i32 {
     // Before any thread: what these write is the process's alone. Not for
@@ -670,6 +767,66 @@ mod tests {
         let no_quorum = anyhow::Error::new(ClientError::Unavailable("tried x (last error: no quorum)".into()));
         assert_eq!(hint(&no_quorum, Some(true)), "");
         assert_eq!(hint(&anyhow::anyhow!("other"), Some(true)), "");
+    }
+
+    /// Every subcommand that declares the connection options takes them
+    /// after itself and before itself (`fencegate --endpoints U SUB …`),
+    /// and hands them to the command: found by walking the whole command
+    /// tree, so that a subcommand added later is covered.
+    #[test]
+    fn every_command_with_connection_options_takes_them_before_and_after_itself() {
+        use clap::CommandFactory;
+        let mut top = Cli::command();
+        top.build();
+        // Each leaf that takes them: (its path, a value for each required
+        // positional, whether it ends with `-- CMD`).
+        type Leaf = (Vec<String>, Vec<String>, bool);
+        fn walk(c: &clap::Command, path: Vec<String>, leaves: &mut Vec<Leaf>) {
+            for sub in c.get_subcommands() {
+                let mut p = path.clone();
+                p.push(sub.get_name().to_string());
+                walk(sub, p, leaves);
+            }
+            if !c.has_subcommands() && c.get_arguments().any(|a| a.get_id() == "tls_key") {
+                let required = c.get_positionals().filter(|a| a.is_required_set() && !a.is_last_set());
+                let last = c.get_positionals().any(|a| a.is_last_set());
+                leaves.push((path, required.map(|_| "1".to_string()).collect(), last));
+            }
+        }
+        let mut leaves: Vec<Leaf> = Vec::new();
+        walk(&top, vec![], &mut leaves);
+        let names: Vec<String> = leaves.iter().map(|(p, ..)| p.join(" ")).collect();
+        for expected in ["lock", "status", "member list", "member add", "member remove", "snapshot save"] {
+            assert!(names.iter().any(|n| n == expected), "{expected} not among {names:?}");
+        }
+        let options =
+            ["--endpoints", "http://n:1", "--ca", "ca.pem", "--cert", "c.pem", "--key", "k.pem", "--token", "t"];
+        for (path, required, last) in &leaves {
+            let cmd_tail: &[&str] = if *last { &["--", "true"] } else { &[] };
+            let head = path.iter().map(String::as_str).chain(required.iter().map(String::as_str));
+            let before: Vec<&str> =
+                ["fencegate"].into_iter().chain(options).chain(head.clone()).chain(cmd_tail.iter().copied()).collect();
+            let after: Vec<&str> =
+                ["fencegate"].into_iter().chain(head).chain(options).chain(cmd_tail.iter().copied()).collect();
+            for args in [before, after] {
+                let cli = Cli::parse_args(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+                let e =
+                    cli.command.endpoints().unwrap_or_else(|| panic!("{args:?}: its connection options are not used"));
+                assert_eq!(e.endpoints.as_deref(), Some(&["http://n:1".to_string()][..]), "{args:?}");
+                assert_eq!(
+                    (e.ca.as_deref(), e.cert.as_deref(), e.tls_key.as_deref(), e.token.as_deref()),
+                    (Some("ca.pem".as_ref()), Some("c.pem".as_ref()), Some("k.pem".as_ref()), Some("t")),
+                    "{args:?}"
+                );
+            }
+        }
+        // With the top level's own options around them, and in `--opt=value` form.
+        let cli =
+            Cli::parse_args(["fencegate", "-v", "--endpoints=http://n:1", "--log-format", "json", "member", "list"])
+                .unwrap();
+        assert_eq!(cli.command.endpoints().unwrap().endpoints.as_deref(), Some(&["http://n:1".to_string()][..]));
+        // Before a command that takes none, they are refused as after it.
+        assert!(Cli::parse_args(["fencegate", "--endpoints", "http://n:1", "token", "new", "x"]).is_err());
     }
 
     /// A token over plain HTTP goes only to endpoints someone named.
