@@ -203,7 +203,7 @@ enum Command {
     /// A request whose outcome is unknown (the exchange broke after it may
     /// have reached the upstream, or the sidecar died in between) is never
     /// forwarded again by itself: find out at the upstream whether it was
-    /// applied, then say so here. Exit status 1 if the sidecar refused.
+    /// applied, then say so here. Exit status 1 if the sidecar refused, 69 if it did not answer.
     Idempotency {
         #[command(subcommand)]
         action: IdempotencyAction,

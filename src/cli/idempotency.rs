@@ -3,9 +3,8 @@
 //! sidecar's metrics listener, which serves these calls only on loopback and
 //! only with the token the sidecar keeps in `state_dir/admin-token`.
 
-use std::time::Duration;
-
 use fencegate_client::http::HttpClient;
+use fencegate_client::FAILOVER_BUDGET;
 use hyper::{Method, StatusCode};
 
 /// Which record: a record is its holder's (docs/DESIGN.md, "a stored
@@ -40,12 +39,17 @@ pub async fn run(
         }
     };
     let url = format!("{}/admin/idempotency/{path}", sidecar.trim_end_matches('/'));
-    let reply = HttpClient::new(1 << 20)
+    let http = HttpClient::new(1 << 20)
         .with_bearer(token.trim())
-        .map_err(|e| anyhow::anyhow!("{}: {e}", token_file.display()))?
-        .call(Method::POST, &url, Some(serde_json::to_vec(&body)?), Duration::from_secs(10))
-        .await
-        .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("{}: {e}", token_file.display()))?;
+    // Given up on as a lock service read is: within the client's failover budget.
+    let reply = match http.call(Method::POST, &url, Some(serde_json::to_vec(&body)?), FAILOVER_BUDGET).await {
+        Ok(reply) => reply,
+        Err(e) => {
+            eprintln!("fencegate: sidecar unavailable: {e}; is a fencegate sidecar's metrics_listen there?");
+            return Ok(super::exit::UNAVAILABLE);
+        }
+    };
     let text = String::from_utf8_lossy(&reply.body);
     if reply.status != StatusCode::OK {
         eprintln!("{}: {}", reply.status, text.trim());
