@@ -293,8 +293,15 @@ enum SnapshotAction {
 
 #[derive(Debug, Subcommand)]
 enum IdempotencyAction {
-    /// Print the record of KEY under LOCK_KEY (state, token, times, status).
-    Show(IdempotencyRecord),
+    /// Print the record of KEY under LOCK_KEY (state, token, times, status), as JSON.
+    Show {
+        #[command(flatten)]
+        record: IdempotencyRecord,
+        /// On a refusal (no such record), print the sidecar's JSON answer on
+        /// stdout instead of a sentence on stderr.
+        #[arg(long)]
+        json: bool,
+    },
     /// Settle an unknown outcome: --applied STATUS (retries get STATUS with
     /// an empty body) or --not-applied (the next retry is forwarded).
     Resolve {
@@ -609,11 +616,11 @@ pub fn run(cli: Cli) -> i32 {
                 snapshot::restore(&file, &config, min_token)
             }
             Command::Token { action: TokenAction::New { identity } } => token::new(&identity),
-            Command::Idempotency { action: IdempotencyAction::Show(r) } => {
-                idempotency::run(&r.sidecar, &r.token_file, r.holder(), None).await
+            Command::Idempotency { action: IdempotencyAction::Show { record: r, json } } => {
+                idempotency::run(&r.sidecar, &r.token_file, r.holder(), None, json).await
             }
             Command::Idempotency { action: IdempotencyAction::Resolve { record: r, applied, .. } } => {
-                idempotency::run(&r.sidecar, &r.token_file, r.holder(), Some(applied)).await
+                idempotency::run(&r.sidecar, &r.token_file, r.holder(), Some(applied), false).await
             }
             Command::Demo { ttl, pause, mermaid, endpoints, sidecar, inventory } => {
                 let remote = match (endpoints, sidecar, inventory) {

@@ -20,11 +20,15 @@ pub struct Holder<'a> {
 
 /// `applied`: `Some(status)`, the request was applied (a retry gets that
 /// status, empty body); `None`, it was not (the next retry is forwarded).
+/// A record is printed as the sidecar's JSON; a refusal (no such record,
+/// say) as a sentence on stderr, or with `json` as the sidecar's answer on
+/// stdout.
 pub async fn run(
     sidecar: &str,
     token_file: &std::path::Path,
     record: Holder<'_>,
     resolve: Option<Option<u16>>,
+    json: bool,
 ) -> anyhow::Result<i32> {
     let token = std::fs::read_to_string(token_file)
         .map_err(|e| anyhow::anyhow!("reading the admin token {}: {e}", token_file.display()))?;
@@ -52,7 +56,23 @@ pub async fn run(
     };
     let text = String::from_utf8_lossy(&reply.body);
     if reply.status != StatusCode::OK {
-        eprintln!("{}: {}", reply.status, text.trim());
+        if json {
+            println!("{}", text.trim());
+            return Ok(1);
+        }
+        let (key, lock_key, token) = (record.key, record.lock_key, record.token);
+        if reply.status == StatusCode::NOT_FOUND {
+            eprintln!(
+                "fencegate idempotency: no record of key {key:?} under {lock_key} with fence token {token}: never \
+                 sent through this sidecar, past its retention, or sent by another holder (another token or identity)"
+            );
+        } else {
+            let why = serde_json::from_slice::<serde_json::Value>(&reply.body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string))
+                .unwrap_or_else(|| text.trim().to_string());
+            eprintln!("fencegate idempotency: the sidecar refused ({}): {why}", reply.status);
+        }
         return Ok(1);
     }
     println!("{}", text.trim());
