@@ -39,6 +39,10 @@ pub struct Cli {
     /// terminal, and not with NO_COLOR set.
     #[arg(long, global = true, value_enum, default_value = "text", env = "FENCEGATE_LOG_FORMAT")]
     log_format: logging::LogFormat,
+    /// Log INFO lines too (`lock`, `status` and the other one-shot commands
+    /// print only warnings and errors by default; FENCEGATE_LOG overrides).
+    #[arg(long, short, global = true)]
+    verbose: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,15 +83,16 @@ enum Command {
     #[command(verbatim_doc_comment)]
     Lock {
         /// The lock key, e.g. rack/42.
+        #[arg(value_parser = lock_key)]
         key: String,
         /// Lease TTL: how long the service keeps the lease without keepalives.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "30s", value_parser = ttl)]
         ttl: std::time::Duration,
         /// How long to wait for the lock if someone else holds it.
-        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "0s", value_parser = wait)]
         wait: std::time::Duration,
         /// Who is holding it, shown by `fencegate status KEY` (default: host:pid).
-        #[arg(long)]
+        #[arg(long, value_parser = holder)]
         holder: Option<String>,
         /// Time between SIGTERM and SIGKILL when CMD must stop.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
@@ -108,6 +113,7 @@ enum Command {
     /// Exit status: 0; 69 if the lock service is unavailable; 1 for other errors.
     Status {
         /// A lock key, e.g. rack/42. Without it, the cluster is shown.
+        #[arg(value_parser = lock_key)]
         key: Option<String>,
         /// Print the Lock API's answer as one JSON object instead: that of
         /// GET /v1/cluster, or of GET /v1/locks/KEY (docs/DESIGN.md "CLI").
@@ -197,7 +203,7 @@ enum Command {
     /// A request whose outcome is unknown (the exchange broke after it may
     /// have reached the upstream, or the sidecar died in between) is never
     /// forwarded again by itself: find out at the upstream whether it was
-    /// applied, then say so here. Exit status 1 if the sidecar refused.
+    /// applied, then say so here. Exit status 1 if the sidecar refused, 69 if it did not answer.
     Idempotency {
         #[command(subcommand)]
         action: IdempotencyAction,
@@ -287,8 +293,15 @@ enum SnapshotAction {
 
 #[derive(Debug, Subcommand)]
 enum IdempotencyAction {
-    /// Print the record of KEY under LOCK_KEY (state, token, times, status).
-    Show(IdempotencyRecord),
+    /// Print the record of KEY under LOCK_KEY (state, token, times, status), as JSON.
+    Show {
+        #[command(flatten)]
+        record: IdempotencyRecord,
+        /// On a refusal (no such record), print the sidecar's JSON answer on
+        /// stdout instead of a sentence on stderr.
+        #[arg(long)]
+        json: bool,
+    },
     /// Settle an unknown outcome: --applied STATUS (retries get STATUS with
     /// an empty body) or --not-applied (the next retry is forwarded).
     Resolve {
@@ -400,10 +413,150 @@ impl Endpoints {
     }
 }
 
+/// A lock key, checked as every node checks it: a bad one is a usage
+/// error (exit 2), not a request refused.
+fn lock_key(s: &str) -> Result<String, String> {
+    crate::lock::validate::key(s).map(|()| s.to_string()).map_err(|e| e.to_string())
+}
+
+/// `--holder`, checked as every node checks it.
+fn holder(s: &str) -> Result<String, String> {
+    crate::lock::validate::holder(s).map(|()| s.to_string()).map_err(|e| e.to_string())
+}
+
+/// `--ttl`: at least what any node can grant (`validate::MIN_TTL`). A
+/// cluster's own range (`lease.min_ttl`..`lease.max_ttl`) is its config's,
+/// unknown here: a TTL outside it is refused by the node.
+fn ttl(s: &str) -> Result<std::time::Duration, String> {
+    let ttl = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let min = crate::lock::validate::MIN_TTL;
+    if ttl < min {
+        let d = crate::config::node::LeaseConfig::default();
+        return Err(format!(
+            "a lease lasts at least {} (a cluster grants lease.min_ttl to lease.max_ttl, by default {} to {})",
+            humantime::format_duration(min),
+            humantime::format_duration(d.min_ttl),
+            humantime::format_duration(d.max_ttl)
+        ));
+    }
+    Ok(ttl)
+}
+
+/// `--wait`: at most what any node waits (`validate::MAX_WAIT`).
+fn wait(s: &str) -> Result<std::time::Duration, String> {
+    let wait = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let max = crate::lock::validate::MAX_WAIT;
+    if wait > max {
+        return Err(format!(
+            "no lock service waits longer than {} (a cluster's limit is its lease.max_wait, by default {})",
+            humantime::format_duration(max),
+            humantime::format_duration(crate::config::node::LeaseConfig::default().max_wait)
+        ));
+    }
+    Ok(wait)
+}
+
 /// An operation id: something an idempotency key can start with.
 fn operation_id(s: &str) -> Result<String, String> {
     let ok = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
     ok.then(|| s.to_string()).ok_or_else(|| "1 to 128 of A-Z a-z 0-9 - _ . :".into())
+}
+
+impl Cli {
+    /// The command line of this process, as [`Cli::parse_args`] takes it;
+    /// on an error, clap's message and exit status 2.
+    pub fn parse_from_env() -> Cli {
+        Self::parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// Parse `args` (the program's name first). The connection options
+    /// (`--endpoints`, `--ca`, `--cert`, `--key`, `--token`) belong to the
+    /// subcommands that talk to the lock service, and may also come before
+    /// the subcommand: `fencegate --endpoints URL status` is
+    /// `fencegate status --endpoints URL`.
+    pub fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString>,
+    {
+        Cli::try_parse_from(hoist_connection_options(args.into_iter().map(Into::into).collect()))
+    }
+}
+
+/// `args` with the connection options given before the subcommand moved
+/// after its last subcommand name (`fencegate --endpoints U member list` →
+/// `fencegate member list --endpoints U`), where they are declared. One that
+/// is not an option of that subcommand is then an error of clap's, as it
+/// would be there.
+fn hoist_connection_options(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    use clap::{Args, CommandFactory};
+    let connection = Endpoints::augment_args(clap::Command::new("connection"));
+    // (long name, whether it takes a value), from the options themselves.
+    let options: Vec<(String, bool)> = connection
+        .get_arguments()
+        .filter_map(|a| Some((a.get_long()?.to_string(), a.get_action().takes_values())))
+        .collect();
+    let top = Cli::command();
+    let top_values: Vec<String> = top
+        .get_arguments()
+        .filter(|a| a.get_action().takes_values())
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .collect();
+    let mut rest = args.into_iter();
+    let mut out: Vec<std::ffi::OsString> = rest.next().into_iter().collect();
+    let mut hoisted = Vec::new();
+    // Up to the subcommand's name: the top level's options and ours.
+    let mut next = None;
+    while let Some(arg) = rest.next() {
+        let Some(text) = arg.to_str().filter(|t| t.starts_with('-') && *t != "-" && *t != "--") else {
+            next = Some(arg);
+            break;
+        };
+        if !text.starts_with("--") {
+            // The top level's short flags (-v, -h, -V) take no value.
+            out.push(arg);
+            continue;
+        }
+        let name = text[2..].split('=').next().unwrap_or_default().to_string();
+        let inline = text.contains('=');
+        if let Some(&(_, takes_value)) = options.iter().find(|(long, _)| *long == name) {
+            hoisted.push(arg);
+            if takes_value && !inline {
+                hoisted.extend(rest.next());
+            }
+        } else {
+            let takes_value = top_values.contains(&name) && !inline;
+            out.push(arg);
+            if takes_value {
+                out.extend(rest.next());
+            }
+        }
+    }
+    let Some(first) = next else {
+        out.extend(hoisted);
+        return out;
+    };
+    if hoisted.is_empty() {
+        out.push(first);
+        out.extend(rest);
+        return out;
+    }
+    // Down the subcommand names given, to the last one.
+    let mut command = top.find_subcommand(&first).cloned();
+    out.push(first);
+    let mut rest = rest.peekable();
+    while let Some(c) = command.take() {
+        match rest.peek().and_then(|a| c.find_subcommand(a)) {
+            Some(sub) => {
+                command = Some(sub.clone());
+                out.extend(rest.next());
+            }
+            None => break,
+        }
+    }
+    out.extend(hoisted);
+    out.extend(rest);
+    out
 }
 
 /// Run a subcommand, returning the process exit status.
@@ -420,8 +573,16 @@ pub fn run(cli: Cli) -> i32 {
     ) {
         crate::private::own_files_only();
     }
-    // The demo prints its own timeline: only errors besides it.
-    logging::init(logging::default_filter(matches!(cli.command, Command::Demo { .. })), cli.log_format);
+    // Known before the command takes its endpoints: whether they are the defaults.
+    let defaults = cli.command.endpoints().map(|e| e.endpoints.is_none());
+    let kind = match cli.command {
+        Command::Server { .. } | Command::Sidecar { .. } | Command::Dev { .. } | Command::Inventory { .. } => {
+            logging::Kind::Service
+        }
+        Command::Demo { .. } => logging::Kind::Demo,
+        _ => logging::Kind::OneShot,
+    };
+    logging::init(logging::default_filter(kind, cli.verbose), cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("starting the tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {
@@ -455,11 +616,11 @@ pub fn run(cli: Cli) -> i32 {
                 snapshot::restore(&file, &config, min_token)
             }
             Command::Token { action: TokenAction::New { identity } } => token::new(&identity),
-            Command::Idempotency { action: IdempotencyAction::Show(r) } => {
-                idempotency::run(&r.sidecar, &r.token_file, r.holder(), None).await
+            Command::Idempotency { action: IdempotencyAction::Show { record: r, json } } => {
+                idempotency::run(&r.sidecar, &r.token_file, r.holder(), None, json).await
             }
             Command::Idempotency { action: IdempotencyAction::Resolve { record: r, applied, .. } } => {
-                idempotency::run(&r.sidecar, &r.token_file, r.holder(), Some(applied)).await
+                idempotency::run(&r.sidecar, &r.token_file, r.holder(), Some(applied), false).await
             }
             Command::Demo { ttl, pause, mermaid, endpoints, sidecar, inventory } => {
                 let remote = match (endpoints, sidecar, inventory) {
@@ -479,8 +640,34 @@ pub fn run(cli: Cli) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("fencegate: {e:#}");
+            eprintln!("fencegate: {e:#}{}", hint(&e, defaults));
             exit::for_error(&e)
+        }
+    }
+}
+
+/// The likely fix, after an error whose cause a person can guess: nothing
+/// listening at the endpoints, which are `fencegate dev`'s when
+/// `defaults` (`Some(true)`).
+fn hint(e: &anyhow::Error, defaults: Option<bool>) -> &'static str {
+    match (e.downcast_ref::<fencegate_client::ClientError>(), defaults) {
+        (Some(c), Some(true)) if c.no_node_answered() => {
+            "; is `fencegate dev` running? (these are its nodes; else give --endpoints or FENCEGATE_ENDPOINTS)"
+        }
+        (Some(c), Some(false)) if c.no_node_answered() => "; is a fencegate node listening there?",
+        _ => "",
+    }
+}
+
+impl Command {
+    /// The connection options of a command that talks to the lock service.
+    fn endpoints(&self) -> Option<&Endpoints> {
+        match self {
+            Command::Lock { endpoints, .. }
+            | Command::Status { endpoints, .. }
+            | Command::Member { endpoints, .. }
+            | Command::Snapshot { action: SnapshotAction::Save { endpoints, .. } } => Some(endpoints),
+            _ => None,
         }
     }
 }
@@ -569,6 +756,84 @@ mod tests {
             let Command::Member { endpoints, .. } = cli.command else { panic!("{args:?}") };
             assert_eq!(endpoints.urls().unwrap(), ["http://n:1"], "{args:?}");
         }
+    }
+
+    /// Nobody answering at the default endpoints suggests starting `fencegate
+    /// dev`; at named ones, checking that a node listens there; nothing else
+    /// gets a hint.
+    #[test]
+    fn nobody_answering_gets_a_hint_by_whose_endpoints_they_were() {
+        use fencegate_client::ClientError;
+        let nobody = || anyhow::Error::new(ClientError::Unavailable("no node answered; tried x".into()));
+        assert!(hint(&nobody(), Some(true)).contains("is `fencegate dev` running?"));
+        assert_eq!(hint(&nobody(), Some(false)), "; is a fencegate node listening there?");
+        assert_eq!(
+            hint(&nobody().context("rack/1 not obtained"), Some(false)),
+            "; is a fencegate node listening there?"
+        );
+        let no_quorum = anyhow::Error::new(ClientError::Unavailable("tried x (last error: no quorum)".into()));
+        assert_eq!(hint(&no_quorum, Some(true)), "");
+        assert_eq!(hint(&anyhow::anyhow!("other"), Some(true)), "");
+    }
+
+    /// Every subcommand that declares the connection options takes them
+    /// after itself and before itself (`fencegate --endpoints U SUB …`),
+    /// and hands them to the command: found by walking the whole command
+    /// tree, so that a subcommand added later is covered.
+    #[test]
+    fn every_command_with_connection_options_takes_them_before_and_after_itself() {
+        use clap::CommandFactory;
+        let mut top = Cli::command();
+        top.build();
+        // Each leaf that takes them: (its path, a value for each required
+        // positional, whether it ends with `-- CMD`).
+        type Leaf = (Vec<String>, Vec<String>, bool);
+        fn walk(c: &clap::Command, path: Vec<String>, leaves: &mut Vec<Leaf>) {
+            for sub in c.get_subcommands() {
+                let mut p = path.clone();
+                p.push(sub.get_name().to_string());
+                walk(sub, p, leaves);
+            }
+            if !c.has_subcommands() && c.get_arguments().any(|a| a.get_id() == "tls_key") {
+                let required = c.get_positionals().filter(|a| a.is_required_set() && !a.is_last_set());
+                let last = c.get_positionals().any(|a| a.is_last_set());
+                leaves.push((path, required.map(|_| "1".to_string()).collect(), last));
+            }
+        }
+        let mut leaves: Vec<Leaf> = Vec::new();
+        walk(&top, vec![], &mut leaves);
+        let names: Vec<String> = leaves.iter().map(|(p, ..)| p.join(" ")).collect();
+        for expected in ["lock", "status", "member list", "member add", "member remove", "snapshot save"] {
+            assert!(names.iter().any(|n| n == expected), "{expected} not among {names:?}");
+        }
+        let options =
+            ["--endpoints", "http://n:1", "--ca", "ca.pem", "--cert", "c.pem", "--key", "k.pem", "--token", "t"];
+        for (path, required, last) in &leaves {
+            let cmd_tail: &[&str] = if *last { &["--", "true"] } else { &[] };
+            let head = path.iter().map(String::as_str).chain(required.iter().map(String::as_str));
+            let before: Vec<&str> =
+                ["fencegate"].into_iter().chain(options).chain(head.clone()).chain(cmd_tail.iter().copied()).collect();
+            let after: Vec<&str> =
+                ["fencegate"].into_iter().chain(head).chain(options).chain(cmd_tail.iter().copied()).collect();
+            for args in [before, after] {
+                let cli = Cli::parse_args(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+                let e =
+                    cli.command.endpoints().unwrap_or_else(|| panic!("{args:?}: its connection options are not used"));
+                assert_eq!(e.endpoints.as_deref(), Some(&["http://n:1".to_string()][..]), "{args:?}");
+                assert_eq!(
+                    (e.ca.as_deref(), e.cert.as_deref(), e.tls_key.as_deref(), e.token.as_deref()),
+                    (Some("ca.pem".as_ref()), Some("c.pem".as_ref()), Some("k.pem".as_ref()), Some("t")),
+                    "{args:?}"
+                );
+            }
+        }
+        // With the top level's own options around them, and in `--opt=value` form.
+        let cli =
+            Cli::parse_args(["fencegate", "-v", "--endpoints=http://n:1", "--log-format", "json", "member", "list"])
+                .unwrap();
+        assert_eq!(cli.command.endpoints().unwrap().endpoints.as_deref(), Some(&["http://n:1".to_string()][..]));
+        // Before a command that takes none, they are refused as after it.
+        assert!(Cli::parse_args(["fencegate", "--endpoints", "http://n:1", "token", "new", "x"]).is_err());
     }
 
     /// A token over plain HTTP goes only to endpoints someone named.

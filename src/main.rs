@@ -1,8 +1,6 @@
 //! The `fencegate` binary: parses the command line and hands over to `cli`.
 
-use clap::Parser;
-
 fn main() {
-    let args = fencegate::Cli::parse();
+    let args = fencegate::Cli::parse_from_env();
     std::process::exit(fencegate::run(args));
 }

@@ -14,15 +14,29 @@ pub enum LogFormat {
     Json,
 }
 
-/// The filter when neither variable is set. openraft's own lines are off:
+/// What a command is, for its default log level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A long-running process (`server`, `sidecar`, `dev`, `inventory`):
+    /// its INFO lines are its record.
+    Service,
+    /// A one-shot command (`lock`, `status`, …), often run from cron: quiet
+    /// on success, so that nothing is mailed when nothing went wrong.
+    OneShot,
+    /// `demo`, which prints its own timeline: only errors besides it.
+    Demo,
+}
+
+/// The filter when neither variable is set; `verbose` (`-v`) raises a
+/// one-shot command or the demo to INFO. openraft's own lines are off:
 /// its elections are routine, its RPC failures repeat per heartbeat (the
 /// peer network logs those itself, once per interval: `raft::network`), and
 /// a fatal error of its core is logged by `cli::server` when the node exits.
-pub fn default_filter(demo: bool) -> &'static str {
-    if demo {
-        "error,openraft=off"
-    } else {
-        "info,openraft=off"
+pub fn default_filter(kind: Kind, verbose: bool) -> &'static str {
+    match (kind, verbose) {
+        (Kind::Service, _) | (_, true) => "info,openraft=off",
+        (Kind::OneShot, false) => "warn,openraft=off",
+        (Kind::Demo, false) => "error,openraft=off",
     }
 }
 

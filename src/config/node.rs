@@ -11,8 +11,7 @@ use super::{endpoint_url, ConfigError, ConfigFile};
 use crate::auth::{Acl, AclRule};
 use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 
-/// The longest `lease.max_wait`: a parked acquire is an open connection.
-const MAX_WAIT: Duration = Duration::from_secs(3600);
+use crate::lock::validate::{MAX_WAIT, MIN_TTL};
 const MAX_LIMIT_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone, Deserialize)]
@@ -328,8 +327,8 @@ impl ConfigFile for NodeConfig {
             ));
         }
         let l = &self.lease;
-        if l.min_ttl.is_zero() || l.min_ttl > l.default_ttl || l.default_ttl > l.max_ttl {
-            return Err(ConfigError::invalid("lease", "need 0 < min_ttl <= default_ttl <= max_ttl"));
+        if l.min_ttl < MIN_TTL || l.min_ttl > l.default_ttl || l.default_ttl > l.max_ttl {
+            return Err(ConfigError::invalid("lease", "need 1ms <= min_ttl <= default_ttl <= max_ttl"));
         }
         // An acquire's own lock_delay_ms may be at most max_ttl: a default
         // above it would make every acquire that does not name one a 400.

@@ -4,11 +4,20 @@
 //! Knows no config: the bounds that are configurable (TTLs, holder and key
 //! lengths) are passed in.
 
+use std::time::Duration;
+
 use thiserror::Error;
 
 pub const MAX_KEY_LEN: usize = 256;
 pub const MAX_HOLDER_LEN: usize = 128;
 pub const MAX_REQUEST_ID_LEN: usize = 64;
+/// The shortest `lease.min_ttl` a node may be configured with: the API
+/// counts TTLs in whole milliseconds, and a lease of 0 ms is none. No node
+/// grants a shorter lease, whatever its config.
+pub const MIN_TTL: Duration = Duration::from_millis(1);
+/// The longest `lease.max_wait` a node may be configured with (a parked
+/// acquire is an open connection). No node waits longer, whatever its config.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum InvalidInput {

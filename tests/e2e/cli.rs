@@ -58,6 +58,40 @@ fn member_list_gives_up_in_seconds_when_no_node_answers() {
     assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
 }
 
+/// Every read gives up as `status` does when nothing listens: non-zero
+/// within seconds (the client's 5 s failover budget), not after a
+/// membership change's 150 s or a backup's 60 s.
+#[test]
+fn every_read_gives_up_in_seconds_when_nothing_listens() {
+    let down = format!("http://127.0.0.1:{}", free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let (file, token) = (dir.path().join("backup"), dir.path().join("admin-token"));
+    std::fs::write(&token, "t\n").unwrap();
+    let (file, token) = (file.to_str().unwrap().to_string(), token.to_str().unwrap().to_string());
+    let idempotency = ["--sidecar", &down, "--token-file", &token, "--lock-key", "rack/1", "--fence-token", "1"];
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["status", "--endpoints", &down],
+        vec!["status", "rack/1", "--endpoints", &down],
+        vec!["member", "list", "--endpoints", &down],
+        vec!["member", "add", "4", "http://127.0.0.1:1", "--endpoints", &down],
+        vec!["member", "remove", "3", "--endpoints", &down],
+        vec!["snapshot", "save", &file, "--endpoints", &down],
+        [&["idempotency", "show", "--key", "k"][..], &idempotency].concat(),
+    ];
+    std::thread::scope(|s| {
+        for args in &commands {
+            s.spawn(move || {
+                let started = std::time::Instant::now();
+                let (code, _, stderr) = fencegate(args);
+                let took = started.elapsed();
+                assert_eq!(code, 69, "{args:?}: {stderr}");
+                assert!(stderr.contains(" unavailable: "), "{args:?}: {stderr}");
+                assert!(took < Duration::from_secs(15), "{args:?} took {took:?}");
+            });
+        }
+    });
+}
+
 #[test]
 fn check_config_accepts_the_shipped_configs_and_rejects_bad_ones_with_64() {
     for name in ["node1", "node2", "node3", "sidecar", "dev"] {
@@ -123,8 +157,9 @@ async fn status_shows_the_cluster_and_a_key() {
     let (code, out, _) = fencegate(&["status", "rack/9", "--endpoints", &endpoints]);
     assert_eq!(code, 0);
     assert!(out.contains("held by ops-1") && out.contains(&format!("token:   {}", lease.token())), "{out}");
+    // A key no node would take is a usage error, found before any request.
     let (code, _, err) = fencegate(&["status", "bad key", "--endpoints", &endpoints]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(err.contains("key must be"), "{err}");
     // Nothing listening: a clear error, not a hang, and its own exit status.
     let nobody = format!("http://127.0.0.1:{}", free_port());

@@ -207,6 +207,7 @@ async fn a_crash_mid_flight_leaves_an_unknown_outcome_that_is_never_retried_by_i
     };
     let out = cli(&wrong, "resolve", &["--not-applied"]);
     assert!(out.code == 1 && out.stderr.contains("401"), "{}{}", out.stdout, out.stderr);
+    assert!(!out.stderr.contains('{'), "a sentence, not JSON: {}", out.stderr);
     let body = r#"{"lock_key":"rack/1","token":5,"key":"crash"}"#;
     let from_page = [("origin", "http://evil.example"), ("authorization", "Bearer x")];
     let req =
@@ -218,11 +219,23 @@ async fn a_crash_mid_flight_leaves_an_unknown_outcome_that_is_never_retried_by_i
     let other = ["idempotency", "show", "--sidecar", &admin, "--token-file", token.to_str().unwrap()];
     let other = [&other[..], &["--lock-key", "rack/1", "--fence-token", "6", "--key", "crash"]].concat();
     let out = bin!().run(&other, Duration::from_secs(10));
-    assert!(out.code == 1 && out.stderr.contains("404"), "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (
+            1,
+            "",
+            "fencegate idempotency: no record of key \"crash\" under rack/1 with fence token 6: never sent through \
+             this sidecar, past its retention, or sent by another holder (another token or identity)\n"
+        )
+    );
+    // The sidecar's own answer, for a program, when asked.
+    let out = bin!().run(&[&other[..], &["--json"]].concat(), Duration::from_secs(10));
+    assert_eq!((out.code, out.stdout.as_str()), (1, "{\"error\":\"no record for this key\"}\n"), "{}", out.stderr);
     let out = cli(&token, "resolve", &["--applied", "200"]);
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let out = cli(&token, "resolve", &["--not-applied"]);
     assert!(out.code == 1 && out.stderr.contains("409"), "only an unknown outcome: {}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("the sidecar refused (409 Conflict): the record is"), "{}", out.stderr);
     let (status, _) = sc.send_body("PUT", "/racks/1", Some(5), &[(KEY, "crash")], "{}").await;
     assert_eq!(status, 200, "the operator's answer");
     assert_eq!(applied(&up, "/racks/1"), 1);

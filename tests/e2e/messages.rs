@@ -70,11 +70,20 @@ async fn held_and_unavailable_are_told_apart_in_words_and_in_exit_status() {
     assert_eq!(code, 75);
     assert!(stderr.ends_with("; not obtained (--wait 1s 500ms)\n"), "{stderr}");
 
-    // Log lines: no colour into a pipe; one JSON object per line with --log-format json.
+    // Quiet on success (cron mails what a job prints): nothing on stderr.
     let (code, stderr) = fencegate(&["lock", "rack/9", "--", "true"], &env).await;
-    assert!(code == 0 && stderr.contains("INFO") && stderr.contains("lock acquired"), "{stderr}");
-    assert_readable(&stderr);
-    let (code, stderr) = fencegate(&["--log-format", "json", "lock", "rack/9", "--", "true"], &env).await;
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    // Log lines when asked: no colour into a pipe; one JSON object per line with --log-format json.
+    for (args, env) in [
+        (&["lock", "-v", "rack/9", "--", "true"][..], &env[..]),
+        (&["--verbose", "lock", "rack/9", "--", "true"], &env),
+        (&["lock", "rack/9", "--", "true"], &[env[0], ("FENCEGATE_LOG", "info")]),
+    ] {
+        let (code, stderr) = fencegate(args, env).await;
+        assert!(code == 0 && stderr.contains("INFO") && stderr.contains("lock acquired"), "{args:?}: {stderr}");
+        assert_readable(&stderr);
+    }
+    let (code, stderr) = fencegate(&["--log-format", "json", "lock", "-v", "rack/9", "--", "true"], &env).await;
     assert_eq!(code, 0, "{stderr}");
     let lines: Vec<serde_json::Value> =
         stderr.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
@@ -84,25 +93,71 @@ async fn held_and_unavailable_are_told_apart_in_words_and_in_exit_status() {
         .unwrap_or_else(|| panic!("{stderr}"));
     assert_eq!((&acquired["level"], &acquired["fields"]["key"]), (&"INFO".into(), &"rack/9".into()), "{stderr}");
 
-    // Nothing listening: 69, and the message says the service, not the key, is the problem.
-    let nobody = format!("http://127.0.0.1:{}", free_port());
+    // Nothing listening: 69, and the message says the service, not the key,
+    // is the problem, names every endpoint tried, and what to check.
+    let [a, b, c] = fencegate_testkit::free_ports::<3>();
+    let nobody = format!("http://127.0.0.1:{a},http://127.0.0.1:{b},http://127.0.0.1:{c}");
     let env = [("FENCEGATE_ENDPOINTS", nobody.as_str())];
     let (code, stderr) = fencegate(&["lock", "rack/8", "--", "true"], &env).await;
+    let refused = "failed: client error (Connect): tcp connect error: Connection refused (os error 111)";
     assert_eq!(
         (code, normalised(&stderr, None).as_str()),
         (
             69,
-            "fencegate: rack/8 not obtained: lock service unavailable: request to \
-             http://127.0.0.1:PORT/v1/locks/rack/8 failed: client error (Connect): tcp connect error: \
-             Connection refused (os error 111)\n"
+            format!(
+                "fencegate: rack/8 not obtained: lock service unavailable: no node answered; tried \
+                 http://127.0.0.1:PORT, http://127.0.0.1:PORT, http://127.0.0.1:PORT (last error: request to \
+                 http://127.0.0.1:PORT/v1/locks/rack/8 {refused}); is a fencegate node listening there?\n"
+            )
+            .as_str()
         )
     );
+    for port in [a, b, c] {
+        assert!(stderr.contains(&format!("http://127.0.0.1:{port},")) || stderr.contains(&format!("{port} (")));
+    }
     assert_readable(&stderr);
     let (code, stderr) = fencegate(&["status"], &env).await;
     assert_eq!(code, 69, "{stderr}");
-    assert!(stderr.starts_with("fencegate: lock service unavailable: "), "{stderr}");
+    assert!(stderr.starts_with("fencegate: lock service unavailable: no node answered; tried "), "{stderr}");
+    assert!(stderr.ends_with("; is a fencegate node listening there?\n"), "{stderr}");
     assert_readable(&stderr);
     lease.release().await.unwrap();
+}
+
+/// An endpoint that answers, but is another service (here one answering
+/// 404 `{"error":"not found"}`, as the demo's inventory API does), is named
+/// as not a lock node, not reported as a refusal with an empty reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_service_at_the_endpoint_is_named_as_not_a_lock_node() {
+    use std::io::{Read, Write};
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", other.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut stream in other.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let body = r#"{"error":"not found"}"#;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let env = [("FENCEGATE_ENDPOINTS", url.as_str())];
+    let not_a_node = "answered 404 Not Found but is not a fencegate lock node (no fencegate-cluster header, no Lock \
+                      API error): is the endpoint a node's `listen` address?\n";
+    let (code, stderr) = fencegate(&["status"], &env).await;
+    assert_eq!(
+        (code, normalised(&stderr, None).as_str()),
+        (1, format!("fencegate: http://127.0.0.1:PORT/v1/cluster {not_a_node}").as_str())
+    );
+    let (code, stderr) = fencegate(&["lock", "rack/1", "--", "true"], &env).await;
+    assert_eq!(
+        (code, normalised(&stderr, None).as_str()),
+        (1, format!("fencegate: rack/1 not obtained: http://127.0.0.1:PORT/v1/locks/rack/1 {not_a_node}").as_str())
+    );
+    assert_readable(&stderr);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,4 +298,59 @@ async fn a_repeated_failure_is_logged_once_per_interval() {
         assert_eq!(stderr.matches(repeated).count(), 1, "{config}: {stderr}");
         assert!(!stderr.contains("openraft"), "{config}: {stderr}");
     }
+}
+
+/// What no lock service would accept is a usage error (2) said by the
+/// parser, before any request: the node at --endpoints is never contacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_no_node_accepts_is_a_usage_error_before_any_request() {
+    let node = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    node.set_nonblocking(true).unwrap();
+    let endpoints = format!("http://{}", node.local_addr().unwrap());
+    let env = [("FENCEGATE_ENDPOINTS", endpoints.as_str())];
+    let more = "\n\nFor more information, try '--help'.\n";
+    let cases: [(&[&str], String); 5] = [
+        (
+            &["lock", "rack/1", "--ttl", "0s", "--", "true"],
+            format!(
+                "error: invalid value '0s' for '--ttl <TTL>': a lease lasts at least 1ms (a cluster grants \
+                 lease.min_ttl to lease.max_ttl, by default 500ms to 1h){more}"
+            ),
+        ),
+        (
+            &["lock", "rack/1", "--ttl", "500us", "--", "true"],
+            format!(
+                "error: invalid value '500us' for '--ttl <TTL>': a lease lasts at least 1ms (a cluster grants \
+                 lease.min_ttl to lease.max_ttl, by default 500ms to 1h){more}"
+            ),
+        ),
+        (
+            &["lock", "rack/1", "--wait", "2h", "--", "true"],
+            format!(
+                "error: invalid value '2h' for '--wait <WAIT>': no lock service waits longer than 1h (a cluster's \
+                 limit is its lease.max_wait, by default 5m){more}"
+            ),
+        ),
+        (
+            &["lock", "rack//1", "--", "true"],
+            format!(
+                "error: invalid value 'rack//1' for '<KEY>': key must be 1..=256 bytes of [A-Za-z0-9._:-] segments \
+                 (not . or ..) separated by single '/', got \"rack//1\"{more}"
+            ),
+        ),
+        (
+            &["lock", "rack/1", "--holder", "", "--", "true"],
+            format!(
+                "error: invalid value '' for '--holder <HOLDER>': holder must be 1..=128 printable ASCII characters{more}"
+            ),
+        ),
+    ];
+    for (args, expected) in cases {
+        let (code, stderr) = fencegate(args, &env).await;
+        assert_eq!((code, stderr.as_str()), (2, expected.as_str()), "{args:?}");
+        assert!(node.accept().is_err(), "{args:?}: the node was contacted");
+    }
+    // Inside every node's limits, the request is made (and here refused by nobody answering HTTP).
+    let (code, _) = fencegate(&["lock", "rack/1", "--ttl", "1ms", "--", "true"], &env).await;
+    assert_ne!(code, 2);
 }

@@ -86,6 +86,33 @@ pub enum ClientError {
     /// version, or not a fencegate node). The string is the decoding error.
     #[error("unexpected answer from the lock service: {0}")]
     Protocol(String),
+    /// An endpoint answered an error, but not as a lock node does: no
+    /// [`wire::CLUSTER_HEADER`] and no Lock API error in the body. The wrong
+    /// address or port (another service), or something in between.
+    #[error(
+        "{url} answered {status} but is not a fencegate lock node (no {} header, no Lock API error): \
+         is the endpoint a node's `listen` address?",
+        wire::CLUSTER_HEADER
+    )]
+    NotALockNode {
+        /// The URL asked.
+        url: String,
+        /// The status it answered with.
+        status: StatusCode,
+    },
+}
+
+/// How an [`ClientError::Unavailable`] begins when no endpoint answered at
+/// all (every attempt failed to connect or timed out), as opposed to nodes
+/// that answered without a quorum.
+const NO_NODE_ANSWERED: &str = "no node answered";
+
+impl ClientError {
+    /// Unavailable because no endpoint answered at all: nothing listening
+    /// there, or nothing reachable; not a cluster without a quorum.
+    pub fn no_node_answered(&self) -> bool {
+        matches!(self, ClientError::Unavailable(m) if m.starts_with(NO_NODE_ANSWERED))
+    }
 }
 
 /// [`ClientError::Held`] for a person: who holds the key, or why nobody can have it yet.
@@ -214,8 +241,25 @@ struct Inner {
     options: ClientOptions,
 }
 
-/// How long to keep retrying a call that found no leader, beyond its own wait.
-const FAILOVER_BUDGET: Duration = Duration::from_secs(5);
+/// How long to keep retrying a call that found no leader, beyond its own
+/// wait: a call nobody answers gives up after this.
+pub const FAILOVER_BUDGET: Duration = Duration::from_secs(5);
+
+/// The time a call may take beyond [`ClientOptions::request_timeout`].
+#[derive(Debug, Clone, Copy)]
+enum Extra {
+    /// A wait the service spends on the request (an acquire's `wait_ms`):
+    /// added to each attempt's timeout and to the failover budget.
+    Wait(Duration),
+    /// A slow answer (a membership change, a backup): added to each
+    /// attempt's timeout only, so that a cluster nobody answers for is given
+    /// up on within the failover budget, as for any other call.
+    Slow(Duration),
+}
+
+impl Extra {
+    const NONE: Extra = Extra::Wait(Duration::ZERO);
+}
 /// How long a membership change may take on the leader: a new member's
 /// catch-up (`server::members::CATCH_UP`) and both steps of the change.
 const MEMBER_CHANGE: Duration = Duration::from_secs(150);
@@ -270,14 +314,15 @@ impl Client {
     }
 
     /// Send `method path` to the cluster: the preferred node first, then the
-    /// others, retrying through elections until `budget` runs out. Answers
-    /// other than 503 are returned as they are.
+    /// others, retrying through elections until the failover budget (plus a
+    /// [`Extra::Wait`]) runs out. Answers other than 503 are returned as
+    /// they are.
     async fn call(
         &self,
         method: Method,
         path: &str,
         body: Option<&impl Serialize>,
-        extra: Duration,
+        extra: Extra,
     ) -> Result<Reply, ClientError> {
         self.call_on(&self.inner.http, method, path, body, extra).await
     }
@@ -289,14 +334,21 @@ impl Client {
         method: Method,
         path: &str,
         body: Option<&impl Serialize>,
-        extra: Duration,
+        extra: Extra,
     ) -> Result<Reply, ClientError> {
-        let deadline = Instant::now() + extra + FAILOVER_BUDGET;
+        let (extra, budget) = match extra {
+            Extra::Wait(wait) => (wait, FAILOVER_BUDGET + wait),
+            Extra::Slow(slow) => (slow, FAILOVER_BUDGET),
+        };
+        let deadline = Instant::now() + budget;
         let n = self.inner.endpoints.len();
         let bytes = body.map(|b| serde_json::to_vec(b).expect("wire types serialise"));
         let mut backoff = election_backoff();
         let mut last_error;
         let mut attempt = 0usize;
+        // The endpoints tried, in order, and whether any answered HTTP at all.
+        let mut tried: Vec<usize> = Vec::with_capacity(n);
+        let mut answered = false;
         loop {
             if self.inner.rediscover.swap(false, Ordering::Relaxed) {
                 self.discover_leader().await;
@@ -304,18 +356,34 @@ impl Client {
             let i = (self.inner.preferred.load(Ordering::Relaxed) + attempt) % n;
             let url = format!("{}{path}", self.inner.endpoints[i]);
             let timeout = self.inner.options.request_timeout + extra;
+            if !tried.contains(&i) {
+                tried.push(i);
+            }
             match http.call(method.clone(), &url, bytes.clone(), timeout).await {
+                // Not a 503: a proxy in front of a restarting node says that too.
+                Ok(a) if a.status != StatusCode::SERVICE_UNAVAILABLE && !from_a_lock_node(&a) => {
+                    return Err(ClientError::NotALockNode { url, status: a.status });
+                }
                 Ok(a) if a.status != StatusCode::SERVICE_UNAVAILABLE => {
                     self.inner.preferred.store(i, Ordering::Relaxed);
                     return Ok(a);
                 }
-                Ok(a) => last_error = format!("{url}: {}", String::from_utf8_lossy(&a.body).trim()),
+                Ok(a) => {
+                    answered = true;
+                    last_error = format!("{url}: {}", String::from_utf8_lossy(&a.body).trim());
+                }
                 Err(e) => last_error = e.to_string(),
             }
             attempt += 1;
             self.inner.rediscover.store(true, Ordering::Relaxed);
             if Instant::now() >= deadline {
-                return Err(ClientError::Unavailable(last_error));
+                let tried: Vec<&str> = tried.iter().map(|&i| self.inner.endpoints[i].as_str()).collect();
+                let nobody = if answered { "" } else { "no node answered; " };
+                debug_assert!(nobody.is_empty() || nobody.starts_with(NO_NODE_ANSWERED));
+                return Err(ClientError::Unavailable(format!(
+                    "{nobody}tried {} (last error: {last_error})",
+                    tried.join(", ")
+                )));
             }
             if attempt % n == 0 {
                 // Every node said no: give the cluster an election's time,
@@ -374,7 +442,7 @@ impl Client {
             lock_delay_ms: opts.lock_delay.map(|d| d.as_millis() as u64),
         };
         let path = format!("{}{key}", wire::LOCKS_PATH);
-        let g: Granted = decode(self.call(Method::POST, &path, Some(&body), remaining).await?)?;
+        let g: Granted = decode(self.call(Method::POST, &path, Some(&body), Extra::Wait(remaining)).await?)?;
         // L4: the grant happened after `first_sent` (the earliest attempt that
         // could have produced it), so validity is measured from there.
         let lease = Lease::start(self.clone(), g.key, g.token, g.lease_id, Duration::from_millis(g.ttl_ms), first_sent);
@@ -395,7 +463,7 @@ impl Client {
     /// [`ClientError::Unavailable`] without a quorum.
     pub async fn read(&self, key: &str) -> Result<LockInfo, ClientError> {
         let path = format!("{}{key}", wire::LOCKS_PATH);
-        decode(self.call(Method::GET, &path, None::<&()>, Duration::ZERO).await?)
+        decode(self.call(Method::GET, &path, None::<&()>, Extra::NONE).await?)
     }
 
     /// The table's revision, read linearizably: at least the revision of
@@ -404,38 +472,38 @@ impl Client {
     /// The answer names the leader's cluster: revisions of two clusters
     /// say nothing of each other.
     pub async fn revision(&self) -> Result<wire::Revision, ClientError> {
-        decode(self.call(Method::GET, wire::REVISION_PATH, None::<&()>, Duration::ZERO).await?)
+        decode(self.call(Method::GET, wire::REVISION_PATH, None::<&()>, Extra::NONE).await?)
     }
 
     /// The cluster as the answering node sees it (the known leader is asked
     /// first). Not a leader call: any live node answers.
     pub async fn cluster(&self) -> Result<ClusterInfo, ClientError> {
-        decode(self.call(Method::GET, wire::CLUSTER_PATH, None::<&()>, Duration::ZERO).await?)
+        decode(self.call(Method::GET, wire::CLUSTER_PATH, None::<&()>, Extra::NONE).await?)
     }
 
     /// The members, as the leader sees them (needs the `admin` right).
     pub async fn members(&self) -> Result<wire::MemberList, ClientError> {
         // A read: the leader's probes of the members take under a second.
-        decode(self.call(Method::GET, wire::MEMBERS_PATH, None::<&()>, MEMBER_LIST).await?)
+        decode(self.call(Method::GET, wire::MEMBERS_PATH, None::<&()>, Extra::Slow(MEMBER_LIST)).await?)
     }
 
     /// Add a member: a learner first, a voter once it has caught up. Waits
     /// for both (up to a few minutes for a long catch-up).
     pub async fn add_member(&self, add: &wire::AddMember) -> Result<wire::MemberList, ClientError> {
-        decode(self.call(Method::POST, wire::MEMBERS_PATH, Some(add), MEMBER_CHANGE).await?)
+        decode(self.call(Method::POST, wire::MEMBERS_PATH, Some(add), Extra::Slow(MEMBER_CHANGE)).await?)
     }
 
     /// Remove a member (the leader hands over first if it is the one).
     pub async fn remove_member(&self, id: u64, force: bool) -> Result<wire::MemberList, ClientError> {
         let path = format!("{}/{id}{}", wire::MEMBERS_PATH, if force { "?force=true" } else { "" });
-        decode(self.call(Method::DELETE, &path, None::<&()>, MEMBER_CHANGE).await?)
+        decode(self.call(Method::DELETE, &path, None::<&()>, Extra::Slow(MEMBER_CHANGE)).await?)
     }
 
     /// The leader's backup of the lock table, as `fencegate snapshot save`
     /// writes it (up to `max_bytes`); the caller checks its checksum.
     pub async fn snapshot(&self, max_bytes: usize) -> Result<Bytes, ClientError> {
         let http = self.inner.options.http_client(max_bytes)?;
-        let a = self.call_on(&http, Method::GET, wire::SNAPSHOT_PATH, None::<&()>, SNAPSHOT).await?;
+        let a = self.call_on(&http, Method::GET, wire::SNAPSHOT_PATH, None::<&()>, Extra::Slow(SNAPSHOT)).await?;
         match a.status {
             StatusCode::OK => Ok(a.body),
             _ => decode::<()>(a).map(|()| Bytes::new()),
@@ -445,7 +513,7 @@ impl Client {
     /// One keepalive. `Ok(ttl)` only when the leader acknowledged it.
     pub(crate) async fn keepalive(&self, lease_id: &str, timeout: Duration) -> Result<Duration, ClientError> {
         let path = format!("{}{lease_id}/keepalive", wire::LEASES_PATH);
-        let call = self.call(Method::POST, &path, None::<&()>, Duration::ZERO);
+        let call = self.call(Method::POST, &path, None::<&()>, Extra::NONE);
         let answer = tokio::time::timeout(timeout, call).await.map_err(|_| {
             ClientError::Unavailable(format!(
                 "keepalive not acknowledged within {}",
@@ -458,7 +526,7 @@ impl Client {
 
     pub(crate) async fn release(&self, lease_id: &str) -> Result<(), ClientError> {
         let path = format!("{}{lease_id}", wire::LEASES_PATH);
-        decode::<Released>(self.call(Method::DELETE, &path, None::<&()>, Duration::ZERO).await?).map(|_| ())
+        decode::<Released>(self.call(Method::DELETE, &path, None::<&()>, Extra::NONE).await?).map(|_| ())
     }
 }
 
@@ -468,6 +536,16 @@ fn election_backoff() -> Backoff {
 }
 
 /// Map an answer to its body, or to the error it carries.
+/// Whether an answer can be a lock node's: a success, or an error that
+/// names the cluster or is a Lock API error with a code of the API. (A
+/// node says its cluster id only once it has one; its errors are always
+/// Lock API errors. Another service's `{"error": "not found"}` is not one.)
+fn from_a_lock_node(a: &Reply) -> bool {
+    a.status.is_success()
+        || a.headers.contains_key(wire::CLUSTER_HEADER)
+        || serde_json::from_slice::<wire::ApiError>(&a.body).is_ok_and(|e| !matches!(e.error, ErrorCode::Unknown))
+}
+
 fn decode<T: DeserializeOwned>(a: Reply) -> Result<T, ClientError> {
     if a.status == StatusCode::OK {
         return serde_json::from_slice(&a.body).map_err(|e| ClientError::Protocol(e.to_string()));

@@ -39,6 +39,6 @@ pub mod tls;
 pub mod url;
 pub mod wire;
 
-pub use client::{AcquireOptions, Client, ClientError, ClientOptions, DEFAULT_ENDPOINTS};
+pub use client::{AcquireOptions, Client, ClientError, ClientOptions, DEFAULT_ENDPOINTS, FAILOVER_BUDGET};
 pub use lease::{Lease, LostReason};
 pub use wire::{ClusterInfo, LockInfo, Member, Token, TOKEN_HEADER};
