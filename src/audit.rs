@@ -38,8 +38,23 @@ pub enum Change {
     },
 }
 
+/// The changes node `node` applied, each line in that node's span
+/// (`node{id=2}:`). The span is at error level, so that no level filter
+/// drops it, and of this target, so that `fencegate::audit[node{id=1}]=info`
+/// selects one node's trail (`fencegate dev`: three nodes in one process
+/// print each change once).
+pub fn applied(node: u64, changes: &[Change]) {
+    if changes.is_empty() {
+        return;
+    }
+    let _node = tracing::error_span!(target: TARGET, "node", id = node).entered();
+    for change in changes {
+        change.write();
+    }
+}
+
 impl Change {
-    pub fn write(&self) {
+    fn write(&self) {
         match self {
             Change::Grant { owner, key, token } => {
                 tracing::info!(target: TARGET, event = "grant", identity = owner.as_str(), key = key.as_str(), token)

@@ -576,9 +576,8 @@ pub fn run(cli: Cli) -> i32 {
     // Known before the command takes its endpoints: whether they are the defaults.
     let defaults = cli.command.endpoints().map(|e| e.endpoints.is_none());
     let kind = match cli.command {
-        Command::Server { .. } | Command::Sidecar { .. } | Command::Dev { .. } | Command::Inventory { .. } => {
-            logging::Kind::Service
-        }
+        Command::Server { .. } | Command::Sidecar { .. } | Command::Inventory { .. } => logging::Kind::Service,
+        Command::Dev { .. } => logging::Kind::Dev,
         Command::Demo { .. } => logging::Kind::Demo,
         _ => logging::Kind::OneShot,
     };

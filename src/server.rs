@@ -128,7 +128,8 @@ impl Node {
         let protocols = Arc::new(Protocols::default());
         let identity = Identity::open(db.clone())?;
         let stored = identity.get();
-        let sm = StateMachineStore::open(snapshots, lock_metrics.clone(), protocols.clone(), identity.clone())?;
+        let sm =
+            StateMachineStore::open(snapshots, lock_metrics.clone(), protocols.clone(), identity.clone(), config.id)?;
         let applied = sm.applied();
         if let Err(e) = crate::raft::identity::compatible(stored.as_deref(), applied.lock().locks.cluster()) {
             anyhow::bail!("{}: its snapshot is of another cluster than its log: {e}", config.data_dir.display());

@@ -25,6 +25,10 @@ pub enum Kind {
     OneShot,
     /// `demo`, which prints its own timeline: only errors besides it.
     Demo,
+    /// `dev`: three nodes, a sidecar and the inventory in one process,
+    /// under its banner: warnings, and each applied change once (node 1's
+    /// audit line), not the nodes' start-up lines or each change thrice.
+    Dev,
 }
 
 /// The filter when neither variable is set; `verbose` (`-v`) raises a
@@ -37,6 +41,7 @@ pub fn default_filter(kind: Kind, verbose: bool) -> &'static str {
         (Kind::Service, _) | (_, true) => "info,openraft=off",
         (Kind::OneShot, false) => "warn,openraft=off",
         (Kind::Demo, false) => "error,openraft=off",
+        (Kind::Dev, false) => "warn,openraft=off,fencegate::audit[node{id=1}]=info",
     }
 }
 

@@ -139,6 +139,8 @@ impl Applied {
 pub struct StateMachineStore {
     applied: Arc<Applied>,
     snapshots: SnapshotFile,
+    /// This node's id, on the audit lines of what it applies.
+    node: NodeId,
 }
 
 impl StateMachineStore {
@@ -148,6 +150,7 @@ impl StateMachineStore {
         metrics: LockMetrics,
         protocols: Arc<Protocols>,
         identity: Arc<Identity>,
+        node: NodeId,
     ) -> Result<Self, StorageError> {
         let mut state = AppliedState::default();
         if let Some(snap) = snapshots.read()? {
@@ -156,7 +159,7 @@ impl StateMachineStore {
         let index = watch::Sender::new(state.applied_index());
         let applied = Applied { state: Mutex::new(state), index, metrics, protocols, identity };
         applied.table_changed(&applied.lock().locks);
-        Ok(Self { applied: Arc::new(applied), snapshots })
+        Ok(Self { applied: Arc::new(applied), snapshots, node })
     }
 
     pub fn applied(&self) -> Arc<Applied> {
@@ -333,9 +336,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             self.applied.table_changed(&s.locks);
             s.applied_index()
         };
-        for change in &changes {
-            change.write();
-        }
+        crate::audit::applied(self.node, &changes);
         self.applied.index.send_replace(last);
         Ok(out)
     }

@@ -241,16 +241,21 @@ impl Banner {
 }
 
 /// `fencegate dev --free-ports`, on the ports its banner names: acquire,
-/// write through the sidecar, read the inventory's log, stop.
+/// write through the sidecar, read the inventory's log, stop. Its terminal
+/// shows the banner and one line per change: no start-up INFO lines, each
+/// grant once (not once per node), nothing about the watch on Ctrl-C.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_smoke() {
     use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().unwrap();
+    let stderr = dir.path().join("stderr");
     let mut child = bin!()
         .tokio_command(&["dev", "--free-ports", "--data"])
-        .arg(dir.path())
+        .arg(dir.path().join("data"))
+        .env_remove("FENCEGATE_LOG")
+        .env_remove("RUST_LOG")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
@@ -283,7 +288,8 @@ async fn dev_smoke() {
     let client = fencegate_client::Client::new(banner.lock_service.clone()).unwrap();
     let lease =
         client.acquire("rack/42", fencegate_client::AcquireOptions::new(Duration::from_secs(10))).await.unwrap();
-    let put = http::fenced_put(format!("{}/racks/42", banner.sidecar), lease.token());
+    let lease_token = lease.token();
+    let put = http::fenced_put(format!("{}/racks/42", banner.sidecar), lease_token);
     assert_eq!(http::send(put, Duration::from_secs(5)).await.0, 200);
     let writes = http::get_json(&format!("{}/writes", banner.inventory)).await.unwrap();
     let ours = writes.as_array().unwrap().iter().find(|w| w["rack"] == "42").expect("the write to rack 42");
@@ -301,6 +307,12 @@ async fn dev_smoke() {
         .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(0));
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    let grant = format!(r#"event="grant" identity="anonymous" key="rack/42" token={}"#, lease_token);
+    assert_eq!(said.lines().filter(|l| l.contains(&grant)).count(), 1, "the grant once:\n{said}");
+    let noise = |l: &&str| l.contains(" INFO ") && !l.contains("fencegate::audit");
+    assert_eq!(said.lines().filter(noise).count(), 0, "INFO lines besides the changes:\n{said}");
+    assert!(!said.contains("reconnecting"), "the watch on Ctrl-C:\n{said}");
 }
 
 /// `fencegate args…` with its stdout a pipe whose reader went away before
