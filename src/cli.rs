@@ -29,21 +29,35 @@ use crate::config::ConfigFile;
 
 /// Distributed locks with fencing tokens, and a sidecar that enforces them.
 #[derive(Debug, Parser)]
-#[command(name = "fencegate", version, about, long_about = None)]
+#[command(name = "fencegate", version, about, long_about = None, after_long_help = LOGS)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Log lines (on stderr) as text for a person, or one JSON object per
-    /// line for a log shipper. Filter with FENCEGATE_LOG (else RUST_LOG),
-    /// e.g. `debug` or `info,fencegate::sidecar=debug`; colour only on a
-    /// terminal, and not with NO_COLOR set.
-    #[arg(long, global = true, value_enum, default_value = "text", env = "FENCEGATE_LOG_FORMAT")]
+    /// Log lines on stderr: text or json (`fencegate --help` says more).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        hide_possible_values = true,
+        default_value = "text",
+        env = "FENCEGATE_LOG_FORMAT"
+    )]
     log_format: logging::LogFormat,
-    /// Log INFO lines too (`lock`, `status` and the other one-shot commands
-    /// print only warnings and errors by default; FENCEGATE_LOG overrides).
+    /// Log INFO lines too (one-shot commands log only warnings by default).
     #[arg(long, short, global = true)]
     verbose: bool,
 }
+
+/// The global flags, said once (in `fencegate --help`) rather than in
+/// every subcommand's help.
+const LOGS: &str = "\
+Logs go to stderr: --log-format text (one line per event, for a person;
+colour only on a terminal, and not with NO_COLOR set) or json (one object
+per line: timestamp, level, target, fields; for a log shipper). Filter them
+with FENCEGATE_LOG (else RUST_LOG), e.g. `debug` or
+`info,fencegate::sidecar=debug`. `lock`, `status` and the other one-shot
+commands log only warnings by default (-v: INFO too); `server`, `sidecar`
+and `inventory` log INFO.";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -742,6 +756,29 @@ mod tests {
             };
             assert_eq!(endpoints.urls().unwrap(), three, "{args:?}");
         }
+    }
+
+    /// The logging paragraph is said once, in `fencegate --help`; a
+    /// subcommand's help gives the global flags a line each (it repeated
+    /// the paragraph, and `lock --help` ran to 87 lines).
+    #[test]
+    fn the_global_flags_are_explained_once() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        cli.build();
+        let top = cli.render_long_help().to_string();
+        assert!(top.contains("log shipper") && top.contains("FENCEGATE_LOG"), "{top}");
+        for sub in cli.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+            let help = sub.render_long_help().to_string();
+            let name = sub.get_name().to_string();
+            assert!(!help.contains("log shipper"), "`{name} --help` repeats the logging paragraph:\n{help}");
+            assert!(help.contains("--log-format") && help.contains("--verbose"), "{name}:\n{help}");
+        }
+        let lock = cli.find_subcommand_mut("lock").unwrap().render_long_help().to_string();
+        for flag in ["--ttl", "--wait", "--holder", "--grace", "--operation-id", "--endpoints", "--token"] {
+            assert!(lock.contains(flag), "{flag}:\n{lock}");
+        }
+        assert!(lock.lines().count() < 85, "{} lines:\n{lock}", lock.lines().count());
     }
 
     /// The endpoints may follow a subcommand (`member list --endpoints URL`),
