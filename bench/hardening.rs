@@ -7,6 +7,7 @@
 //! Run: build the baseline, e.g.
 //! `git worktree add /tmp/base <rev> && (cd /tmp/base && CARGO_TARGET_DIR=target/baseline cargo build --release)`,
 //! then `BENCH_BASELINE_BIN=target/baseline/release/fencegate cargo bench --bench hardening`.
+//! BENCH_BASELINE_NAME names the baseline in the results (e.g. its commit).
 //! Env: BENCH_SECONDS (5), BENCH_REPS (3), BENCH_CONNECTIONS (32), BENCH_RATE
 //! (5000, for the latency phase), BENCH_CONSISTENCY (`cached`, or
 //! `linearizable`), BENCH_KEYED (`1`: the route keeps idempotency records
@@ -53,9 +54,11 @@ async fn main() {
 
     let (ratio, per_rep) = p.ratios();
     let markdown = format!(
-        "Baseline: {baseline}.\n\nStrict, {consistency}{}, `PUT /racks/1` with a live token, {} keep-alive connections; \
+        "Baseline: {}.\n\nStrict, {consistency}{}, `PUT /racks/1` with a live token, {} keep-alive connections; \
          BENCH_REPS={}, BENCH_SECONDS={} per phase; median (min–max).\n\n{}\n\
          Throughput after ÷ before: {ratio:.3} (ratio of medians); per repetition {} (target: ≥ 0.97).\n",
+        // Named, not its path: the results are committed, a machine's paths are not.
+        std::env::var("BENCH_BASELINE_NAME").unwrap_or_else(|_| "an earlier build (BENCH_BASELINE_BIN)".into()),
         if keyed { ", a new Idempotency-Key on every write" } else { "" },
         s.connections,
         s.reps,
