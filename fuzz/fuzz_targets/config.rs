@@ -5,9 +5,7 @@
 //! reloads read the same code in a running sidecar or node.
 #![no_main]
 
-use fencegate::fuzzing::NodeConfig;
-use fencegate::fuzzing::SidecarConfig;
-use fencegate::fuzzing::ConfigFile;
+use fencegate::fuzzing::{ConfigFile, NodeConfig, SidecarConfig};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

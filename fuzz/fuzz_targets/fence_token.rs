@@ -12,8 +12,10 @@
 //! 255 visible ASCII characters and is the value, or the value unquoted.
 #![no_main]
 
-use fencegate::fuzzing::{parse_token, Reason};
-use fencegate::fuzzing::idempotency::{self, parse_key};
+use fencegate::fuzzing::{
+    idempotency::{self, parse_key},
+    parse_token, Reason,
+};
 use fencegate_client::wire::TOKEN_HEADER;
 use hyper::header::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;

@@ -18,11 +18,10 @@
 
 use std::sync::LazyLock;
 
-use fencegate::fuzzing::{LeaseConfig, NodeConfig};
-use fencegate::fuzzing::ConfigFile;
-use fencegate::fuzzing::parse_json;
-use fencegate::fuzzing::validate;
-use fencegate::fuzzing::inputs::{acquire_params, call, member_of, watch_params, Call};
+use fencegate::fuzzing::{
+    inputs::{acquire_params, call, member_of, watch_params, Call},
+    parse_json, validate, ConfigFile, LeaseConfig, NodeConfig,
+};
 use fencegate_client::wire::{AcquireRequest, AddMember, LOCKS_PATH};
 use hyper::Method;
 use libfuzzer_sys::fuzz_target;

@@ -13,10 +13,10 @@
 //! which must not panic either, and whose revision never goes back.
 #![no_main]
 
-use fencegate::fuzzing::LockState;
-use fencegate::fuzzing::Peers;
-use fencegate::fuzzing::NodeId;
-use fencegate::fuzzing::inputs::{peer_rpc, ApiError, PeerRpc};
+use fencegate::fuzzing::{
+    inputs::{peer_rpc, ApiError, PeerRpc},
+    LockState, NodeId, Peers,
+};
 use libfuzzer_sys::fuzz_target;
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{AppendEntriesResponse, InstallSnapshotResponse, VoteResponse};

@@ -22,10 +22,7 @@
 
 use std::sync::LazyLock;
 
-use fencegate::fuzzing::SidecarConfig;
-use fencegate::fuzzing::ConfigFile;
-use fencegate::fuzzing::hex_byte;
-use fencegate::fuzzing::{canonical, MatchError, Matched, Routes};
+use fencegate::fuzzing::{canonical, hex_byte, ConfigFile, MatchError, Matched, Routes, SidecarConfig};
 use hyper::Method;
 use libfuzzer_sys::fuzz_target;
 
