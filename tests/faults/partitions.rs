@@ -28,7 +28,7 @@ use std::time::Duration;
 use faults::Fault;
 use fencegate_testkit::netns::{self, monotonic_ns, Lab};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
-use fencegate_testkit::verify::checker::{self, APPLY_MARGIN_MS, MAX_STALENESS_MS};
+use fencegate_testkit::verify::checker::{self, MAX_STALENESS_MS};
 use fencegate_testkit::verify::history::History;
 use fencegate_testkit::verify::{summary, workload};
 use fencegate_testkit::{bin, Proc, Upstream};
@@ -126,17 +126,7 @@ async fn sidecar_arm(lab: &Lab, nodes: u64, seconds: u64, seed: u64) -> Arm {
     let recovered = workload::recovery(&client, LIVENESS_BOUND_MS).await;
     let latest = workload::latest(&client, &keys()).await;
     drop(sidecar);
-    let ops = history.ops();
-    let (window, window_ms) =
-        checker::stale_window(&ops, &workload::applied_at(&up, &keys(), &history), MAX_STALENESS_MS + APPLY_MARGIN_MS);
-    let reports = vec![
-        checker::upstream_order(&workload::applied(&up, &keys())),
-        checker::token_order(&ops),
-        checker::durability(&ops, &latest),
-        checker::exclusion(&ops),
-        checker::liveness(recovered, LIVENESS_BOUND_MS),
-        window,
-    ];
+    let (reports, window_ms) = summary::sidecar_checks(&history, &up, &keys(), &latest, recovered, LIVENESS_BOUND_MS);
     Arm { name: "sidecar", history, faults, reports, window_ms }
 }
 

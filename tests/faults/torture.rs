@@ -34,7 +34,7 @@ use std::time::Duration;
 use fencegate_testkit::cluster::{ClusterOptions, Security};
 use fencegate_testkit::powerloss::{Mode, PowerLossFs};
 use fencegate_testkit::routes::{everything_else, rack_writes, table};
-use fencegate_testkit::verify::checker::{self, APPLY_MARGIN_MS, MAX_STALENESS_MS};
+use fencegate_testkit::verify::checker::{self, MAX_STALENESS_MS};
 use fencegate_testkit::verify::history::History;
 use fencegate_testkit::verify::summary::{self, Columns};
 use fencegate_testkit::verify::workload::{self, Workload};
@@ -96,20 +96,8 @@ async fn sidecar_arm(nodes: u64, seconds: u64, seed: u64) -> Arm {
     let client = c.client();
     let recovered = workload::recovery(&client, LIVENESS_BOUND_MS).await;
     let latest = workload::latest(&client, &keys(&w, "")).await;
-    let ops = history.ops();
-    let (window, window_ms) = checker::stale_window(
-        &ops,
-        &workload::applied_at(&up, &keys(&w, ""), &history),
-        MAX_STALENESS_MS + APPLY_MARGIN_MS,
-    );
-    let reports = vec![
-        checker::upstream_order(&workload::applied(&up, &keys(&w, ""))),
-        checker::token_order(&ops),
-        checker::durability(&ops, &latest),
-        checker::exclusion(&ops),
-        checker::liveness(recovered, LIVENESS_BOUND_MS),
-        window,
-    ];
+    let (reports, window_ms) =
+        summary::sidecar_checks(&history, &up, &keys(&w, ""), &latest, recovered, LIVENESS_BOUND_MS);
     Arm { name: "sidecar", history, faults, reports, window_ms }
 }
 

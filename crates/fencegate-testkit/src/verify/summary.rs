@@ -6,8 +6,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::checker::{Report, APPLY_MARGIN_MS, MAX_STALENESS_MS};
+use super::checker::{self, Report, APPLY_MARGIN_MS, MAX_STALENESS_MS};
 use super::history::{History, Kind, Op, Outcome};
+use super::workload;
+use crate::Upstream;
 
 /// One arm of a run: what it did, the faults it saw (`F`: the suite's
 /// fault kinds), what the checks found, and the longest cached window
@@ -18,6 +20,32 @@ pub struct Arm<F> {
     pub faults: BTreeMap<F, usize>,
     pub reports: Vec<Report>,
     pub window_ms: Option<f64>,
+}
+
+/// Every check of a sidecar arm, once its faults are healed: what reached
+/// the upstream (S1/S2, and how late a stale write landed), the grants
+/// (order, durability against `latest`, exclusion) and the recovery within
+/// `liveness_bound_ms`; the longest stale window measured.
+pub fn sidecar_checks(
+    history: &History,
+    up: &Upstream,
+    keys: &[String],
+    latest: &BTreeMap<String, u64>,
+    recovered: Option<f64>,
+    liveness_bound_ms: f64,
+) -> (Vec<Report>, Option<f64>) {
+    let ops = history.ops();
+    let applied_at = workload::applied_at(up, keys, history);
+    let (window, window_ms) = checker::stale_window(&ops, &applied_at, MAX_STALENESS_MS + APPLY_MARGIN_MS);
+    let reports = vec![
+        checker::upstream_order(&workload::applied(up, keys)),
+        checker::token_order(&ops),
+        checker::durability(&ops, latest),
+        checker::exclusion(&ops),
+        checker::liveness(recovered, liveness_bound_ms),
+        window,
+    ];
+    (reports, window_ms)
 }
 
 /// Where a failing run keeps its histories, and how to replay it.
