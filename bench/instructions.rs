@@ -112,7 +112,9 @@ async fn measure() {
         [rack_writes(fence).methods(&["PUT"]), keyed.with("idempotency", "{ retention: 1h }"), everything_else()];
     let options = SidecarOptions {
         lock_service: cluster.urls(),
-        yaml: table(&routes),
+        // Room for every record a run makes in one lock key's quota (a
+        // 16th of the store): each keyed request is a new record of rack/1.
+        yaml: format!("limits: {{ idempotency_store: 4GiB }}\n{}", table(&routes)),
         log_filter: "warn".into(),
         ..Default::default()
     };
