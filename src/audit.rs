@@ -13,7 +13,7 @@ const TARGET: &str = "fencegate::audit";
 /// after it is released (writing a log line is I/O, and the apply loop
 /// holds the lock every API call needs).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     Grant {
         owner: String,
         key: String,
@@ -43,7 +43,7 @@ pub enum Change {
 /// drops it, and of this target, so that `fencegate::audit[node{id=1}]=info`
 /// selects one node's trail (`fencegate dev`: three nodes in one process
 /// print each change once).
-pub fn applied(node: u64, changes: &[Change]) {
+pub(crate) fn applied(node: u64, changes: &[Change]) {
     if changes.is_empty() {
         return;
     }
@@ -78,26 +78,26 @@ impl Change {
 }
 
 /// `identity` lacked `right` on `key` (or the lease was not its own).
-pub fn denied(identity: &str, right: Right, key: &str, why: &str) {
+pub(crate) fn denied(identity: &str, right: Right, key: &str, why: &str) {
     tracing::warn!(target: TARGET, event = "deny", identity, right = right.as_str(), key, why);
 }
 
 /// A request whose credentials were missing or unknown.
-pub fn unauthenticated(addr: std::net::SocketAddr, why: &str) {
+pub(crate) fn unauthenticated(addr: std::net::SocketAddr, why: &str) {
     tracing::warn!(target: TARGET, event = "unauthenticated", %addr, why);
 }
 
 /// A connection to the peer plane whose certificate does not fit what it did.
-pub fn peer_refused(addr: std::net::SocketAddr, why: &str) {
+pub(crate) fn peer_refused(addr: std::net::SocketAddr, why: &str) {
     tracing::warn!(target: TARGET, event = "peer_refused", %addr, why);
 }
 
 /// `identity` asked the leader for a membership change (`what`).
-pub fn membership(identity: &str, what: &str) {
+pub(crate) fn membership(identity: &str, what: &str) {
     tracing::warn!(target: TARGET, event = "membership", identity, change = what);
 }
 
 /// `identity` took a backup of the whole table (holders and owners included).
-pub fn snapshot(identity: &str, revision: u64) {
+pub(crate) fn snapshot(identity: &str, revision: u64) {
     tracing::warn!(target: TARGET, event = "snapshot", identity, revision);
 }

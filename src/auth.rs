@@ -24,7 +24,7 @@ use serde::Deserialize;
 
 /// The identity of every request when clients do not authenticate
 /// (`fencegate dev`, loopback).
-pub const ANONYMOUS: &str = "anonymous";
+pub(crate) const ANONYMOUS: &str = "anonymous";
 
 /// The longest identity (a certificate's name, a token's owner).
 const MAX_IDENTITY: usize = crate::lock::validate::MAX_HOLDER_LEN;
@@ -32,7 +32,7 @@ const MAX_IDENTITY: usize = crate::lock::validate::MAX_HOLDER_LEN;
 /// The rule of holder names: 1–128 printable ASCII characters (spaces
 /// allowed, as in a certificate's common name), which can be logged and
 /// compared as they are.
-pub fn identity_ok(name: &str) -> bool {
+pub(crate) fn identity_ok(name: &str) -> bool {
     crate::lock::validate::holder(name).is_ok()
 }
 
@@ -155,7 +155,7 @@ impl Acl {
 }
 
 /// The SHA-256 of a bearer token, as stored in a tokens file.
-pub fn token_hash(token: &str) -> [u8; 32] {
+pub(crate) fn token_hash(token: &str) -> [u8; 32] {
     digest(&SHA256, token.as_bytes()).as_ref().try_into().expect("SHA-256 is 32 bytes")
 }
 
@@ -163,7 +163,7 @@ pub fn token_hash(token: &str) -> [u8; 32] {
 /// list of them, to rotate a token without a gap), one identity per line.
 /// Only hashes are stored: the file reveals no token.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tokens {
+pub(crate) struct Tokens {
     owners: HashMap<[u8; 32], String>,
 }
 
@@ -175,7 +175,7 @@ enum OneOrMany {
 }
 
 impl Tokens {
-    pub fn parse(yaml: &str) -> Result<Tokens, String> {
+    pub(crate) fn parse(yaml: &str) -> Result<Tokens, String> {
         let map: Option<HashMap<String, OneOrMany>> = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
         let mut owners = HashMap::new();
         for (identity, hashes) in map.unwrap_or_default() {
@@ -200,12 +200,12 @@ impl Tokens {
     }
 
     /// The identity the token of this hash belongs to, if any.
-    pub fn owner_of_hash(&self, hash: &[u8; 32]) -> Option<&str> {
+    pub(crate) fn owner_of_hash(&self, hash: &[u8; 32]) -> Option<&str> {
         self.owners.get(hash).map(String::as_str)
     }
 
     /// How many tokens are known.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.owners.len()
     }
 }
@@ -223,17 +223,17 @@ fn parse_hash(s: &str) -> Option<[u8; 32]> {
 }
 
 /// `sha256:<hex>` of a token: the form a tokens file stores.
-pub fn hash_line(token: &str) -> String {
+pub(crate) fn hash_line(token: &str) -> String {
     sha256_text(token.as_bytes())
 }
 
 /// `sha256:<hex>` of `bytes`.
-pub fn sha256_text(bytes: &[u8]) -> String {
+pub(crate) fn sha256_text(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(digest(&SHA256, bytes)))
 }
 
 /// The shortest peer secret: 32 characters (`openssl rand -hex 32` gives 64).
-pub const MIN_PEER_SECRET: usize = 32;
+pub(crate) const MIN_PEER_SECRET: usize = 32;
 
 /// The contents of a `peer_secret_file`: the members' shared secret, one
 /// per line. The first is the one this node proves; every line is accepted,

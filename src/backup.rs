@@ -22,15 +22,15 @@ use crate::lock::state::LockState;
 const MAGIC: &str = "fencegate-snapshot";
 
 /// The backup format this build writes, and the newest it reads.
-pub const BACKUP_FORMAT: u32 = 1;
+pub(crate) const BACKUP_FORMAT: u32 = 1;
 
 /// Largest backup file read: the table is bounded by the nodes' key and
 /// request-id limits, far below this.
-pub const MAX_BACKUP: usize = 256 << 20;
+pub(crate) const MAX_BACKUP: usize = 256 << 20;
 
 /// The first line of a backup file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Header {
+pub(crate) struct Header {
     /// Always `fencegate-snapshot`.
     pub format: String,
     pub version: u32,
@@ -52,17 +52,17 @@ pub struct Header {
 
 /// The highest token a cluster may grant, with room to spare below 2^53:
 /// every JSON parser (JavaScript's, `jq`'s) reads a token exactly.
-pub const MAX_TOKEN: u64 = (1 << 53) - (1 << 32);
+pub(crate) const MAX_TOKEN: u64 = (1 << 53) - (1 << 32);
 
 /// The floor a restored cluster's tokens start above, and what set it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RestoreFloor {
+pub(crate) struct RestoreFloor {
     pub floor: u64,
     pub by: FloorSource,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FloorSource {
+pub(crate) enum FloorSource {
     /// The restoring host's clock, in microseconds since 1970.
     Clock,
     /// The operator's `--min-token`, above the clock.
@@ -82,7 +82,7 @@ pub enum FloorSource {
 /// never restored has far smaller tokens still.) What it needs: the
 /// restoring host's clock not behind the time of the lost cluster's last
 /// grant by more than that cluster's slack (DESIGN, "Residual windows").
-pub fn restore_floor(revision: u64, min_token: u64, clock_us: u64) -> Result<RestoreFloor, String> {
+pub(crate) fn restore_floor(revision: u64, min_token: u64, clock_us: u64) -> Result<RestoreFloor, String> {
     if revision >= clock_us {
         return Err(format!(
             "the backup's revision {revision} is at or above this host's clock ({clock_us} µs since 1970): the \
@@ -102,7 +102,7 @@ pub fn restore_floor(revision: u64, min_token: u64, clock_us: u64) -> Result<Res
 }
 
 /// Where a backup came from (the header's fields the table does not give).
-pub struct Origin {
+pub(crate) struct Origin {
     pub taken_at: String,
     pub node: u64,
     pub term: u64,
@@ -110,7 +110,7 @@ pub struct Origin {
 }
 
 /// The file for `locks`.
-pub fn encode(locks: &LockState, origin: Origin) -> Vec<u8> {
+pub(crate) fn encode(locks: &LockState, origin: Origin) -> Vec<u8> {
     let body = serde_json::to_vec(locks).expect("the lock table serialises");
     let header = Header {
         format: MAGIC.into(),
@@ -133,7 +133,7 @@ pub fn encode(locks: &LockState, origin: Origin) -> Vec<u8> {
 
 /// The header and table of a backup file, or why it is not one this build
 /// can restore.
-pub fn decode(file: &[u8]) -> Result<(Header, LockState), String> {
+pub(crate) fn decode(file: &[u8]) -> Result<(Header, LockState), String> {
     let newline = file.iter().position(|b| *b == b'\n').ok_or("not a fencegate backup (no header line)")?;
     let (head, body) = (&file[..newline], &file[newline + 1..]);
     let header: Header = serde_json::from_slice(head).map_err(|e| format!("not a fencegate backup (header: {e})"))?;

@@ -16,14 +16,14 @@ struct Request<T, R> {
     reply: oneshot::Sender<R>,
 }
 
-pub struct Batcher<T, R> {
+pub(crate) struct Batcher<T, R> {
     tx: mpsc::UnboundedSender<Request<T, R>>,
 }
 
 impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     /// Spawn the serving task. `serve` gets up to `max` items and must return
     /// one answer per item, in order.
-    pub fn start<F, Fut>(max: usize, mut serve: F) -> Self
+    pub(crate) fn start<F, Fut>(max: usize, mut serve: F) -> Self
     where
         F: FnMut(Vec<T>) -> Fut + Send + 'static,
         Fut: Future<Output = Vec<R>> + Send,
@@ -53,14 +53,14 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     }
 
     /// Queue `item` and wait for its answer; `None` if the task has stopped.
-    pub async fn call(&self, item: T) -> Option<R> {
+    pub(crate) async fn call(&self, item: T) -> Option<R> {
         self.queue(item).await
     }
 
     /// Queue `item` now (items are served in the order they were queued),
     /// and return the wait for its answer: a caller can queue under a lock
     /// and wait after releasing it.
-    pub fn queue(&self, item: T) -> impl Future<Output = Option<R>> {
+    pub(crate) fn queue(&self, item: T) -> impl Future<Output = Option<R>> {
         let (reply, rx) = oneshot::channel();
         let sent = self.tx.send(Request { item, reply }).is_ok();
         async move {

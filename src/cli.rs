@@ -7,7 +7,7 @@
 mod out;
 mod demo;
 mod dev;
-pub mod exit;
+pub(crate) mod exit;
 mod healthcheck;
 mod idempotency;
 mod inventory;
@@ -29,11 +29,11 @@ use crate::config::ConfigFile;
 
 /// Distributed locks with fencing tokens, and a sidecar that enforces them.
 #[derive(Debug, Parser)]
-#[command(name = "fencegate", version, about, long_about = None, after_long_help = LOGS)]
+#[command(name = "fencegate", version, about, long_about = None, after_long_help = GLOBAL)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Log lines on stderr: text or json (`fencegate --help` says more).
+    /// Log lines on stderr: text or json.
     #[arg(
         long,
         global = true,
@@ -43,21 +43,45 @@ pub struct Cli {
         env = "FENCEGATE_LOG_FORMAT"
     )]
     log_format: logging::LogFormat,
-    /// Log INFO lines too (one-shot commands log only warnings by default).
+    /// Log INFO lines too (one-shot commands: warnings only by default).
     #[arg(long, short, global = true)]
     verbose: bool,
 }
 
-/// The global flags, said once (in `fencegate --help`) rather than in
-/// every subcommand's help.
-const LOGS: &str = "\
+/// The global flags and the connection options, said once (in `fencegate
+/// --help`) rather than in every subcommand's help: a subcommand gives each
+/// a line.
+const GLOBAL: &str = "\
 Logs go to stderr: --log-format text (one line per event, for a person;
 colour only on a terminal, and not with NO_COLOR set) or json (one object
 per line: timestamp, level, target, fields; for a log shipper). Filter them
 with FENCEGATE_LOG (else RUST_LOG), e.g. `debug` or
 `info,fencegate::sidecar=debug`. `lock`, `status` and the other one-shot
 commands log only warnings by default (-v: INFO too); `server`, `sidecar`
-and `inventory` log INFO.";
+and `inventory` log INFO.
+
+Connection options, before or after the subcommand: --endpoints lists node
+URLs; any node will do, followers forward to the leader, and a node that
+does not answer is skipped. The default is the three nodes of `fencegate
+dev` and config/node{1,2,3}.yaml, but never with --token over plain HTTP: a
+token goes only where you say. --ca speaks HTTPS (the endpoints must then
+be https://) and trusts only that CA; --cert and --key add a client
+certificate. --token is for nodes with `auth.tokens_file`; prefer
+FENCEGATE_TOKEN, as a command line is visible to every user of the machine.";
+
+/// What `lock --help` says after the options (and `lock -h` too).
+const LOCK: &str = "\
+CMD gets FENCE_KEY, FENCE_TOKEN, FENCE_LEASE_ID and FENCE_OPERATION_ID in its
+environment (send \"Idempotency-Key: $FENCE_OPERATION_ID-STEP\" with each
+write, and a retried write is applied once).
+
+Exit status:
+  CMD's own  CMD exited (128 + N if signal N ended it)
+  75         someone else holds KEY, not obtained within --wait
+  69         the lock service is unavailable (no node answered, no quorum)
+  76         the lease was lost (CMD got SIGTERM at once, SIGKILL after --grace)
+  130, 143   Ctrl-C (SIGINT), SIGTERM to fencegate: CMD stopped, lease released
+  1          other errors (an invalid key, refused credentials)";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -82,19 +106,7 @@ enum Command {
         config: PathBuf,
     },
     /// Run CMD while holding KEY; stop it the moment the lease may be lost.
-    ///
-    /// CMD gets FENCE_KEY, FENCE_TOKEN, FENCE_LEASE_ID and FENCE_OPERATION_ID
-    /// in its environment (send "Idempotency-Key: $FENCE_OPERATION_ID-STEP"
-    /// with each write, and a retried write is applied once).
-    ///
-    /// Exit status:
-    ///   CMD's own  CMD exited (128 + N if signal N ended it)
-    ///   75         someone else holds KEY, not obtained within --wait
-    ///   69         the lock service is unavailable (no node answered, no quorum)
-    ///   76         the lease was lost (CMD got SIGTERM at once, SIGKILL after --grace)
-    ///   130, 143   Ctrl-C (SIGINT), SIGTERM to fencegate: CMD stopped, lease released
-    ///   1          other errors (an invalid key, refused credentials)
-    #[command(verbatim_doc_comment)]
+    #[command(after_help = LOCK)]
     Lock {
         /// The lock key, e.g. rack/42.
         #[arg(value_parser = lock_key)]
@@ -111,9 +123,7 @@ enum Command {
         /// Time between SIGTERM and SIGKILL when CMD must stop.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         grace: std::time::Duration,
-        /// The operation's id, exported as FENCE_OPERATION_ID. Give the
-        /// job's own (a ticket, a run id) so that a re-run after a crash
-        /// reuses its idempotency keys; default: a fresh random one.
+        /// Exported as FENCE_OPERATION_ID, for CMD's idempotency keys [default: random].
         #[arg(long, env = "FENCEGATE_OPERATION_ID", value_parser = operation_id)]
         operation_id: Option<String>,
         #[command(flatten)]
@@ -374,30 +384,44 @@ enum TokenAction {
     },
 }
 
-/// Where the lock service is, and how to prove who we are to it.
+/// Where the lock service is, and how to prove who we are to it: a line
+/// each in a subcommand's help, explained in `fencegate --help` (`GLOBAL`).
 #[derive(Debug, clap::Args)]
 struct Endpoints {
-    /// Comma-separated node URLs; any node will do, followers forward to the
-    /// leader, and a node that does not answer is skipped. Default: the
-    /// three nodes of `fencegate dev` and config/node{1,2,3}.yaml (not with
-    /// --token over plain HTTP: a token goes only where you say).
-    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', global = true)]
+    /// Node URLs, comma-separated [default: `fencegate dev`'s three].
+    #[arg(long, env = "FENCEGATE_ENDPOINTS", value_delimiter = ',', global = true, help_heading = CONNECTION)]
     endpoints: Option<Vec<String>>,
-    /// PEM file of the CA that signed the nodes' certificates: speak HTTPS
-    /// (the endpoints must then be https://) and trust only it.
-    #[arg(long, env = "FENCEGATE_CA", value_name = "PEM", global = true)]
+    /// The nodes' CA: speak HTTPS, trust only it.
+    #[arg(long, env = "FENCEGATE_CA", value_name = "PEM", global = true, help_heading = CONNECTION)]
     ca: Option<PathBuf>,
-    /// PEM client certificate to present (mTLS; with --key and --ca).
-    #[arg(long, env = "FENCEGATE_CERT", value_name = "PEM", requires = "tls_key", requires = "ca", global = true)]
+    /// Client certificate (mTLS; with --key and --ca).
+    #[arg(
+        long,
+        env = "FENCEGATE_CERT",
+        value_name = "PEM",
+        requires = "tls_key",
+        requires = "ca",
+        global = true,
+        help_heading = CONNECTION
+    )]
     cert: Option<PathBuf>,
-    /// PEM private key of --cert.
-    #[arg(long = "key", id = "tls_key", env = "FENCEGATE_KEY", value_name = "PEM", requires = "cert", global = true)]
+    /// Private key of --cert.
+    #[arg(
+        long = "key",
+        id = "tls_key",
+        env = "FENCEGATE_KEY",
+        value_name = "PEM",
+        requires = "cert",
+        global = true,
+        help_heading = CONNECTION
+    )]
     tls_key: Option<PathBuf>,
-    /// Bearer token for a node with `auth.tokens_file`. Prefer the
-    /// environment variable: a command line is visible to every user of the machine.
-    #[arg(long, env = "FENCEGATE_TOKEN", hide_env_values = true, global = true)]
+    /// Bearer token (prefer the variable: a command line is public).
+    #[arg(long, env = "FENCEGATE_TOKEN", hide_env_values = true, global = true, help_heading = CONNECTION)]
     token: Option<String>,
 }
+
+const CONNECTION: &str = "Connection (`fencegate --help` says more)";
 
 impl Endpoints {
     /// The endpoints given, else the default ones. A bearer token over plain
@@ -758,27 +782,33 @@ mod tests {
         }
     }
 
-    /// The logging paragraph is said once, in `fencegate --help`; a
-    /// subcommand's help gives the global flags a line each (it repeated
-    /// the paragraph, and `lock --help` ran to 87 lines).
+    /// The logging and connection paragraphs are said once, in `fencegate
+    /// --help`; a subcommand's help gives the global flags and the
+    /// connection options a line each (it repeated the paragraphs in clap's
+    /// long layout, and `lock --help` ran to 87 lines).
     #[test]
     fn the_global_flags_are_explained_once() {
         use clap::CommandFactory;
         let mut cli = Cli::command();
         cli.build();
         let top = cli.render_long_help().to_string();
-        assert!(top.contains("log shipper") && top.contains("FENCEGATE_LOG"), "{top}");
+        for said in ["log shipper", "FENCEGATE_LOG", "visible to every user", "followers forward"] {
+            assert!(top.contains(said), "{said}:\n{top}");
+        }
         for sub in cli.get_subcommands_mut().filter(|s| s.get_name() != "help") {
             let help = sub.render_long_help().to_string();
             let name = sub.get_name().to_string();
-            assert!(!help.contains("log shipper"), "`{name} --help` repeats the logging paragraph:\n{help}");
+            for paragraph in ["log shipper", "visible to every user"] {
+                assert!(!help.contains(paragraph), "`{name} --help` repeats a paragraph:\n{help}");
+            }
             assert!(help.contains("--log-format") && help.contains("--verbose"), "{name}:\n{help}");
         }
-        let lock = cli.find_subcommand_mut("lock").unwrap().render_long_help().to_string();
-        for flag in ["--ttl", "--wait", "--holder", "--grace", "--operation-id", "--endpoints", "--token"] {
-            assert!(lock.contains(flag), "{flag}:\n{lock}");
+        // As `--help` prints it: clap's long layout only where a long help exists.
+        let lock = Cli::command().try_get_matches_from(["fencegate", "lock", "--help"]).unwrap_err().to_string();
+        for said in ["--ttl", "--wait", "--holder", "--grace", "--operation-id", "--endpoints", "--token", "76 "] {
+            assert!(lock.contains(said), "{said}:\n{lock}");
         }
-        assert!(lock.lines().count() < 85, "{} lines:\n{lock}", lock.lines().count());
+        assert!(lock.lines().count() <= 50, "{} lines:\n{lock}", lock.lines().count());
     }
 
     /// The endpoints may follow a subcommand (`member list --endpoints URL`),

@@ -11,8 +11,8 @@
 //! (`sidecar::settings`, where `SidecarConfig`'s `ConfigFile` impl lives),
 //! so the imports go one way: `sidecar` → `config`, `tls` → `config`.
 
-pub mod node;
-pub mod sidecar;
+pub(crate) mod node;
+pub(crate) mod sidecar;
 
 use std::path::Path;
 
@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use thiserror::Error;
 
 /// Exit status for a bad configuration file.
-pub const EXIT_BAD_CONFIG: i32 = 64;
+pub(crate) const EXIT_BAD_CONFIG: i32 = 64;
 
 /// A configuration problem. No variant has an error `source`: each message
 /// is whole, and printing the chain (`{:#}`) must not repeat it.
@@ -98,23 +98,23 @@ pub trait ConfigFile: DeserializeOwned {
 }
 
 /// Parse YAML into `T`; unknown keys are errors (`deny_unknown_fields` on every section).
-pub fn parse_yaml<T: DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
+pub(crate) fn parse_yaml<T: DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
     Ok(serde_yaml_ng::from_str(text)?)
 }
 
-pub fn read(path: &Path) -> Result<String, ConfigError> {
+pub(crate) fn read(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.display().to_string(), cause })
 }
 
 /// A lock service node's URL (`http://host:port`, `https://` with `tls`), as `field` names it.
-pub fn endpoint_url(field: &str, url: &str, tls: bool) -> Result<Uri, ConfigError> {
+pub(crate) fn endpoint_url(field: &str, url: &str, tls: bool) -> Result<Uri, ConfigError> {
     fencegate_client::url::parse_endpoint(url, tls).map_err(|m| ConfigError::invalid(field, m))
 }
 
 /// An absolute `http://` or `https://` URL naming a host, with or without a
 /// port (the scheme's default), and without a path, query or credentials:
 /// the sidecar appends each request's own path and query to it.
-pub fn upstream_url(field: &str, url: &str) -> Result<Uri, ConfigError> {
+pub(crate) fn upstream_url(field: &str, url: &str) -> Result<Uri, ConfigError> {
     let uri = fencegate_client::url::parse_base(url).map_err(|m| ConfigError::invalid(field, m))?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(ConfigError::invalid(field, format!("{url:?} must start with http:// or https://")));

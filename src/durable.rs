@@ -9,7 +9,7 @@ use std::io;
 use std::path::Path;
 
 /// `create_dir_all`, each directory it makes synced into its parent.
-pub fn create_dir_all(dir: &Path) -> io::Result<()> {
+pub(crate) fn create_dir_all(dir: &Path) -> io::Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
@@ -26,6 +26,6 @@ pub fn create_dir_all(dir: &Path) -> io::Result<()> {
 }
 
 /// fsync `dir`: the entries made in it so far become durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }

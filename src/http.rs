@@ -23,24 +23,25 @@ use hyper::{Response, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use deadline::{BodyTimedOut, Deadline};
-pub use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
-pub use listen::{bind, CannotListen};
-pub use refusals::RefusalBody;
-pub use serve::{
+pub(crate) use deadline::{BodyTimedOut, Deadline};
+pub(crate) use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
+pub(crate) use listen::{bind, CannotListen};
+pub(crate) use refusals::RefusalBody;
+pub(crate) use serve::{
     serve, serve_live, serve_on, Conn, Listener, LiveListener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SEND_TIMEOUT, MAX_CONNECTIONS,
 };
-pub use workers::{Workers, MAX_WORKERS};
+pub use workers::Workers;
+pub(crate) use workers::MAX_WORKERS;
 
 /// The body of every response fencegate's servers produce.
-pub type Body = BoxBody<Bytes, BoxError>;
+pub(crate) type Body = BoxBody<Bytes, BoxError>;
 
-pub fn full(bytes: impl Into<Bytes>) -> Body {
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).map_err(|e: Infallible| match e {}).boxed()
 }
 
-pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
     let mut bytes = serde_json::to_vec(value).expect("serialising a response cannot fail");
     bytes.push(b'\n');
     let mut resp = Response::new(full(bytes));
@@ -77,7 +78,7 @@ impl Cause {
 
 /// The one place a refusal becomes an HTTP answer: JSON `body` with
 /// `status`, and `Retry-After` on every 503 (the caller may try again soon).
-pub fn refusal<T: Serialize>(status: StatusCode, cause: Cause, body: &T) -> Response<Body> {
+pub(crate) fn refusal<T: Serialize>(status: StatusCode, cause: Cause, body: &T) -> Response<Body> {
     let mut resp = json(status, body);
     if status == StatusCode::SERVICE_UNAVAILABLE {
         resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
@@ -100,7 +101,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
 }
 
 /// A streamed body fed from a channel (the watch stream's NDJSON lines).
-pub fn channel_body(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Body {
+pub(crate) fn channel_body(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Body {
     ChannelBody { rx }.boxed()
 }
 

@@ -22,7 +22,7 @@ const MAX_BODY: usize = 64 << 10;
 
 /// One applied write.
 #[derive(Debug, Clone, Serialize)]
-pub struct Write {
+pub(crate) struct Write {
     pub seq: u64,
     pub rack: String,
     pub state: String,
@@ -31,16 +31,16 @@ pub struct Write {
 }
 
 #[derive(Default)]
-pub struct Inventory {
+pub(crate) struct Inventory {
     inner: Mutex<(BTreeMap<String, String>, Vec<Write>)>,
 }
 
 impl Inventory {
-    pub fn writes(&self) -> Vec<Write> {
+    pub(crate) fn writes(&self) -> Vec<Write> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).1.clone()
     }
 
-    pub fn state_of(&self, rack: &str) -> Option<String> {
+    pub(crate) fn state_of(&self, rack: &str) -> Option<String> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).0.get(rack).cloned()
     }
 
@@ -91,7 +91,7 @@ impl Inventory {
 }
 
 /// Serve the inventory on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, inventory: Arc<Inventory>, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn serve(listener: TcpListener, inventory: Arc<Inventory>, shutdown: impl Future<Output = ()>) {
     let opts = crate::http::Listener::http1("inventory");
     crate::http::serve(listener, opts, shutdown, move |req, _| {
         let inv = inventory.clone();

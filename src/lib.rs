@@ -3,6 +3,10 @@
 //!
 //! See ARCHITECTURE.md for the codemap and the invariants.
 
+// `pub(crate)` by default: what is `pub` is reachable from outside, through
+// the facades at the end of this file (the lint keeps it so).
+#![deny(unreachable_pub)]
+
 mod audit;
 mod auth;
 mod backup;

@@ -15,11 +15,11 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 /// The interval used by the call sites: one line per 10 s per condition.
-pub const EVERY: Duration = Duration::from_secs(10);
+pub(crate) const EVERY: Duration = Duration::from_secs(10);
 
 /// One repeated condition's window, without a clock.
 #[derive(Debug, Clone)]
-pub struct Window {
+pub(crate) struct Window {
     interval: Duration,
     /// When the last line was logged; `None` before the first, or after a reset.
     logged_at: Option<Instant>,
@@ -28,14 +28,14 @@ pub struct Window {
 }
 
 impl Window {
-    pub fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         Self { interval, logged_at: None, left_out: 0 }
     }
 
     /// One occurrence at `now`: `Some(summary)` if it is to be logged (the
     /// summary says how many were left out since the last line), `None` if
     /// it is left out.
-    pub fn hit(&mut self, now: Instant) -> Option<LeftOut> {
+    pub(crate) fn hit(&mut self, now: Instant) -> Option<LeftOut> {
         match self.logged_at {
             Some(at) if now.saturating_duration_since(at) < self.interval => {
                 self.left_out += 1;
@@ -52,7 +52,7 @@ impl Window {
 
     /// The condition cleared: its next occurrence is logged at once. Returns
     /// how many were left out since the last line (for a closing line).
-    pub fn reset(&mut self) -> LeftOut {
+    pub(crate) fn reset(&mut self) -> LeftOut {
         let summary = LeftOut { count: self.left_out, interval: self.interval };
         *self = Self::new(self.interval);
         summary
@@ -62,7 +62,7 @@ impl Window {
 /// How many occurrences a logged line stands for besides itself. Displays
 /// as `` (none) or ` (… 37 more in the last 10s)`, to append to the line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeftOut {
+pub(crate) struct LeftOut {
     pub count: u64,
     interval: Duration,
 }

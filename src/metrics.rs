@@ -12,14 +12,14 @@ use prometheus::{
 };
 
 /// The Prometheus text exposition of everything in `r`.
-pub fn encode(r: &Registry) -> Vec<u8> {
+pub(crate) fn encode(r: &Registry) -> Vec<u8> {
     let mut buf = Vec::new();
     TextEncoder::new().encode(&r.gather(), &mut buf).expect("text encoding into a Vec cannot fail");
     buf
 }
 
 /// A response with the text exposition, as `/metrics` serves it.
-pub fn exposition(r: &Registry) -> hyper::Response<crate::http::Body> {
+pub(crate) fn exposition(r: &Registry) -> hyper::Response<crate::http::Body> {
     let mut resp = hyper::Response::new(crate::http::full(encode(r)));
     resp.headers_mut()
         .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
@@ -33,7 +33,7 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T
 
 /// `name{result}`, the config reloads (SIGHUP) by result: `applied` or
 /// `refused`, both present from the start (at 0) so that alerts see them.
-pub fn config_reloads(r: &Registry, name: &str) -> prometheus::Result<IntCounterVec> {
+pub(crate) fn config_reloads(r: &Registry, name: &str) -> prometheus::Result<IntCounterVec> {
     let reloads = register(r, IntCounterVec::new(Opts::new(name, "Config reloads (SIGHUP) by result"), &["result"])?)?;
     for result in [RELOAD_APPLIED, RELOAD_REFUSED] {
         reloads.with_label_values(&[result]);
@@ -41,15 +41,15 @@ pub fn config_reloads(r: &Registry, name: &str) -> prometheus::Result<IntCounter
     Ok(reloads)
 }
 
-pub const RELOAD_APPLIED: &str = "applied";
-pub const RELOAD_REFUSED: &str = "refused";
+pub(crate) const RELOAD_APPLIED: &str = "applied";
+pub(crate) const RELOAD_REFUSED: &str = "refused";
 
 /// What every fencegate process exports, node or sidecar: the `process_*`
 /// families (CPU seconds, resident memory, open and maximum file
 /// descriptors, start time; read from /proc at each scrape) and
 /// `fencegate_build_info{version} 1`, which also tells a dashboard's
 /// `job` and `instance` variables which targets are fencegate's.
-pub fn process(r: &Registry) -> prometheus::Result<()> {
+pub(crate) fn process(r: &Registry) -> prometheus::Result<()> {
     #[cfg(target_os = "linux")]
     r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
     let info = register(
@@ -62,7 +62,7 @@ pub fn process(r: &Registry) -> prometheus::Result<()> {
 
 /// Lock service families (docs/DESIGN.md), counted as commands are applied.
 #[derive(Clone)]
-pub struct LockMetrics {
+pub(crate) struct LockMetrics {
     pub grants: IntCounter,
     pub releases: IntCounter,
     pub expirations: IntCounter,
@@ -79,13 +79,13 @@ pub struct LockMetrics {
 
 impl LockMetrics {
     /// The gauges that describe the applied table.
-    pub fn set_table(&self, locks: &crate::lock::state::LockState) {
+    pub(crate) fn set_table(&self, locks: &crate::lock::state::LockState) {
         self.leases.set(locks.lease_count() as i64);
         self.keys.set(locks.key_count() as i64);
         self.revision.set(locks.revision() as i64);
     }
 
-    pub fn new(r: &Registry) -> prometheus::Result<Self> {
+    pub(crate) fn new(r: &Registry) -> prometheus::Result<Self> {
         let buckets = vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
         Ok(Self {
             grants: register(r, IntCounter::new("fencegate_lock_grants_total", "Leases granted (applied)")?)?,
@@ -123,7 +123,7 @@ impl LockMetrics {
 
 /// Raft families (docs/DESIGN.md), plus the log's fsync counters.
 #[derive(Clone)]
-pub struct RaftMetrics {
+pub(crate) struct RaftMetrics {
     pub term: IntGauge,
     pub is_leader: IntGauge,
     pub commit_index: IntGauge,
@@ -132,7 +132,7 @@ pub struct RaftMetrics {
 }
 
 impl RaftMetrics {
-    pub fn new(r: &Registry) -> prometheus::Result<Self> {
+    pub(crate) fn new(r: &Registry) -> prometheus::Result<Self> {
         Ok(Self {
             term: register(r, IntGauge::new("fencegate_raft_term", "Current Raft term")?)?,
             is_leader: register(r, IntGauge::new("fencegate_raft_is_leader", "1 on the leader")?)?,

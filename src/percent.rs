@@ -3,7 +3,7 @@
 
 /// Percent-decode; invalid escapes are kept as they are (callers that must
 /// refuse them check first, or check the result's alphabet).
-pub fn decode(s: &str) -> Vec<u8> {
+pub(crate) fn decode(s: &str) -> Vec<u8> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

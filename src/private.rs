@@ -19,7 +19,7 @@ const OPEN: u32 = 0o077;
 
 /// From here on, files and directories this process creates are its own
 /// (0600, 0700). Called before the runtime starts any thread.
-pub fn own_files_only() {
+pub(crate) fn own_files_only() {
     umask(Mode::from_bits_truncate(OPEN));
 }
 
@@ -28,7 +28,7 @@ pub fn own_files_only() {
 /// might make there are not expected: the directory is fencegate's). The
 /// directory itself is left as the operator made it, with a warning if
 /// others may enter it.
-pub fn tighten(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn tighten(dir: &Path) -> std::io::Result<()> {
     let mode = std::fs::metadata(dir)?.permissions().mode();
     if mode & OPEN != 0 {
         tracing::warn!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777), "others may enter this state directory: chmod 700 it");

@@ -5,11 +5,11 @@
 // it at every call would only add noise.
 #![allow(clippy::result_large_err)]
 
-pub mod guard;
-pub mod identity;
-pub mod log_store;
-pub mod network;
-pub mod snapshot_file;
-pub mod state_machine;
-pub mod types;
-pub mod upgrade;
+pub(crate) mod guard;
+pub(crate) mod identity;
+pub(crate) mod log_store;
+pub(crate) mod network;
+pub(crate) mod snapshot_file;
+pub(crate) mod state_machine;
+pub(crate) mod types;
+pub(crate) mod upgrade;

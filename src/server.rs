@@ -18,7 +18,7 @@ pub(crate) mod credentials;
 mod error;
 mod forward;
 mod keeper;
-pub mod members;
+pub(crate) mod members;
 mod openapi;
 mod proposer;
 mod raft_rpc;
@@ -69,7 +69,7 @@ const REDB_CACHE: usize = 4 << 20;
 const MAX_PEER_BODY: usize = 64 << 20;
 
 /// A running lock service node. Cheap to share (`Arc`).
-pub struct Node {
+pub(crate) struct Node {
     pub id: NodeId,
     /// The config the node started with. A reload replaces only the TLS
     /// material and the ACL (`reload.rs`); the rest takes a restart.
@@ -111,7 +111,7 @@ pub struct Node {
 impl Node {
     /// Open (or create) the node's data, start Raft, bootstrap the cluster from
     /// `peers` on first start, and start the lease keeper.
-    pub async fn start(config: NodeConfig) -> anyhow::Result<Arc<Node>> {
+    pub(crate) async fn start(config: NodeConfig) -> anyhow::Result<Arc<Node>> {
         // Files named by the config first: a bad one is a configuration error (exit 64).
         let tls = NodeTls::load(&config)?;
         let credentials = credentials::Credentials::load(&config)?;
@@ -196,7 +196,7 @@ impl Node {
     }
 
     /// The current leader, if this node knows one.
-    pub fn leader(&self) -> Option<NodeId> {
+    pub(crate) fn leader(&self) -> Option<NodeId> {
         self.raft.metrics().borrow().current_leader
     }
 
@@ -205,7 +205,7 @@ impl Node {
     /// it for longer than a follower waits before it campaigns (an openraft
     /// leader cut off from its majority does not step down, and its calls
     /// would only hang until `propose_timeout`).
-    pub fn unready(&self) -> Option<String> {
+    pub(crate) fn unready(&self) -> Option<String> {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
         match m.current_leader {
@@ -221,48 +221,48 @@ impl Node {
         }
     }
 
-    pub fn members(&self) -> BTreeSet<NodeId> {
+    pub(crate) fn members(&self) -> BTreeSet<NodeId> {
         self.applied.lock().membership.membership().voter_ids().collect()
     }
 
     /// Member `id`'s entry in the membership as this node knows it (the
     /// latest in its log, committed or not), if it has one.
-    pub fn member(&self, id: NodeId) -> Option<Member> {
+    pub(crate) fn member(&self, id: NodeId) -> Option<Member> {
         self.raft.metrics().borrow().membership_config.membership().get_node(&id).cloned()
     }
 
     /// Whether `id` may speak to this node as a member: one of the `peers`
     /// config, or of the membership (voter or learner).
-    pub fn knows(&self, id: NodeId) -> bool {
+    pub(crate) fn knows(&self, id: NodeId) -> bool {
         self.directory.config.contains_key(&id) || self.member(id).is_some()
     }
 
     /// Every member this node knows of, itself included.
-    pub fn known(&self) -> BTreeSet<NodeId> {
+    pub(crate) fn known(&self) -> BTreeSet<NodeId> {
         let metrics = self.raft.metrics().borrow().membership_config.clone();
         let listed = metrics.membership().nodes().map(|(id, _)| *id);
         self.directory.config.keys().copied().chain(listed).collect()
     }
 
     /// How this node reaches member `id` on the peer plane.
-    pub fn peer(&self, id: NodeId) -> Option<Peer> {
+    pub(crate) fn peer(&self, id: NodeId) -> Option<Peer> {
         self.directory.peer(id, self.member(id).as_ref())
     }
 
     /// Stop serving long-lived requests: watch streams end and waiting
     /// acquires get 503. Call before draining the listener.
-    pub fn stop_serving(&self) {
+    pub(crate) fn stop_serving(&self) {
         self.stopping.send_replace(true);
     }
 
     /// Why the Raft core stopped (a panic, a storage error), if it did. A
     /// node whose core stopped must not report itself healthy.
-    pub fn core_error(&self) -> Option<String> {
+    pub(crate) fn core_error(&self) -> Option<String> {
         self.raft.metrics().borrow().running_state.as_ref().err().map(|e| e.to_string())
     }
 
     /// Resolves with the reason once the Raft core has stopped.
-    pub async fn core_stopped(&self) -> String {
+    pub(crate) async fn core_stopped(&self) -> String {
         let mut metrics = self.raft.metrics();
         loop {
             if let Some(e) = self.core_error() {
@@ -280,7 +280,7 @@ impl Node {
     }
 
     /// Stop Raft; in-flight requests fail.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!("raft shutdown: {e}");
         }
@@ -304,7 +304,7 @@ fn founding_members(config: &NodeConfig) -> BTreeMap<NodeId, Member> {
 /// empty cluster beside it; the others start with empty data directories.
 /// Refuses a data directory that already holds a node's data. The
 /// database file it wrote.
-pub fn restore(config: &NodeConfig, locks: &LockState) -> anyhow::Result<std::path::PathBuf> {
+pub(crate) fn restore(config: &NodeConfig, locks: &LockState) -> anyhow::Result<std::path::PathBuf> {
     let first = config.peers.keys().next().copied();
     if first != Some(config.id) {
         anyhow::bail!(
@@ -409,7 +409,7 @@ async fn should_bootstrap(id: NodeId, directory: &Directory) -> bool {
 /// Format 4 holds the cluster id (`raft::identity`, in the metadata and the
 /// snapshot's table): a build of format 3 would drop it and take another
 /// cluster's peers for its own.
-pub const DATA_FORMAT: u32 = 4;
+pub(crate) const DATA_FORMAT: u32 = 4;
 
 /// Refuse a data directory a newer build wrote, instead of misreading it;
 /// mark an older one as this format before anything is written in it (its
@@ -445,14 +445,14 @@ fn check_node_id(db: &Database, id: NodeId) -> anyhow::Result<()> {
 
 /// The node's two listeners: the client API on `listen`, the peer plane on
 /// `peer_listen`. Never one for both: Raft RPCs are not part of the client API.
-pub struct Listeners {
+pub(crate) struct Listeners {
     pub client: TcpListener,
     pub peer: TcpListener,
 }
 
 impl Listeners {
     /// Bind both addresses of `config`.
-    pub async fn bind(config: &NodeConfig) -> Result<Listeners, crate::http::CannotListen> {
+    pub(crate) async fn bind(config: &NodeConfig) -> Result<Listeners, crate::http::CannotListen> {
         let client = crate::http::bind(config.listen, "listen").await?;
         let peer = crate::http::bind(config.peer_listen, "peer_listen").await?;
         Ok(Listeners { client, peer })
@@ -461,7 +461,7 @@ impl Listeners {
 
 /// Serve the Lock API and the peer plane until `shutdown` resolves, then
 /// drain the requests in flight on both.
-pub async fn serve(listeners: Listeners, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn serve(listeners: Listeners, node: Arc<Node>, shutdown: impl Future<Output = ()>) {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

@@ -30,14 +30,14 @@
 //! are refused (400 `malformed_method`), so that `put` cannot slip past a
 //! route fenced for `PUT`.
 
-pub mod answer;
-pub mod fencing;
+pub(crate) mod answer;
+pub(crate) mod fencing;
 pub mod idempotency;
-pub mod reload;
-pub mod routing;
-pub mod settings;
-pub mod state;
-pub mod upstream;
+pub(crate) mod reload;
+pub(crate) mod routing;
+pub(crate) mod settings;
+pub(crate) mod state;
+pub(crate) mod upstream;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -67,7 +67,7 @@ use routing::MatchError;
 use settings::SidecarSettings;
 use upstream::Upstream;
 
-pub struct Sidecar {
+pub(crate) struct Sidecar {
     /// Routes, upstreams, limits: what a reload replaces (`reload.rs`). Each
     /// request reads it once.
     live: ArcSwap<Live>,
@@ -93,7 +93,7 @@ pub struct Sidecar {
 impl Sidecar {
     /// Build everything from a validated config: TLS material, floors
     /// (loaded from `state_dir`), the lock service watch if any route needs it.
-    pub fn new(settings: SidecarSettings) -> anyhow::Result<Arc<Sidecar>> {
+    pub(crate) fn new(settings: SidecarSettings) -> anyhow::Result<Arc<Sidecar>> {
         // TLS files first, before anything is opened or started: a missing or
         // bad file is a configuration error (exit 64) like a bad field.
         let tls = settings.load_tls()?;
@@ -103,7 +103,7 @@ impl Sidecar {
     /// [`Sidecar::new`] with the TLS material of `settings` already loaded
     /// (`fencegate sidecar` loads it before binding its listeners, and
     /// binds them before this creates anything under `state_dir`).
-    pub fn with_tls(settings: SidecarSettings, tls: SidecarTls) -> anyhow::Result<Arc<Sidecar>> {
+    pub(crate) fn with_tls(settings: SidecarSettings, tls: SidecarTls) -> anyhow::Result<Arc<Sidecar>> {
         let acceptor = tls.server.map(|c| TlsAcceptor::from(Arc::new(c)));
         let registry = Registry::new();
         let metrics = SidecarMetrics::new(&registry)?;
@@ -407,7 +407,7 @@ fn check_framing(req: &Request<Incoming>, max_body: u64) -> Result<(), Answer> {
 
 /// Serve the proxy on `listener` (HTTP/1.1 and HTTP/2, over TLS when `tls` is
 /// set) until `shutdown`, then drain.
-pub async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl Future<Output = ()>) {
     let order = sidecar.fencer.order.clone();
     let (opts, kept) = (sidecar.listener.clone(), sidecar.clone());
     let workers = Some(&kept.workers);
@@ -577,7 +577,7 @@ fn listener_options(settings: &SidecarSettings, acceptor: Option<TlsAcceptor>, m
 /// the floor store cannot be written, which a restart may cure); `/readyz`
 /// (readiness: 503 unless the sidecar can fence now: the floor store
 /// writable and, if a route needs it, the watch of the lock service live).
-pub async fn serve_metrics(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn serve_metrics(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown: impl Future<Output = ()>) {
     let opts = crate::http::Listener::http1("metrics");
     crate::http::serve(listener, opts, shutdown, move |req: Request<Incoming>, _| {
         let sidecar = sidecar.clone();

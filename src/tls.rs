@@ -21,7 +21,7 @@
 
 use std::path::Path;
 
-pub use fencegate_client::tls::TlsError;
+pub(crate) use fencegate_client::tls::TlsError;
 use fencegate_client::tls::{key_problem, load_certs, load_key, problem, provider, root_store};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -33,7 +33,7 @@ use crate::config::node::{NodeConfig, NodeTls as NodeTlsConfig};
 use crate::config::sidecar::{LockServiceConfig, TlsConfig, UpstreamTls};
 use crate::config::ConfigError;
 
-pub mod identity;
+pub(crate) mod identity;
 
 /// ALPN offered by the sidecar's listener, preferred first: hyper serves both.
 const SIDECAR_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
@@ -89,7 +89,7 @@ fn lock_service_options(service: &LockServiceConfig) -> Result<ClientOptions, Co
 }
 
 /// The first line of a token file, which must not be empty.
-pub fn read_token(field: &str, path: &Path) -> Result<String, ConfigError> {
+pub(crate) fn read_token(field: &str, path: &Path) -> Result<String, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::invalid(field, format!("{}: cannot read: {e}", path.display())))?;
     match text.lines().next().map(str::trim) {
@@ -100,7 +100,7 @@ pub fn read_token(field: &str, path: &Path) -> Result<String, ConfigError> {
 
 /// A node's TLS: its client API listener (client certificates optional),
 /// its peer listener (a member certificate required) and its peer links.
-pub struct NodeTls {
+pub(crate) struct NodeTls {
     pub client_plane: ServerConfig,
     pub peer_plane: ServerConfig,
     pub peer_links: ClientConfig,
@@ -108,7 +108,7 @@ pub struct NodeTls {
 
 impl NodeTls {
     /// `None` without `tls`. Startup and `check-config` both call it.
-    pub fn load(config: &NodeConfig) -> Result<Option<NodeTls>, ConfigError> {
+    pub(crate) fn load(config: &NodeConfig) -> Result<Option<NodeTls>, ConfigError> {
         let Some(tls) = &config.tls else { return Ok(None) };
         let NodeTlsConfig { cert, key, ca, client_ca } = tls;
         let own = load_certs("tls.cert", cert)?;
@@ -147,7 +147,7 @@ fn server_config(tls: &TlsConfig) -> Result<ServerConfig, TlsError> {
 }
 
 /// Which client certificates a listener asks for.
-pub struct ClientCerts<'a> {
+pub(crate) struct ClientCerts<'a> {
     /// The setting naming `ca`, for errors.
     pub field: &'static str,
     /// Only certificates this CA signed are accepted.
@@ -160,7 +160,7 @@ pub struct ClientCerts<'a> {
 /// A listener's config: `cert` (chain) and `key`, and the client
 /// certificates it accepts (none without `clients`). `fields` names the
 /// cert and key settings in errors.
-pub fn listener_config(
+pub(crate) fn listener_config(
     fields: [&str; 2],
     cert: &Path,
     key: &Path,

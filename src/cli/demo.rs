@@ -15,7 +15,7 @@ use super::stack::{Stack, ANY_PORTS};
 use fencegate_client::http::HttpClient;
 use fencegate_client::{AcquireOptions, Client, TOKEN_HEADER};
 
-pub struct DemoArgs {
+pub(super) struct DemoArgs {
     pub ttl: Duration,
     pub pause: Duration,
     pub mermaid: Option<PathBuf>,
@@ -24,7 +24,7 @@ pub struct DemoArgs {
 }
 
 /// Where the demo's components are.
-pub struct Targets {
+pub(super) struct Targets {
     pub endpoints: Vec<String>,
     pub sidecar_url: String,
     pub inventory_url: String,
@@ -46,7 +46,7 @@ impl Timeline {
     }
 }
 
-pub async fn run(mut args: DemoArgs) -> anyhow::Result<i32> {
+pub(super) async fn run(mut args: DemoArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(args.pause > args.ttl, "--pause must be longer than --ttl: the pause has to outlive the lease");
     let (own, targets) = match args.remote.take() {
         Some(targets) => (None, targets),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::stack::{Stack, ANY_PORTS, DEV_PORTS};
 
-pub async fn run(data: &Path, fresh: bool, free_ports: bool) -> anyhow::Result<i32> {
+pub(super) async fn run(data: &Path, fresh: bool, free_ports: bool) -> anyhow::Result<i32> {
     let stack = Stack::start(if free_ports { ANY_PORTS } else { DEV_PORTS }, data, fresh).await?;
     let replay = match a_retried_write(&stack).await {
         Ok(line) => line,
@@ -57,7 +57,7 @@ async fn a_retried_write(s: &Stack) -> anyhow::Result<String> {
 /// every grant of `rack/42` is above it and the write is `stale_token`. (Had
 /// `rack/42` got token 1 itself, the answer would be `lease_expired`: the
 /// token of its latest grant, whose lease has ended.)
-pub const STALE_TOKEN: u64 = 1;
+pub(super) const STALE_TOKEN: u64 = 1;
 
 /// This binary as the person who started `dev` can call it from here:
 /// `./target/release/fencegate` after `cargo run --release -- dev`.

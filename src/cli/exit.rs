@@ -12,33 +12,33 @@ use crate::config::ConfigError;
 use crate::http::CannotListen;
 
 /// A bad configuration file, or one naming files that cannot be used (EX_USAGE).
-pub const BAD_CONFIG: i32 = crate::config::EXIT_BAD_CONFIG;
+pub(crate) const BAD_CONFIG: i32 = crate::config::EXIT_BAD_CONFIG;
 /// Something outside the process is not there (EX_UNAVAILABLE): the lock
 /// service did not answer (no node, no quorum, within the failover budget),
 /// or an address to listen on is taken.
-pub const UNAVAILABLE: i32 = 69;
+pub(crate) const UNAVAILABLE: i32 = 69;
 /// `lock`: the key is held by someone else, and was not obtained within
 /// `--wait` (EX_TEMPFAIL: try again later).
-pub const NOT_OBTAINED: i32 = 75;
+pub(crate) const NOT_OBTAINED: i32 = 75;
 /// `lock`: the lease was lost while CMD ran.
-pub const LEASE_LOST: i32 = 76;
+pub(crate) const LEASE_LOST: i32 = 76;
 /// `lock`: CMD exists but cannot be run (not executable, say), as a shell
 /// reports it; the lease was released.
-pub const CANNOT_EXECUTE: i32 = 126;
+pub(crate) const CANNOT_EXECUTE: i32 = 126;
 /// `lock`: CMD was not found, as a shell reports it; the lease was released.
-pub const COMMAND_NOT_FOUND: i32 = 127;
+pub(crate) const COMMAND_NOT_FOUND: i32 = 127;
 /// Standard output closed by its reader (`… | head`): 128 + SIGPIPE, the
 /// status a shell reports for a coreutils tool there, quietly.
-pub const BROKEN_PIPE: i32 = 141;
+pub(crate) const BROKEN_PIPE: i32 = 141;
 /// Ended by Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
-pub const INTERRUPTED: i32 = 130;
+pub(crate) const INTERRUPTED: i32 = 130;
 /// Ended by SIGTERM: 128 + 15.
-pub const TERMINATED: i32 = 143;
+pub(crate) const TERMINATED: i32 = 143;
 
 /// The status for a command that failed with `e`: 64 for configuration
 /// errors, 69 when the lock service or a listen address is unavailable,
 /// else 1.
-pub fn for_error(e: &anyhow::Error) -> i32 {
+pub(crate) fn for_error(e: &anyhow::Error) -> i32 {
     if e.downcast_ref::<ConfigError>().is_some() {
         BAD_CONFIG
     } else if matches!(e.downcast_ref::<ClientError>(), Some(ClientError::Unavailable(_)))

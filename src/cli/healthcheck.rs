@@ -12,12 +12,12 @@ use hyper::Method;
 use fencegate_client::http::{error_chain, HttpClient};
 
 /// A node's liveness on the example configs' first port.
-pub const DEFAULT_URL: &str = "http://127.0.0.1:7401/healthz";
+pub(super) const DEFAULT_URL: &str = "http://127.0.0.1:7401/healthz";
 
 /// Enough for `ok` or an error body; a health endpoint says little.
 const MAX_BODY: usize = 64 << 10;
 
-pub async fn run(url: &str, timeout: Duration, ca: Option<PathBuf>) -> anyhow::Result<i32> {
+pub(super) async fn run(url: &str, timeout: Duration, ca: Option<PathBuf>) -> anyhow::Result<i32> {
     // https is verified against --ca and nothing else: a probe that trusts
     // any certificate would report a node healthy behind someone else's.
     let https = url.get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));

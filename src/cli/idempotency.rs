@@ -9,7 +9,7 @@ use hyper::{Method, StatusCode};
 
 /// Which record: a record is its holder's (docs/DESIGN.md, "a stored
 /// answer goes only to its holder").
-pub struct Holder<'a> {
+pub(super) struct Holder<'a> {
     pub lock_key: &'a str,
     /// The fencing token the request carried.
     pub token: u64,
@@ -23,7 +23,7 @@ pub struct Holder<'a> {
 /// A record is printed as the sidecar's JSON; a refusal (no such record,
 /// say) as a sentence on stderr, or with `json` as the sidecar's answer on
 /// stdout.
-pub async fn run(
+pub(super) async fn run(
     sidecar: &str,
     token_file: &std::path::Path,
     record: Holder<'_>,

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::inventory::Inventory;
 
-pub async fn run(listen: SocketAddr) -> anyhow::Result<i32> {
+pub(super) async fn run(listen: SocketAddr) -> anyhow::Result<i32> {
     let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     tracing::info!(listen = %listener.local_addr()?, "inventory API serving (legacy: it checks no tokens)");
     crate::inventory::serve(listener, Arc::new(Inventory::default()), super::server::shutdown_signal()).await;

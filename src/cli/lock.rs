@@ -27,7 +27,7 @@ use fencegate_client::{AcquireOptions, Client, ClientError, Lease};
 
 use super::exit;
 
-pub struct LockArgs {
+pub(super) struct LockArgs {
     pub key: String,
     pub ttl: Duration,
     pub wait: Duration,
@@ -39,7 +39,7 @@ pub struct LockArgs {
     pub command: Vec<String>,
 }
 
-pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
+pub(super) async fn run(args: LockArgs) -> anyhow::Result<i32> {
     crate::lock::validate::key(&args.key)?;
     let (program, rest) = args.command.split_first().ok_or_else(|| anyhow::anyhow!("no command given after --"))?;
     let client = args.client;

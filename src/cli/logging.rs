@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(super) enum LogFormat {
     /// One line per event, for a person.
     Text,
     /// One JSON object per event (`timestamp`, `level`, `target`, `fields`).
@@ -16,7 +16,7 @@ pub enum LogFormat {
 
 /// What a command is, for its default log level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(super) enum Kind {
     /// A long-running process (`server`, `sidecar`, `dev`, `inventory`):
     /// its INFO lines are its record.
     Service,
@@ -36,7 +36,7 @@ pub enum Kind {
 /// its elections are routine, its RPC failures repeat per heartbeat (the
 /// peer network logs those itself, once per interval: `raft::network`), and
 /// a fatal error of its core is logged by `cli::server` when the node exits.
-pub fn default_filter(kind: Kind, verbose: bool) -> &'static str {
+pub(super) fn default_filter(kind: Kind, verbose: bool) -> &'static str {
     match (kind, verbose) {
         (Kind::Service, _) | (_, true) => "info,openraft=off",
         (Kind::OneShot, false) => "warn,openraft=off",
@@ -47,11 +47,11 @@ pub fn default_filter(kind: Kind, verbose: bool) -> &'static str {
 
 /// Colour only for a person at a terminal who did not ask for none
 /// (<https://no-color.org>: any non-empty `NO_COLOR`).
-pub fn ansi(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+pub(super) fn ansi(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-pub fn init(default: &str, format: LogFormat) {
+pub(super) fn init(default: &str, format: LogFormat) {
     let filter = ["FENCEGATE_LOG", "RUST_LOG"]
         .iter()
         .find_map(|var| tracing_subscriber::EnvFilter::try_from_env(var).ok())

@@ -27,7 +27,7 @@ macro_rules! eprintln {
 }
 
 /// Write `args` to stdout, or end the process if it cannot take them.
-pub fn stdout(args: Arguments<'_>) {
+pub(super) fn stdout(args: Arguments<'_>) {
     let mut out = std::io::stdout().lock();
     match out.write_fmt(args).and_then(|()| out.flush()) {
         Ok(()) => {}
@@ -40,6 +40,6 @@ pub fn stdout(args: Arguments<'_>) {
 }
 
 /// Write `args` to stderr, if it is still there.
-pub fn stderr(args: Arguments<'_>) {
+pub(super) fn stderr(args: Arguments<'_>) {
     let _ = std::io::stderr().lock().write_fmt(args);
 }

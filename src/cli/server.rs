@@ -7,7 +7,7 @@ use crate::config::{ConfigError, ConfigFile};
 use crate::metrics::{RELOAD_APPLIED, RELOAD_REFUSED};
 use crate::server::{serve, Listeners, Node};
 
-pub async fn run(path: &Path) -> anyhow::Result<i32> {
+pub(super) async fn run(path: &Path) -> anyhow::Result<i32> {
     exit_on_panic();
     // Validate everything before binding anything.
     let config = NodeConfig::load(path)?;
@@ -40,7 +40,7 @@ pub async fn run(path: &Path) -> anyhow::Result<i32> {
 }
 
 /// Exit status when the Raft core stopped (EX_SOFTWARE).
-pub const EXIT_CORE_STOPPED: i32 = 70;
+pub(super) const EXIT_CORE_STOPPED: i32 = 70;
 
 /// A panic anywhere in a node is fatal: a task that died (a request
 /// batcher, a replication stream) would leave a node that looks alive and
@@ -57,10 +57,10 @@ fn exit_on_panic() {
 
 /// SIGHUP asks a running process to reload its config file. Installed
 /// before anything is bound, so that no SIGHUP ends the process (its default).
-pub struct Hangups(tokio::signal::unix::Signal);
+pub(super) struct Hangups(tokio::signal::unix::Signal);
 
 impl Hangups {
-    pub fn install() -> Hangups {
+    pub(super) fn install() -> Hangups {
         let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         Hangups(hup.expect("installing SIGHUP handler"))
     }
@@ -68,7 +68,7 @@ impl Hangups {
     /// Until Ctrl-C or SIGTERM; on every SIGHUP meanwhile, `reload(path)`,
     /// counted in `reloads` and logged: one line, an error naming the file
     /// and the problem if the reload was refused (the running config stays).
-    pub async fn until_shutdown(
+    pub(super) async fn until_shutdown(
         mut self,
         path: &Path,
         reloads: &prometheus::IntCounterVec,
@@ -95,7 +95,7 @@ impl Hangups {
 }
 
 /// Ctrl-C or SIGTERM. From then on, a second one exits at once.
-pub async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing SIGTERM handler");
     tokio::select! {

@@ -10,7 +10,7 @@ use crate::config::ConfigFile;
 use crate::http::bind;
 use crate::sidecar::{serve, serve_metrics, Sidecar};
 
-pub async fn run(path: &Path) -> anyhow::Result<i32> {
+pub(super) async fn run(path: &Path) -> anyhow::Result<i32> {
     // Validate everything, TLS files included, before binding anything (a
     // bad file: exit 64); bind every listener before anything is created
     // under state_dir (a taken port: exit 69, no state left behind).

@@ -16,7 +16,7 @@ use crate::config::ConfigFile;
 use crate::lock::state::LockState;
 use crate::raft::identity;
 
-pub async fn save(file: &Path, client: Client) -> anyhow::Result<i32> {
+pub(super) async fn save(file: &Path, client: Client) -> anyhow::Result<i32> {
     let bytes = client.snapshot(MAX_BACKUP).await?;
     // Checked before anything is written: a backup nobody can restore is
     // worse than none, because it is trusted.
@@ -27,14 +27,14 @@ pub async fn save(file: &Path, client: Client) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub fn inspect(file: &Path) -> anyhow::Result<i32> {
+pub(super) fn inspect(file: &Path) -> anyhow::Result<i32> {
     let (header, _) = read(file)?;
     println!("{}: a valid backup (checksum matches)", file.display());
     describe(&header);
     Ok(0)
 }
 
-pub fn restore(file: &Path, config: &Path, min_token: u64) -> anyhow::Result<i32> {
+pub(super) fn restore(file: &Path, config: &Path, min_token: u64) -> anyhow::Result<i32> {
     let (header, locks) = read(file)?;
     let config = NodeConfig::load(config)?;
     let clock_us = std::time::SystemTime::now()

@@ -25,7 +25,7 @@ const DEV_SIDECAR: &str = include_str!("../../config/dev.yaml");
 
 /// Where each part listens.
 #[derive(Debug, Clone, Copy)]
-pub struct Ports {
+pub(super) struct Ports {
     pub nodes: [u16; 3],
     /// The nodes' peer planes.
     pub peers: [u16; 3],
@@ -35,12 +35,12 @@ pub struct Ports {
 }
 
 /// The well-known local ports of docs/DESIGN.md.
-pub const DEV_PORTS: Ports =
+pub(super) const DEV_PORTS: Ports =
     Ports { nodes: [7401, 7402, 7403], peers: [7501, 7502, 7503], inventory: 9000, sidecar: 8080, metrics: 9464 };
 /// Any free ports.
-pub const ANY_PORTS: Ports = Ports { nodes: [0; 3], peers: [0; 3], inventory: 0, sidecar: 0, metrics: 0 };
+pub(super) const ANY_PORTS: Ports = Ports { nodes: [0; 3], peers: [0; 3], inventory: 0, sidecar: 0, metrics: 0 };
 
-pub struct Stack {
+pub(super) struct Stack {
     pub endpoints: Vec<String>,
     pub inventory_url: String,
     pub sidecar_url: String,
@@ -80,7 +80,7 @@ fn peer_secret(data: &Path) -> anyhow::Result<std::path::PathBuf> {
 impl Stack {
     /// Bind every port, then start the nodes, the inventory and the sidecar;
     /// returns once the cluster has a leader.
-    pub async fn start(ports: Ports, data: &Path, fresh: bool) -> anyhow::Result<Stack> {
+    pub(super) async fn start(ports: Ports, data: &Path, fresh: bool) -> anyhow::Result<Stack> {
         let mut node_listeners = vec![];
         for (port, peer_port) in ports.nodes.into_iter().zip(ports.peers) {
             node_listeners.push((bind(port, "lock service").await?, bind(peer_port, "lock service peer plane").await?));
@@ -164,7 +164,7 @@ impl Stack {
     }
 
     /// Stop serving and shut the nodes down.
-    pub async fn stop(self) {
+    pub(super) async fn stop(self) {
         for n in &self.nodes {
             n.stop_serving();
         }

@@ -4,7 +4,7 @@
 
 use fencegate_client::Client;
 
-pub async fn run(key: Option<String>, json: bool, client: Client) -> anyhow::Result<i32> {
+pub(super) async fn run(key: Option<String>, json: bool, client: Client) -> anyhow::Result<i32> {
     match key {
         Some(key) => {
             crate::lock::validate::key(&key)?;
@@ -46,7 +46,7 @@ pub async fn run(key: Option<String>, json: bool, client: Client) -> anyhow::Res
 }
 
 /// A member list, one line each.
-pub fn members(list: &fencegate_client::wire::MemberList) {
+pub(super) fn members(list: &fencegate_client::wire::MemberList) {
     println!(
         "leader: node {}  last log index: {}{}",
         list.leader,

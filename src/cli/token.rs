@@ -3,7 +3,7 @@
 
 use crate::auth::{hash_line, identity_ok};
 
-pub fn new(identity: &str) -> anyhow::Result<i32> {
+pub(super) fn new(identity: &str) -> anyhow::Result<i32> {
     if !identity_ok(identity) {
         anyhow::bail!("{identity:?} is not an identity: 1 to 128 printable ASCII characters");
     }

@@ -13,23 +13,23 @@ use serde::{Deserialize, Deserializer};
 use super::{endpoint_url, ConfigError};
 use crate::http::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS, MAX_WORKERS};
 
-pub const KIB: u64 = 1024;
-pub const MIB: u64 = 1024 * KIB;
-pub const GIB: u64 = 1024 * MIB;
+pub(crate) const KIB: u64 = 1024;
+pub(crate) const MIB: u64 = 1024 * KIB;
+pub(crate) const GIB: u64 = 1024 * MIB;
 
 /// Route names become metric labels, so they are short and need no escaping.
-pub const MAX_ROUTE_NAME_LEN: usize = 64;
+pub(crate) const MAX_ROUTE_NAME_LEN: usize = 64;
 /// Same bound as the lock service's `peers`.
-pub const MAX_LOCK_ENDPOINTS: usize = 9;
-pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const MAX_LOCK_ENDPOINTS: usize = 9;
+pub(crate) const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_ROUTE_TIMEOUT: Duration = Duration::from_secs(3600);
 const MAX_HEADER_TIMEOUT: Duration = Duration::from_secs(300);
 /// Ten MiB (the default `max_body`) at ~2 Mbit/s.
-pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_BODY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Long enough for answers to reach their clients; what S1 needs is waited
 /// for after it, whatever it is.
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone, Deserialize)]
@@ -60,7 +60,7 @@ pub struct SidecarConfig {
 /// How long a `cached` route trusts its knowledge after it was last proven
 /// current, by default: half the lock service's default shortest TTL
 /// (`lease.min_ttl`, 500 ms).
-pub const DEFAULT_MAX_STALENESS: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_MAX_STALENESS: Duration = Duration::from_secs(1);
 /// Probes go out every third of it: below this they would be a load of
 /// their own on the leader.
 const MIN_MAX_STALENESS: Duration = Duration::from_millis(50);
@@ -298,7 +298,7 @@ const PER_LOCK_KEY_SHARE: u64 = 16;
 /// pending record holds for its answer's headers (4 KiB) and its own fields.
 const PER_LOCK_KEY_ROOM: u64 = 8 * KIB;
 
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 const MAX_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 const MAX_RESPONSE_KEPT: u64 = 64 * MIB;
 

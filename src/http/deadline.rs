@@ -16,7 +16,7 @@ use super::BoxError;
 
 /// The body's error once its deadline has passed.
 #[derive(Debug)]
-pub struct BodyTimedOut(pub Duration);
+pub(crate) struct BodyTimedOut(pub Duration);
 
 impl std::fmt::Display for BodyTimedOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -26,7 +26,7 @@ impl std::fmt::Display for BodyTimedOut {
 
 impl std::error::Error for BodyTimedOut {}
 
-pub struct Deadline<B> {
+pub(crate) struct Deadline<B> {
     inner: B,
     /// `None`: a bound on each wait for a frame (counted from when the wait
     /// began, or the last frame after one), not on the whole.
@@ -38,17 +38,17 @@ pub struct Deadline<B> {
 
 impl<B> Deadline<B> {
     /// `inner` must be whole `within` from `start` (the request's arrival).
-    pub fn new(inner: B, start: Instant, within: Duration) -> Self {
+    pub(crate) fn new(inner: B, start: Instant, within: Duration) -> Self {
         Deadline { inner, at: Some(start + within), within, sleep: None }
     }
 
     /// `inner` must yield a frame at least every `within`.
-    pub fn between_frames(inner: B, within: Duration) -> Self {
+    pub(crate) fn between_frames(inner: B, within: Duration) -> Self {
         Deadline { inner, at: None, within, sleep: None }
     }
 
     /// The body, without this deadline.
-    pub fn into_inner(self) -> B {
+    pub(crate) fn into_inner(self) -> B {
         self.inner
     }
 }

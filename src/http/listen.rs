@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 /// A listener could not be bound.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot listen on {addr} ({what}): {cause}")]
-pub struct CannotListen {
+pub(crate) struct CannotListen {
     /// The config field or role, e.g. `listen`, `metrics_listen`.
     pub what: String,
     pub addr: SocketAddr,
@@ -19,12 +19,12 @@ pub struct CannotListen {
 }
 
 impl CannotListen {
-    pub fn new(what: impl Into<String>, addr: SocketAddr, cause: std::io::Error) -> Self {
+    pub(crate) fn new(what: impl Into<String>, addr: SocketAddr, cause: std::io::Error) -> Self {
         Self { what: what.into(), addr, cause }
     }
 }
 
 /// Bind `addr` for `what` (named in the error).
-pub async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, CannotListen> {
+pub(crate) async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, CannotListen> {
     TcpListener::bind(addr).await.map_err(|e| CannotListen::new(what, addr, e))
 }

@@ -23,9 +23,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The JSON body for one of hyper's refusals (by status), if the listener
 /// has one; also where the listener counts them.
-pub type RefusalBody = Arc<dyn Fn(u16) -> Option<Vec<u8>> + Send + Sync>;
+pub(crate) type RefusalBody = Arc<dyn Fn(u16) -> Option<Vec<u8>> + Send + Sync>;
 
-pub struct Refusals<I> {
+pub(super) struct Refusals<I> {
     inner: I,
     /// `None`: everything is written as it is.
     body: Option<RefusalBody>,
@@ -38,7 +38,7 @@ pub struct Refusals<I> {
 }
 
 impl<I> Refusals<I> {
-    pub fn new(inner: I, body: Option<RefusalBody>, requested: Arc<AtomicBool>) -> Self {
+    pub(super) fn new(inner: I, body: Option<RefusalBody>, requested: Arc<AtomicBool>) -> Self {
         Refusals { inner, body, requested, pending: Vec::new(), written: 0 }
     }
 

@@ -51,20 +51,20 @@ use super::workers::Workers;
 use super::Body;
 
 /// The defaults every listener starts from (the configs' `limits` too).
-pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// The largest `max_connections` a config may ask for.
-pub const MAX_CONNECTIONS: usize = 1_000_000;
+pub(crate) const MAX_CONNECTIONS: usize = 1_000_000;
 
 /// How long a peer may take no data from a connection before it is closed.
-pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long `accept` waits after running out of descriptors or memory.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How one listener serves its connections.
 #[derive(Clone)]
-pub struct Listener {
+pub(crate) struct Listener {
     /// What this listener is, for the logs (`"lock API"`, `"sidecar"`).
     pub name: &'static str,
     /// Longest a client may take to send a request head (or a TLS handshake).
@@ -91,7 +91,7 @@ pub struct Listener {
 impl Listener {
     /// Plain HTTP/1.1 with the default bounds: 10 s and 64 KiB for a request
     /// head, 5 s to drain.
-    pub fn http1(name: &'static str) -> Self {
+    pub(crate) fn http1(name: &'static str) -> Self {
         Listener {
             name,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
@@ -109,7 +109,7 @@ impl Listener {
 /// Who a request came from: the connection's address and, over TLS, the
 /// certificate chain the client presented (verified in the handshake).
 #[derive(Debug, Clone)]
-pub struct Conn {
+pub(crate) struct Conn {
     pub addr: SocketAddr,
     /// `addr`'s IP, spelt once per connection: a proxy names it in headers
     /// of every request, and formatting it costs ~1,300 instructions.
@@ -127,18 +127,18 @@ impl Conn {
     }
 
     /// The client's certificate, if it presented one.
-    pub fn leaf(&self) -> Option<&CertificateDer<'static>> {
+    pub(crate) fn leaf(&self) -> Option<&CertificateDer<'static>> {
         self.certs.as_deref().and_then(<[_]>::first)
     }
 }
 
 /// A listener's options that a reload may replace: new connections take
 /// the current ones (`max_connections` excepted: it is the first one's).
-pub type LiveListener = Arc<ArcSwap<Listener>>;
+pub(crate) type LiveListener = Arc<ArcSwap<Listener>>;
 
 /// Serve `listener` until `shutdown` resolves, then drain. Every request is
 /// answered by `handle(request, conn)`.
-pub async fn serve<F, Fut>(listener: TcpListener, opts: Listener, shutdown: impl Future<Output = ()>, handle: F)
+pub(crate) async fn serve<F, Fut>(listener: TcpListener, opts: Listener, shutdown: impl Future<Output = ()>, handle: F)
 where
     F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
@@ -147,7 +147,7 @@ where
 }
 
 /// `serve` with options that may be swapped while it runs.
-pub async fn serve_live<F, Fut>(
+pub(crate) async fn serve_live<F, Fut>(
     listener: TcpListener,
     live: LiveListener,
     shutdown: impl Future<Output = ()>,
@@ -181,7 +181,7 @@ impl Handoff {
 
 /// `serve_live` with each connection served on one of `workers`' event
 /// loops (on the calling runtime if `None`); accepting stays here.
-pub async fn serve_on<F, Fut>(
+pub(crate) async fn serve_on<F, Fut>(
     listener: TcpListener,
     live: LiveListener,
     workers: Option<&Workers>,

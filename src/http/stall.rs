@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-pub struct Stalls<I> {
+pub(super) struct Stalls<I> {
     inner: I,
     within: Duration,
     /// Running while a write or flush waits; made on the first wait.
@@ -20,7 +20,7 @@ pub struct Stalls<I> {
 }
 
 impl<I> Stalls<I> {
-    pub fn new(inner: I, within: Duration) -> Self {
+    pub(super) fn new(inner: I, within: Duration) -> Self {
         Stalls { inner, within, stalled: None }
     }
 

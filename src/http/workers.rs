@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The most event loops a config may ask for.
-pub const MAX_WORKERS: usize = 256;
+pub(crate) const MAX_WORKERS: usize = 256;
 
 thread_local! {
     /// Which event loop this thread runs, if it runs one.

@@ -21,7 +21,7 @@ use super::state::{Command, Event, EventKind, LockState, Token};
 
 /// How long to wait before proposing an `Expire`/`EndDelay` again when the
 /// first proposal did not make it into the log (no quorum, leader change).
-pub const RETRY: Duration = Duration::from_millis(250);
+pub(crate) const RETRY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Due {
@@ -30,7 +30,7 @@ enum Due {
 }
 
 #[derive(Debug, Default)]
-pub struct LeaseClock {
+pub(crate) struct LeaseClock {
     /// lease id -> (deadline, expiring)
     leases: HashMap<String, LeaseDeadline>,
     /// key -> (deadline, token of the expired lease)
@@ -48,7 +48,7 @@ struct LeaseDeadline {
 impl LeaseClock {
     /// Forget everything and give every live lease and every lock-delay its
     /// full duration from `now`. Called when this node becomes leader.
-    pub fn reset(&mut self, state: &LockState, now: Instant) {
+    pub(crate) fn reset(&mut self, state: &LockState, now: Instant) {
         *self = Self::default();
         for (id, lease) in state.leases() {
             self.arm_lease(id, now + Duration::from_millis(lease.ttl_ms));
@@ -59,7 +59,7 @@ impl LeaseClock {
     }
 
     /// Track an event just applied at local time `now`.
-    pub fn observe(&mut self, event: &Event, now: Instant) {
+    pub(crate) fn observe(&mut self, event: &Event, now: Instant) {
         match &event.kind {
             EventKind::Granted { ttl_ms, .. } => {
                 self.arm_lease(&event.lease_id, now + Duration::from_millis(*ttl_ms));
@@ -75,7 +75,7 @@ impl LeaseClock {
     }
 
     /// A lock-delay ended in the log: stop tracking it.
-    pub fn delay_ended(&mut self, key: &str, token: Token) {
+    pub(crate) fn delay_ended(&mut self, key: &str, token: Token) {
         if let Some((at, t)) = self.delays.get(key).copied() {
             if t == token {
                 self.delays.remove(key);
@@ -87,7 +87,7 @@ impl LeaseClock {
     /// Extend `lease_id` to at least `received + ttl`, where `received` is when
     /// the keepalive reached this node. Returns false when the lease is not
     /// live in `state` or an expiry for it is already on its way.
-    pub fn keepalive(&mut self, state: &LockState, lease_id: &str, received: Instant) -> bool {
+    pub(crate) fn keepalive(&mut self, state: &LockState, lease_id: &str, received: Instant) -> bool {
         let Some(lease) = state.lease(lease_id) else { return false };
         let ttl = Duration::from_millis(lease.ttl_ms);
         let at = match self.leases.get(lease_id) {
@@ -100,13 +100,13 @@ impl LeaseClock {
     }
 
     /// Time left on a lease by this node's clock (meaningful on the leader).
-    pub fn remaining(&self, lease_id: &str, now: Instant) -> Option<Duration> {
+    pub(crate) fn remaining(&self, lease_id: &str, now: Instant) -> Option<Duration> {
         self.leases.get(lease_id).map(|d| d.at.saturating_duration_since(now))
     }
 
     /// Commands whose time has come. Each returned lease is marked expiring and
     /// re-armed at `now + RETRY`, in case the proposal is lost.
-    pub fn due(&mut self, now: Instant) -> Vec<Command> {
+    pub(crate) fn due(&mut self, now: Instant) -> Vec<Command> {
         let mut out = Vec::new();
         while let Some((at, due)) = self.queue.first().cloned() {
             if at > now {
@@ -134,7 +134,7 @@ impl LeaseClock {
     }
 
     /// The earliest pending deadline.
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.queue.first().map(|(at, _)| *at)
     }
 

@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 
 /// A fencing token (defined with the wire protocol): strictly increasing
 /// over all grants of all keys.
-pub use fencegate_client::wire::Token;
+pub(crate) use fencegate_client::wire::Token;
 
 /// The newest rules of applying commands this build knows. A table starts
 /// under rules 0 (what every build before rules were numbered applied) and
@@ -65,7 +65,7 @@ pub use fencegate_client::wire::Token;
 ///   `REQUEST_ID_MEMORY` leases that ended, oldest end forgotten first.
 /// - 2: as 1, and the table carries its cluster's identity, set once by a
 ///   committed `Identify` (or by a restore, which makes a new one).
-pub const RULES: u32 = 2;
+pub(crate) const RULES: u32 = 2;
 
 /// Under rules 1: how many request ids of *ended* leases are remembered for
 /// deduplicating retries (the request id of a live lease is always
@@ -79,7 +79,7 @@ pub const REQUEST_ID_MEMORY: usize = 4_096;
 /// Under rules 0: how many request ids of any lease are remembered. About
 /// 190 bytes of snapshot and 1 KB of each node's memory per acquire: a
 /// steady load filled it for an hour.
-pub const LEGACY_REQUEST_ID_MEMORY: usize = 65_536;
+pub(crate) const LEGACY_REQUEST_ID_MEMORY: usize = 65_536;
 
 /// A replicated command. Entries of the Raft log carry exactly one of these.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

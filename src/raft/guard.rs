@@ -28,19 +28,19 @@ use crate::lock::validate;
 
 /// The largest term or log index accepted: far beyond any real cluster's
 /// (2^62 elections), and far enough from `u64::MAX` that nothing overflows.
-pub const MAX_TERM: u64 = 1 << 62;
-pub const MAX_INDEX: u64 = 1 << 62;
+pub(crate) const MAX_TERM: u64 = 1 << 62;
+pub(crate) const MAX_INDEX: u64 = 1 << 62;
 /// Entries in one append: the leader sends at most `max_payload_entries`.
-pub const MAX_ENTRIES: usize = 1024;
+pub(crate) const MAX_ENTRIES: usize = 1024;
 /// Commands in one entry (`server::proposer` packs at most a few hundred).
-pub const MAX_COMMANDS: usize = 4096;
+pub(crate) const MAX_COMMANDS: usize = 4096;
 /// Nodes (voters and learners) in one membership: a cluster has 3 to 5
 /// voters, a learner or two while one is added.
-pub const MAX_MEMBERS: usize = 16;
+pub(crate) const MAX_MEMBERS: usize = 16;
 /// The longest member URL.
-pub const MAX_URL: usize = 1024;
+pub(crate) const MAX_URL: usize = 1024;
 /// The largest snapshot offset: a snapshot is the JSON of the lock table.
-pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 32;
+pub(crate) const MAX_SNAPSHOT_BYTES: u64 = 1 << 32;
 
 /// Who may speak Raft to this node: the configured members, never itself.
 pub struct Peers<'a> {
@@ -135,12 +135,15 @@ fn commands(cmds: &[Command]) -> Result<(), String> {
     Ok(())
 }
 
-pub fn vote_request(rpc: &openraft::raft::VoteRequest<NodeId>, peers: &Peers) -> Result<(), String> {
+pub(crate) fn vote_request(rpc: &openraft::raft::VoteRequest<NodeId>, peers: &Peers) -> Result<(), String> {
     vote(&rpc.vote, peers)?;
     rpc.last_log_id.as_ref().map_or(Ok(()), |l| log_id("last_log_id", l, &rpc.vote))
 }
 
-pub fn append_request(rpc: &openraft::raft::AppendEntriesRequest<TypeConfig>, peers: &Peers) -> Result<(), String> {
+pub(crate) fn append_request(
+    rpc: &openraft::raft::AppendEntriesRequest<TypeConfig>,
+    peers: &Peers,
+) -> Result<(), String> {
     vote(&rpc.vote, peers)?;
     if let Some(p) = &rpc.prev_log_id {
         log_id("prev_log_id", p, &rpc.vote)?;
@@ -177,7 +180,10 @@ fn entry(e: &Entry, expected: u64, term: u64, v: &Vote) -> Result<(), String> {
     }
 }
 
-pub fn snapshot_request(rpc: &openraft::raft::InstallSnapshotRequest<TypeConfig>, peers: &Peers) -> Result<(), String> {
+pub(crate) fn snapshot_request(
+    rpc: &openraft::raft::InstallSnapshotRequest<TypeConfig>,
+    peers: &Peers,
+) -> Result<(), String> {
     vote(&rpc.vote, peers)?;
     if let Some(l) = &rpc.meta.last_log_id {
         log_id("the snapshot's last_log_id", l, &rpc.vote)?;

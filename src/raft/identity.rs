@@ -27,18 +27,18 @@ use super::types::StorageError;
 /// On every peer RPC and its answer, and on every Lock API answer: the
 /// cluster id of the node that sent it (absent: a node without one yet, or
 /// a build before ids).
-pub use fencegate_client::wire::CLUSTER_HEADER;
+pub(crate) use fencegate_client::wire::CLUSTER_HEADER;
 
 /// The metadata key of the id in `raft.redb`.
 const META_KEY: &str = "cluster_id";
 
 /// A new cluster id: 128 bits from the OS-seeded CSPRNG, as 32 hex digits.
-pub fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
 /// Whether `id` has the form of a cluster id (what `new_id` makes).
-pub fn valid(id: &str) -> bool {
+pub(crate) fn valid(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
@@ -49,13 +49,13 @@ fn header(id: &str) -> Option<HeaderValue> {
 /// Why two nodes may not share a log.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("this node belongs to cluster {mine}, the other to cluster {theirs}: two histories never share a log")]
-pub struct Foreign {
+pub(crate) struct Foreign {
     pub mine: String,
     pub theirs: String,
 }
 
 /// The pure rule: two ids are compatible unless both are known and differ.
-pub fn compatible(mine: Option<&str>, theirs: Option<&str>) -> Result<(), Foreign> {
+pub(crate) fn compatible(mine: Option<&str>, theirs: Option<&str>) -> Result<(), Foreign> {
     match (mine, theirs) {
         (Some(m), Some(t)) if m != t => Err(Foreign { mine: m.to_string(), theirs: t.to_string() }),
         _ => Ok(()),
@@ -63,7 +63,7 @@ pub fn compatible(mine: Option<&str>, theirs: Option<&str>) -> Result<(), Foreig
 }
 
 /// This node's cluster id, durable in its data directory once known.
-pub struct Identity {
+pub(crate) struct Identity {
     db: Arc<Database>,
     /// As a header value too: every answer of the node carries it, and a
     /// `HeaderValue` is cloned without copying.
@@ -72,17 +72,17 @@ pub struct Identity {
 
 impl Identity {
     /// The id `db` holds, if any.
-    pub fn open(db: Arc<Database>) -> Result<Arc<Self>, StorageError> {
+    pub(crate) fn open(db: Arc<Database>) -> Result<Arc<Self>, StorageError> {
         let id = read_meta::<String>(&db, META_KEY)?.and_then(|id| header(&id).map(|h| (id, h)));
         Ok(Arc::new(Identity { db, id: RwLock::new(id) }))
     }
 
-    pub fn get(&self) -> Option<String> {
+    pub(crate) fn get(&self) -> Option<String> {
         self.id.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(id, _)| id.clone())
     }
 
     /// The id as the value of `CLUSTER_HEADER`.
-    pub fn header(&self) -> Option<HeaderValue> {
+    pub(crate) fn header(&self) -> Option<HeaderValue> {
         self.id.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(_, h)| h.clone())
     }
 
@@ -90,7 +90,7 @@ impl Identity {
     /// node's id, taking it if this node has none: written to the data
     /// directory before this returns, so that nothing of that history is
     /// applied by a node that could forget which one it is.
-    pub fn adopt(&self, theirs: Option<&str>) -> Result<(), AdoptError> {
+    pub(crate) fn adopt(&self, theirs: Option<&str>) -> Result<(), AdoptError> {
         let Some(theirs) = theirs else { return Ok(()) };
         // The common case (the state machine asks at every apply): checked
         // under the read lock, nothing copied.
@@ -115,7 +115,7 @@ impl Identity {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AdoptError {
+pub(crate) enum AdoptError {
     #[error("{0}")]
     Foreign(Foreign),
     #[error("{0:?} is not a cluster id")]

@@ -101,7 +101,7 @@ struct Shared {
 }
 
 #[derive(Clone)]
-pub struct LogStore {
+pub(crate) struct LogStore {
     shared: Arc<Shared>,
     queue: mpsc::Sender<Op>,
 }
@@ -111,7 +111,7 @@ fn writer_gone() -> StorageError {
 }
 
 impl LogStore {
-    pub fn new(db: Arc<Database>, metrics: RaftMetrics) -> Self {
+    pub(crate) fn new(db: Arc<Database>, metrics: RaftMetrics) -> Self {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared { db, pending: Mutex::new(BTreeMap::new()), metrics });
         let writer = shared.clone();

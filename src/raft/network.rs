@@ -50,15 +50,15 @@ use fencegate_client::http::{HttpClient, HttpError};
 /// node refuses a newer one than its build's (`server::api`), instead of
 /// misreading it. A request or answer without it is from a build before
 /// protocols were numbered: protocol 1.
-pub const PROTOCOL_HEADER: &str = "x-fencegate-peer-protocol";
+pub(crate) const PROTOCOL_HEADER: &str = "x-fencegate-peer-protocol";
 
-pub const APPEND_PATH: &str = "/raft/append";
-pub const VOTE_PATH: &str = "/raft/vote";
-pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
+pub(crate) const APPEND_PATH: &str = "/raft/append";
+pub(crate) const VOTE_PATH: &str = "/raft/vote";
+pub(crate) const SNAPSHOT_PATH: &str = "/raft/snapshot";
 
 /// A member as this node reaches it on the peer plane.
 #[derive(Clone)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// Its `peer_listen` URL.
     pub url: String,
     /// A pooled client for it (with TLS: checking that it is this member).
@@ -67,7 +67,7 @@ pub struct Peer {
 
 /// Where members are reached: a pooled client per (member, URL), made on
 /// first use.
-pub struct Directory {
+pub(crate) struct Directory {
     /// The `peers` config: the founding members, and where a member whose
     /// entry carries no URL is reached.
     pub config: BTreeMap<NodeId, String>,
@@ -93,7 +93,7 @@ struct Links {
 impl Directory {
     /// Members reached with `tls` (this node's peer-link config) or in
     /// plain HTTP; answers above `max_body` are refused.
-    pub fn new(
+    pub(crate) fn new(
         config: BTreeMap<NodeId, String>,
         tls: Option<&rustls::ClientConfig>,
         max_body: usize,
@@ -107,7 +107,7 @@ impl Directory {
 
     /// Reach members with `tls` from now on: the clients made with the old
     /// config are dropped (connections in use finish their exchange).
-    pub fn set_tls(&self, tls: rustls::ClientConfig) {
+    pub(crate) fn set_tls(&self, tls: rustls::ClientConfig) {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         links.tls = Some(tls);
         links.clients.clear();
@@ -115,7 +115,7 @@ impl Directory {
 
     /// Send `proof` (`auth::PeerSecrets::proof`) with every request to a
     /// member from now on; as `set_tls`, the old clients are dropped.
-    pub fn set_proof(&self, proof: String) {
+    pub(crate) fn set_proof(&self, proof: String) {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         links.proof = Some(proof);
         links.clients.clear();
@@ -145,7 +145,7 @@ impl Directory {
     /// its entry carries. The config comes first: it says how this node
     /// reaches a founding member (the entry carries how the bootstrapping
     /// node did); a member added later is in no config.
-    pub fn peer(&self, id: NodeId, member: Option<&Member>) -> Option<Peer> {
+    pub(crate) fn peer(&self, id: NodeId, member: Option<&Member>) -> Option<Peer> {
         let listed = member.map(|m| m.peer_url.as_str()).filter(|u| !u.is_empty());
         let url = self.config.get(&id).map(String::as_str).or(listed)?;
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
@@ -166,12 +166,12 @@ impl Directory {
 
 /// Creates one [`PeerClient`] per target.
 #[derive(Clone)]
-pub struct Network {
+pub(crate) struct Network {
     directory: Arc<Directory>,
 }
 
 impl Network {
-    pub fn new(directory: Arc<Directory>) -> Self {
+    pub(crate) fn new(directory: Arc<Directory>) -> Self {
         Self { directory }
     }
 }
@@ -186,7 +186,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
 /// openraft keeps one per target for as long as it replicates to it: the
 /// peer is looked up per RPC, so that reloaded TLS applies to the next one.
-pub struct PeerClient {
+pub(crate) struct PeerClient {
     target: NodeId,
     member: Member,
     directory: Arc<Directory>,

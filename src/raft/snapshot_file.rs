@@ -28,7 +28,7 @@ const LEGACY_KEY: &str = "snapshot";
 const FILE: &str = "snapshot";
 
 /// A snapshot as stored: Raft's metadata and the encoded table.
-pub struct StoredSnapshot {
+pub(crate) struct StoredSnapshot {
     pub meta: SnapshotMeta,
     pub data: Vec<u8>,
 }
@@ -48,7 +48,7 @@ struct Header {
 }
 
 #[derive(Clone)]
-pub struct SnapshotFile {
+pub(crate) struct SnapshotFile {
     dir: PathBuf,
     db: Arc<Database>,
 }
@@ -59,17 +59,17 @@ fn io_error(what: String) -> StorageError {
 
 impl SnapshotFile {
     /// The snapshot of the node whose data directory is `dir` and log database `db`.
-    pub fn new(dir: PathBuf, db: Arc<Database>) -> SnapshotFile {
+    pub(crate) fn new(dir: PathBuf, db: Arc<Database>) -> SnapshotFile {
         SnapshotFile { dir, db }
     }
 
     /// Where the snapshot of the data directory `dir` is.
-    pub fn path_in(dir: &std::path::Path) -> PathBuf {
+    pub(crate) fn path_in(dir: &std::path::Path) -> PathBuf {
         dir.join(FILE)
     }
 
     /// The latest snapshot: the file, else (format 1) the database's.
-    pub fn read(&self) -> Result<Option<StoredSnapshot>, StorageError> {
+    pub(crate) fn read(&self) -> Result<Option<StoredSnapshot>, StorageError> {
         let path = Self::path_in(&self.dir);
         let mut bytes = match std::fs::read(&path) {
             Ok(b) => b,
@@ -90,7 +90,7 @@ impl SnapshotFile {
     }
 
     /// Replace the latest snapshot with `s`, durably.
-    pub fn write(&self, s: &StoredSnapshot) -> Result<(), StorageError> {
+    pub(crate) fn write(&self, s: &StoredSnapshot) -> Result<(), StorageError> {
         let fail = |what: &str, e: std::io::Error| StorageError::IO {
             source: StorageIOError::write_snapshot(None, AnyError::error(format!("{what}: {e}"))),
         };

@@ -47,7 +47,7 @@ pub const EVENT_MEMORY: usize = 16_384;
 
 /// Recent events in log order, so that a watcher can resume after a reconnect.
 #[derive(Debug, Default)]
-pub struct EventLog {
+pub(crate) struct EventLog {
     events: VecDeque<Event>,
     /// Events at or below this revision may have been forgotten.
     forgotten_through: u64,
@@ -78,7 +78,7 @@ impl EventLog {
 
     /// Events after revision `rev`, or `None` when some of them are forgotten
     /// and the watcher must resync from the current state.
-    pub fn after(&self, rev: u64) -> Option<impl Iterator<Item = &Event>> {
+    pub(crate) fn after(&self, rev: u64) -> Option<impl Iterator<Item = &Event>> {
         // Revisions increase along the ring: find the start by bisection.
         (rev >= self.forgotten_through).then(|| self.events.range(self.events.partition_point(|e| e.rev <= rev)..))
     }
@@ -87,7 +87,7 @@ impl EventLog {
 /// Everything the node knows from the applied log. Guarded by a std Mutex:
 /// critical sections are short and never cross an `.await`.
 #[derive(Default)]
-pub struct AppliedState {
+pub(crate) struct AppliedState {
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
     pub locks: LockState,
@@ -97,13 +97,13 @@ pub struct AppliedState {
 }
 
 impl AppliedState {
-    pub fn applied_index(&self) -> u64 {
+    pub(crate) fn applied_index(&self) -> u64 {
         self.last_applied.map(|l| l.index).unwrap_or(0)
     }
 }
 
 /// The applied state, shared between the state machine and the API.
-pub struct Applied {
+pub(crate) struct Applied {
     state: Mutex<AppliedState>,
     /// The last applied index; wakes watch streams and waiting acquires.
     index: watch::Sender<u64>,
@@ -115,11 +115,11 @@ pub struct Applied {
 }
 
 impl Applied {
-    pub fn lock(&self) -> MutexGuard<'_, AppliedState> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, AppliedState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.index.subscribe()
     }
 
@@ -136,7 +136,7 @@ impl Applied {
 }
 
 #[derive(Clone)]
-pub struct StateMachineStore {
+pub(crate) struct StateMachineStore {
     applied: Arc<Applied>,
     snapshots: SnapshotFile,
     /// This node's id, on the audit lines of what it applies.
@@ -145,7 +145,7 @@ pub struct StateMachineStore {
 
 impl StateMachineStore {
     /// Open the state machine, restoring the last stored snapshot if any.
-    pub fn open(
+    pub(crate) fn open(
         snapshots: SnapshotFile,
         metrics: LockMetrics,
         protocols: Arc<Protocols>,
@@ -162,7 +162,7 @@ impl StateMachineStore {
         Ok(Self { applied: Arc::new(applied), snapshots, node })
     }
 
-    pub fn applied(&self) -> Arc<Applied> {
+    pub(crate) fn applied(&self) -> Arc<Applied> {
         self.applied.clone()
     }
 }
@@ -172,7 +172,7 @@ impl StateMachineStore {
 /// `members` as the voters. openraft opens such a data directory as an
 /// initialized member whose log is purged up to the snapshot, so the
 /// others (started empty) are sent the snapshot once this node leads.
-pub fn seed(
+pub(crate) fn seed(
     snapshots: &SnapshotFile,
     locks: &LockState,
     members: BTreeMap<NodeId, Member>,

@@ -23,14 +23,14 @@ openraft::declare_raft_types!(
 );
 
 pub type NodeId = u64;
-pub type Raft = openraft::Raft<TypeConfig>;
-pub type LogId = openraft::LogId<NodeId>;
+pub(crate) type Raft = openraft::Raft<TypeConfig>;
+pub(crate) type LogId = openraft::LogId<NodeId>;
 pub type Entry = openraft::Entry<TypeConfig>;
-pub type Vote = openraft::Vote<NodeId>;
-pub type StorageError = openraft::StorageError<NodeId>;
-pub type StoredMembership = openraft::StoredMembership<NodeId, Member>;
-pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Member>;
-pub type Membership = openraft::Membership<NodeId, Member>;
+pub(crate) type Vote = openraft::Vote<NodeId>;
+pub(crate) type StorageError = openraft::StorageError<NodeId>;
+pub(crate) type StoredMembership = openraft::StoredMembership<NodeId, Member>;
+pub(crate) type SnapshotMeta = openraft::SnapshotMeta<NodeId, Member>;
+pub(crate) type Membership = openraft::Membership<NodeId, Member>;
 
 /// Where a member is reached. Both empty in entries written before members
 /// carried URLs (they read as `{}`, as openraft's `EmptyNode` wrote them):
@@ -50,4 +50,4 @@ impl std::fmt::Display for Member {
         write!(f, "{}", self.peer_url)
     }
 }
-pub type Snapshot = openraft::Snapshot<TypeConfig>;
+pub(crate) type Snapshot = openraft::Snapshot<TypeConfig>;

@@ -31,16 +31,16 @@ use super::types::NodeId;
 use crate::lock::state::RULES;
 
 /// The peer protocol a node whose table is applied by `rules` speaks.
-pub fn protocol(rules: u32) -> u32 {
+pub(crate) fn protocol(rules: u32) -> u32 {
     1 + rules
 }
 
 /// The newest protocol this build speaks (and answers with).
-pub const PROTOCOL: u32 = 1 + RULES;
+pub(crate) const PROTOCOL: u32 = 1 + RULES;
 
 /// What this node speaks, and what its peers said they speak.
 #[derive(Debug, Default)]
-pub struct Protocols {
+pub(crate) struct Protocols {
     /// The rules of this node's applied table.
     rules: AtomicU32,
     /// Per member: the protocol its latest answer said its build speaks;
@@ -50,33 +50,33 @@ pub struct Protocols {
 
 impl Protocols {
     /// The state machine applied (or installed) a table of `rules`.
-    pub fn applied(&self, rules: u32) {
+    pub(crate) fn applied(&self, rules: u32) {
         self.rules.store(rules, Ordering::Release);
     }
 
     /// The protocol this node's RPCs carry now.
-    pub fn speaking(&self) -> u32 {
+    pub(crate) fn speaking(&self) -> u32 {
         protocol(self.rules.load(Ordering::Acquire))
     }
 
     /// Member `id` answered, saying it speaks `protocol` (1 if it said nothing).
-    pub fn heard(&self, id: NodeId, protocol: u32) {
+    pub(crate) fn heard(&self, id: NodeId, protocol: u32) {
         self.heard.lock().unwrap_or_else(|p| p.into_inner()).insert(id, protocol);
     }
 
     /// An RPC to member `id` failed: it may have restarted on another build.
-    pub fn lost(&self, id: NodeId) {
+    pub(crate) fn lost(&self, id: NodeId) {
         self.heard.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 
     /// This node begins to lead: what members said while it followed (or
     /// led before) may be out of date, so it hears them afresh.
-    pub fn leading(&self) {
+    pub(crate) fn leading(&self) {
         self.heard.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     /// The leader's question: the rules to move the table to, if any.
-    pub fn due(&self, me: NodeId, members: &BTreeSet<NodeId>, rules: u32) -> Option<u32> {
+    pub(crate) fn due(&self, me: NodeId, members: &BTreeSet<NodeId>, rules: u32) -> Option<u32> {
         due(me, members, rules, &self.heard.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }

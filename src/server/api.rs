@@ -63,7 +63,7 @@ const MAX_API_BODY: usize = 64 << 10;
 
 /// Which listener a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plane {
+pub(super) enum Plane {
     /// `listen`: the Lock API for clients. No Raft.
     Client,
     /// `peer_listen`: Raft RPCs, leader calls forwarded by followers, and
@@ -71,7 +71,7 @@ pub enum Plane {
     Peer,
 }
 
-pub async fn handle(node: Arc<Node>, plane: Plane, req: Request<Incoming>, conn: Conn) -> Response<Body> {
+pub(super) async fn handle(node: Arc<Node>, plane: Plane, req: Request<Incoming>, conn: Conn) -> Response<Body> {
     let routed = match plane {
         Plane::Client => client(node.clone(), req, &conn).await,
         Plane::Peer => peer(node.clone(), req, &conn).await,

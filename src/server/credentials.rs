@@ -29,7 +29,7 @@ use crate::tls::identity;
 /// How often the tokens file is checked for changes.
 const RELOAD_EVERY: Duration = Duration::from_secs(1);
 
-pub struct Credentials {
+pub(crate) struct Credentials {
     tokens: Option<TokenFile>,
     /// Whether client certificates identify clients (`tls.client_ca`).
     certificates: bool,
@@ -42,7 +42,7 @@ pub struct Credentials {
 
 /// What a request was let in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Credential {
+pub(crate) enum Credential {
     /// A bearer token, by its hash (the token itself is not kept).
     Token([u8; 32]),
     /// Valid for the request's life: a client certificate (checked at the
@@ -61,7 +61,7 @@ struct TokenFile {
 impl Credentials {
     /// Read the tokens file, if any: a missing or malformed one is a
     /// configuration error at startup (later, a bad edit keeps the old tokens).
-    pub fn load(config: &NodeConfig) -> Result<Arc<Credentials>, ConfigError> {
+    pub(crate) fn load(config: &NodeConfig) -> Result<Arc<Credentials>, ConfigError> {
         let tokens = match &config.auth.tokens_file {
             None => None,
             Some(path) => {
@@ -79,7 +79,7 @@ impl Credentials {
     }
 
     /// Re-read the tokens file whenever it changes, for as long as `self` lives.
-    pub fn keep_fresh(self: &Arc<Self>) {
+    pub(crate) fn keep_fresh(self: &Arc<Self>) {
         if self.tokens.is_none() {
             return;
         }
@@ -102,7 +102,7 @@ impl Credentials {
 
     /// Tell long-lived requests to check their standing again: the tokens
     /// changed, or the ACL did (`Node::reload`).
-    pub fn rules_changed(&self) {
+    pub(crate) fn rules_changed(&self) {
         self.changes.send_replace(());
     }
 
@@ -110,7 +110,7 @@ impl Credentials {
     /// on no longer: its token is not `identity`'s any more, or `allowed`
     /// (its right under the ACL then in force) says no. Checked at once,
     /// and again after each change of the tokens or of the rules.
-    pub fn lost<'a>(
+    pub(crate) fn lost<'a>(
         self: &Arc<Self>,
         identity: String,
         credential: Credential,
@@ -142,7 +142,7 @@ impl Credentials {
     }
 
     /// The identity of a request on the client API, and what it was let in on.
-    pub fn identify(&self, headers: &HeaderMap, conn: &Conn) -> Result<(String, Credential), ApiError> {
+    pub(crate) fn identify(&self, headers: &HeaderMap, conn: &Conn) -> Result<(String, Credential), ApiError> {
         if let Some(value) = headers.get(AUTHORIZATION) {
             let token = value
                 .to_str()
@@ -177,7 +177,7 @@ impl Credentials {
 /// one. Read at startup, by `check-config` and on each reload (a rotation);
 /// a file anyone but its owner may read or write is refused, as ssh refuses
 /// such a private key: every local user could prove to be a member.
-pub fn peer_secrets(config: &NodeConfig) -> Result<Option<PeerSecrets>, ConfigError> {
+pub(crate) fn peer_secrets(config: &NodeConfig) -> Result<Option<PeerSecrets>, ConfigError> {
     use std::os::unix::fs::PermissionsExt;
     let Some(path) = &config.peer_secret_file else { return Ok(None) };
     let refuse = |m: String| ConfigError::invalid("peer_secret_file", format!("{}: {m}", path.display()));

@@ -18,13 +18,13 @@ use super::Node;
 use crate::http::{full, Body};
 use crate::raft::types::NodeId;
 
-pub const FORWARDED_BY: &str = "x-fencegate-forwarded-by";
+pub(super) const FORWARDED_BY: &str = "x-fencegate-forwarded-by";
 /// The identity the forwarding member authenticated; the leader decides
 /// rights and ownership with it. Only ever read on the peer plane.
-pub const IDENTITY: &str = "x-fencegate-identity";
+pub(super) const IDENTITY: &str = "x-fencegate-identity";
 
 /// The identity a forwarded request carries.
-pub fn identity(headers: &hyper::HeaderMap) -> Result<String, ApiError> {
+pub(super) fn identity(headers: &hyper::HeaderMap) -> Result<String, ApiError> {
     headers
         .get(IDENTITY)
         .and_then(|v| v.to_str().ok())
@@ -33,7 +33,7 @@ pub fn identity(headers: &hyper::HeaderMap) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::BadRequest(format!("a forwarded call needs a valid {IDENTITY}")))
 }
 
-pub async fn to_leader(
+pub(super) async fn to_leader(
     node: &Node,
     leader: NodeId,
     parts: &Parts,

@@ -35,7 +35,7 @@ use crate::raft::identity;
 /// Longest sleep between checks, so gauges stay fresh on an idle node.
 const IDLE: Duration = Duration::from_secs(1);
 
-pub async fn run(node: Arc<Node>) {
+pub(super) async fn run(node: Arc<Node>) {
     let mut metrics = node.raft.metrics();
     let mut applied = node.applied.subscribe();
     let mut ready_term: Option<u64> = None;

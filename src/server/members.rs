@@ -32,7 +32,7 @@ use super::Node;
 use crate::raft::types::{Member, Membership, NodeId};
 
 /// The longest a new member may take to catch up before it is promoted.
-pub const CATCH_UP: Duration = Duration::from_secs(120);
+pub(crate) const CATCH_UP: Duration = Duration::from_secs(120);
 /// How long a member has to answer the leader's liveness probe.
 const PROBE: Duration = Duration::from_millis(800);
 /// How long `member add` waits for a node to add to answer at all.
@@ -40,11 +40,11 @@ const STARTING: Duration = Duration::from_secs(10);
 /// How long a handover may take: a target catching up, then its election.
 const HANDOVER: Duration = Duration::from_secs(3);
 
-pub const CAMPAIGN_PATH: &str = "/raft/campaign";
+pub(crate) const CAMPAIGN_PATH: &str = "/raft/campaign";
 
 /// The members, as the leader sees them: roles, URLs, how far each has
 /// replicated, and whether it answers.
-pub async fn list(node: &Node) -> MemberList {
+pub(crate) async fn list(node: &Node) -> MemberList {
     let m = node.raft.metrics().borrow().clone();
     let membership = m.membership_config.membership().clone();
     let live = live(node, &membership).await;
@@ -143,7 +143,7 @@ pub fn member_of(add: &AddMember, tls: bool) -> Result<Member, ApiError> {
     })
 }
 
-pub async fn add(node: &Node, add: AddMember) -> Result<MemberList, ApiError> {
+pub(crate) async fn add(node: &Node, add: AddMember) -> Result<MemberList, ApiError> {
     let member = member_of(&add, node.tls)?;
     let membership = node.raft.metrics().borrow().membership_config.membership().clone();
     let mut voters: BTreeSet<NodeId> = membership.voter_ids().collect();
@@ -239,7 +239,7 @@ async fn caught_up(node: &Node, id: NodeId, within: Duration) -> Result<(), Stri
     }
 }
 
-pub async fn remove(node: &Node, id: NodeId, force: bool) -> Result<Removal, ApiError> {
+pub(crate) async fn remove(node: &Node, id: NodeId, force: bool) -> Result<Removal, ApiError> {
     let membership = node.raft.metrics().borrow().membership_config.membership().clone();
     if membership.get_node(&id).is_none() {
         return Err(ApiError::MembershipRefused(format!("node {id} is not a member")));
@@ -265,7 +265,7 @@ pub async fn remove(node: &Node, id: NodeId, force: bool) -> Result<Removal, Api
     Ok(Removal::Done(list(node).await))
 }
 
-pub enum Removal {
+pub(crate) enum Removal {
     Done(MemberList),
     /// This node was the one to remove: it handed leadership to this one,
     /// which is to be asked again.
@@ -275,7 +275,7 @@ pub enum Removal {
 /// Hand leadership to a live voter that holds this node's whole log; the
 /// new leader's id. Proposals are refused meanwhile (clients retry), so the
 /// log stops growing under the target.
-pub async fn handover(node: &Node, live: &BTreeSet<NodeId>) -> Result<NodeId, String> {
+pub(crate) async fn handover(node: &Node, live: &BTreeSet<NodeId>) -> Result<NodeId, String> {
     let _paused = node.proposer.pause();
     // Without heartbeats the other voters' view of this leader runs out
     // within `election_timeout_max`, after which they vote too (a cluster
@@ -355,7 +355,7 @@ impl Drop for Heartbeat<'_> {
 
 /// A member's request to campaign (`POST /raft/campaign`): only the
 /// current leader may ask (with TLS, the one its certificate names).
-pub async fn campaign(node: &Node, leader: NodeId, member: Option<NodeId>) -> Result<(), ApiError> {
+pub(crate) async fn campaign(node: &Node, leader: NodeId, member: Option<NodeId>) -> Result<(), ApiError> {
     let from = member.unwrap_or(leader);
     if member.is_some_and(|m| m != leader) || node.leader() != Some(from) {
         return Err(ApiError::Forbidden(format!("only the current leader may ask for a campaign, not node {from}")));
@@ -366,7 +366,7 @@ pub async fn campaign(node: &Node, leader: NodeId, member: Option<NodeId>) -> Re
 
 /// A graceful stop: a leader hands over first, so that the cluster does not
 /// wait out an election timeout for it (best effort: logged if it fails).
-pub async fn step_down(node: &Node) {
+pub(crate) async fn step_down(node: &Node) {
     if node.leader() != Some(node.id) {
         return;
     }

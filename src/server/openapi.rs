@@ -4,10 +4,10 @@
 //! types; `.ci/openapi` checks it against a live node with schemathesis.
 
 /// The document, byte for byte.
-pub const DOCUMENT: &str = include_str!("../../docs/openapi.yaml");
+pub(super) const DOCUMENT: &str = include_str!("../../docs/openapi.yaml");
 
 /// RFC 9512's media type for YAML.
-pub const CONTENT_TYPE: &str = "application/yaml";
+pub(super) const CONTENT_TYPE: &str = "application/yaml";
 
 #[cfg(test)]
 mod tests;

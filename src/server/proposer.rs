@@ -28,7 +28,7 @@ use crate::raft::types::Raft;
 const MAX_BATCH: usize = 256;
 
 #[derive(Debug, Clone, Error)]
-pub enum RaftCallError {
+pub(crate) enum RaftCallError {
     #[error("this node is not the leader")]
     NotLeader,
     /// Refused before anything was proposed: leadership is being handed over.
@@ -40,7 +40,7 @@ pub enum RaftCallError {
 
 const STOPPED: &str = "shutting down";
 
-pub struct Proposer {
+pub(crate) struct Proposer {
     writes: Batcher<Command, Result<Outcome, RaftCallError>>,
     checks: Batcher<(), Result<(), RaftCallError>>,
     /// Handovers under way (`pause`): while any is, proposals and
@@ -52,7 +52,7 @@ pub struct Proposer {
 }
 
 /// Proposals are refused until this is dropped.
-pub struct Paused(Arc<AtomicUsize>);
+pub(crate) struct Paused(Arc<AtomicUsize>);
 
 impl Drop for Paused {
     fn drop(&mut self) {
@@ -61,7 +61,7 @@ impl Drop for Paused {
 }
 
 impl Proposer {
-    pub fn start(raft: Raft) -> Self {
+    pub(crate) fn start(raft: Raft) -> Self {
         let r = raft.clone();
         let in_flight = Arc::new(AtomicUsize::new(0));
         let paused: Arc<AtomicUsize> = Arc::default();
@@ -107,12 +107,12 @@ impl Proposer {
 
     /// Whether no batch is being proposed (with proposals paused: the log
     /// has stopped growing).
-    pub fn idle(&self) -> bool {
+    pub(crate) fn idle(&self) -> bool {
         self.in_flight.load(Ordering::SeqCst) == 0
     }
 
     /// Refuse proposals and checks (`HandingOver`) until the guard is dropped.
-    pub fn pause(&self) -> Paused {
+    pub(crate) fn pause(&self) -> Paused {
         self.paused.fetch_add(1, Ordering::SeqCst);
         Paused(self.paused.clone())
     }
@@ -120,7 +120,7 @@ impl Proposer {
     /// Propose `cmd` and wait until it is committed and applied. Callers bound
     /// the wait themselves; a command whose caller gave up before its batch
     /// went out is dropped, one already proposed may still be applied.
-    pub async fn propose(&self, cmd: Command) -> Result<Outcome, RaftCallError> {
+    pub(crate) async fn propose(&self, cmd: Command) -> Result<Outcome, RaftCallError> {
         if self.paused.load(Ordering::SeqCst) > 0 {
             return Err(RaftCallError::HandingOver);
         }
@@ -129,7 +129,7 @@ impl Proposer {
 
     /// Confirm with a quorum, in a round started after this call, that this
     /// node is leader, and wait until everything committed before is applied.
-    pub async fn confirm_leadership(&self) -> Result<(), RaftCallError> {
+    pub(crate) async fn confirm_leadership(&self) -> Result<(), RaftCallError> {
         // A check is a heartbeat round: it would renew the followers' view
         // of this leader, which a handover waits to run out.
         if self.paused.load(Ordering::SeqCst) > 0 {

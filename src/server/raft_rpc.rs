@@ -71,7 +71,7 @@ pub fn decode(rpc: &str, body: &[u8]) -> Result<PeerRpc, ApiError> {
 /// `member`: the member the sender proved to be (its certificate, or its
 /// proof of the peer secret), if the peer plane authenticates; `cluster`:
 /// the cluster id the sender says it belongs to.
-pub async fn handle(
+pub(super) async fn handle(
     node: &Node,
     rpc: &str,
     body: &[u8],

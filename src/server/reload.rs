@@ -25,7 +25,7 @@ impl Node {
     /// TLS material for new handshakes and its ACL for new checks; or refuse
     /// it whole, keeping what runs, when it is invalid or changes a field
     /// that takes a restart.
-    pub fn reload(&self, path: &Path) -> Result<(), ConfigError> {
+    pub(crate) fn reload(&self, path: &Path) -> Result<(), ConfigError> {
         let config = NodeConfig::load(path)?;
         let tls = NodeTls::load(&config)?;
         let peer_secrets = super::credentials::peer_secrets(&config)?;
@@ -57,7 +57,7 @@ fn swap_acceptor(listener: &LiveListener, config: rustls::ServerConfig) {
 /// Why `new` cannot replace `old` in a running node, if it cannot: a field
 /// other than the TLS files, the peer secret's file and the ACL changed, or
 /// TLS (or client certificates, or the peer secret) was turned on or off.
-pub fn restart_needed(old: &NodeConfig, new: &NodeConfig) -> Option<ConfigError> {
+pub(super) fn restart_needed(old: &NodeConfig, new: &NodeConfig) -> Option<ConfigError> {
     let client_ca = |c: &NodeConfig| c.tls.as_ref().map(|t| t.client_ca.is_some());
     let changed = [
         ("id", old.id == new.id),

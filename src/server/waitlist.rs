@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use prometheus::IntGauge;
 use tokio::sync::Notify;
 
-pub struct WaitList {
+pub(super) struct WaitList {
     queues: Mutex<HashMap<String, VecDeque<u64>>>,
     next: AtomicU64,
     /// Signalled whenever a ticket leaves a queue, so the next one can go.
@@ -24,25 +24,25 @@ pub struct WaitList {
 }
 
 /// A place in a key's queue; leaving (drop) lets the next waiter go.
-pub struct Ticket<'a> {
+pub(super) struct Ticket<'a> {
     list: &'a WaitList,
     key: String,
     id: u64,
 }
 
 impl WaitList {
-    pub fn new(waiters: IntGauge) -> Self {
+    pub(super) fn new(waiters: IntGauge) -> Self {
         Self { queues: Mutex::default(), next: AtomicU64::new(0), changed: Notify::new(), waiters }
     }
 
-    pub fn join(&self, key: &str) -> Ticket<'_> {
+    pub(super) fn join(&self, key: &str) -> Ticket<'_> {
         self.waiters.inc();
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.queues.lock().unwrap_or_else(|p| p.into_inner()).entry(key.to_string()).or_default().push_back(id);
         Ticket { list: self, key: key.to_string(), id }
     }
 
-    pub fn is_head(&self, t: &Ticket<'_>) -> bool {
+    pub(super) fn is_head(&self, t: &Ticket<'_>) -> bool {
         let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         queues.get(&t.key).and_then(|q| q.front()) == Some(&t.id)
     }

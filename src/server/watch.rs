@@ -59,7 +59,7 @@ async fn deliver(tx: &mpsc::Sender<Bytes>, line: Bytes) -> bool {
 }
 
 /// Which keys a watcher may see (its identity's `watch` right).
-pub type Visible = Box<dyn Fn(&str) -> bool + Send + Sync>;
+pub(super) type Visible = Box<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// A watch's query: the key prefix (empty: every key), the revision to
 /// resume after, whether the watcher asked for a heartbeat at once after
@@ -126,7 +126,7 @@ pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
 /// may watch anything under it; it then sees only the keys `visible` allows,
 /// until the future `ends` makes for the prefix resolves (its credential
 /// revoked or its right taken away).
-pub async fn stream<E: Future<Output: Send> + Send + 'static>(
+pub(super) async fn stream<E: Future<Output: Send> + Send + 'static>(
     node: Arc<Node>,
     query: Option<&str>,
     may_open: impl FnOnce(&str) -> Result<(), ApiError>,

@@ -180,7 +180,7 @@ impl std::fmt::Display for Answer {
 /// When in a request's life a refusal is given: before a route is chosen
 /// (counted under route `-`), or on a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     Unrouted,
     Routed,
 }
@@ -220,7 +220,7 @@ fn refused_in(p: Problem, phase: Phase) -> bool {
 
 /// Every `reason` a refusal in `phase` can be counted with: the fence's
 /// reasons (on a route) and the other refusals, from the wire enums.
-pub fn refusals(phase: Phase) -> impl Iterator<Item = &'static str> {
+pub(crate) fn refusals(phase: Phase) -> impl Iterator<Item = &'static str> {
     let fence = Reason::ALL.into_iter().filter(move |_| phase == Phase::Routed).map(Reason::as_str);
     fence.chain(Problem::ALL.into_iter().filter(move |p| refused_in(*p, phase)).map(Problem::as_str))
 }

@@ -25,10 +25,10 @@
 //! is down, and on cached routes once the proof is older than
 //! `max_staleness`. Knows no upstream.
 
-pub mod barrier;
-pub mod decision;
-pub mod freshness;
-pub mod knowledge;
+pub(crate) mod barrier;
+pub(crate) mod decision;
+pub(crate) mod freshness;
+pub(crate) mod knowledge;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -47,7 +47,7 @@ use crate::sidecar::state::floors::Floors;
 
 /// A fenced request that passed the check: its place in the order, and
 /// what `dispatch` needs to decide again.
-pub struct Cleared<'r> {
+pub(crate) struct Cleared<'r> {
     pub permit: Permit,
     mode: FenceMode,
     token: Token,
@@ -57,7 +57,7 @@ pub struct Cleared<'r> {
     read_at: Option<Instant>,
 }
 
-pub struct Fencer {
+pub(crate) struct Fencer {
     /// `None` when no route needs the lock service (observed mode only).
     pub view: Option<Arc<LockView>>,
     pub floors: Floors,
@@ -68,7 +68,7 @@ impl Fencer {
     /// Check a request on `route` for `key`. `Ok(None)`: forward unfenced;
     /// `Ok(Some(cleared))`: forward once `dispatch` agrees, holding
     /// `cleared.permit` until the upstream answers.
-    pub async fn check<'r>(
+    pub(crate) async fn check<'r>(
         &self,
         route: &'r Route,
         key: &'r str,
@@ -137,7 +137,7 @@ impl Fencer {
     /// (after the floor's fsync, a buffered body, an idempotency record's
     /// fsync), still holding the order permit: what decides is what is known
     /// when it is dispatched, proven less than `max_staleness` ago.
-    pub async fn dispatch(&self, cleared: &mut Cleared<'_>) -> Result<(), Answer> {
+    pub(crate) async fn dispatch(&self, cleared: &mut Cleared<'_>) -> Result<(), Answer> {
         self.vouch(cleared).await
     }
 
@@ -216,7 +216,7 @@ impl Fencer {
     }
 
     /// The latest token known for `key`, for logs.
-    pub fn current(&self, key: &str) -> Token {
+    pub(crate) fn current(&self, key: &str) -> Token {
         self.look(FenceMode::Strict, key, None).0.latest
     }
 }

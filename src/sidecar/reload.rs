@@ -25,7 +25,7 @@ use crate::sidecar::settings::SidecarSettings;
 use crate::sidecar::upstream::Upstream;
 
 /// What requests are served with until the next reload.
-pub struct Live {
+pub(crate) struct Live {
     pub settings: SidecarSettings,
     /// The pooled client to the upstreams, with `upstream_tls`.
     pub upstream: Upstream,
@@ -33,14 +33,14 @@ pub struct Live {
 
 impl Sidecar {
     /// The config requests are served with now.
-    pub fn live(&self) -> Arc<Live> {
+    pub(crate) fn live(&self) -> Arc<Live> {
         self.live.load_full()
     }
 
     /// Load `path` as at startup (validated, TLS files loaded) and serve new
     /// connections and requests with it; or refuse it whole, keeping the
     /// running config, when it is invalid or changes what takes a restart.
-    pub fn reload(&self, path: &Path) -> Result<(), ConfigError> {
+    pub(crate) fn reload(&self, path: &Path) -> Result<(), ConfigError> {
         let settings = SidecarConfig::load(path)?;
         let tls = settings.load_tls()?;
         if let Some(refusal) = restart_needed(&self.live().settings, &settings, self.fencer.view.is_some()) {
@@ -64,7 +64,7 @@ impl Sidecar {
 /// the lock service client and its watch, HTTPS on or off, the connection
 /// and record bounds), or a route needs the lock service while no watch
 /// runs (`watching`: the sidecar started without a route that needed it).
-pub fn restart_needed(old: &SidecarSettings, new: &SidecarSettings, watching: bool) -> Option<ConfigError> {
+pub(crate) fn restart_needed(old: &SidecarSettings, new: &SidecarSettings, watching: bool) -> Option<ConfigError> {
     let changed = [
         ("listen", old.listen == new.listen),
         ("metrics_listen", old.metrics_listen == new.metrics_listen),

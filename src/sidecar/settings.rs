@@ -86,7 +86,11 @@ fn policy(c: &IdempotencyConfig, store: u64) -> Policy {
 /// Compile the route table: templates, methods and upstreams, each parsed
 /// once. Errors name the field (`routes[2].lock_key`).
 /// `store` is `limits.idempotency_store`, which routes' quotas are a share of.
-pub fn compile_routes(routes: &[RouteConfig], default_upstream: &Uri, store: u64) -> Result<Routes, ConfigError> {
+pub(crate) fn compile_routes(
+    routes: &[RouteConfig],
+    default_upstream: &Uri,
+    store: u64,
+) -> Result<Routes, ConfigError> {
     let mut compiled = Vec::with_capacity(routes.len());
     for (i, r) in routes.iter().enumerate() {
         let upstream = match &r.upstream {

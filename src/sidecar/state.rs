@@ -17,9 +17,9 @@
 //! journal written anew. `probe` retries what failed (a floor raise, or a
 //! probe row and journal entry) to tell when the store works again.
 
-pub mod floors;
-pub mod journal;
-pub mod writer;
+pub(crate) mod floors;
+pub(crate) mod journal;
+pub(crate) mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -32,7 +32,7 @@ use thiserror::Error;
 use crate::lock::state::Token;
 use crate::sidecar::idempotency::Record;
 use crate::sidecar::state::journal::{Change, Journal};
-pub use crate::sidecar::state::writer::When;
+pub(crate) use crate::sidecar::state::writer::When;
 use crate::sidecar::state::writer::Writer;
 
 /// How long a write nobody waits for (`When::Soon`: a keyed request's
@@ -63,7 +63,7 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// build would find no record for a retry; it takes the older scopes
 /// under their records' tokens and writes the journal anew
 /// (`upgrade_scopes`).
-pub const STATE_FORMAT: u64 = 5;
+pub(crate) const STATE_FORMAT: u64 = 5;
 
 #[derive(Debug, Clone, Error)]
 #[error("state store: {0}")]

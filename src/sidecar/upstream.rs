@@ -17,7 +17,7 @@
 //! `Failure::Exchange`): S1's permit is released at once only for the
 //! first.
 
-pub mod pool;
+pub(crate) mod pool;
 
 use std::time::Duration;
 
@@ -49,14 +49,14 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-pub struct Upstream {
+pub(crate) struct Upstream {
     pool: Pool,
 }
 
 impl Upstream {
     /// `tls` is used for `https://` upstreams; `http://` ones stay plain.
     /// Connections are kept for each of `workers` event loops.
-    pub fn new(tls: rustls::ClientConfig, workers: usize) -> Self {
+    pub(crate) fn new(tls: rustls::ClientConfig, workers: usize) -> Self {
         Self { pool: Pool::new(connector(tls), workers) }
     }
 }
@@ -72,7 +72,7 @@ pub(in crate::sidecar) fn connector(tls: rustls::ClientConfig) -> HttpsConnector
 }
 
 /// Drop hop-by-hop headers, including those the `Connection` header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none: one pass over their few names, instead of
     // a lookup for each of the eight.
     if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
@@ -95,7 +95,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 impl Upstream {
     /// Send `req` (its body streaming, bounded by the caller) to `base`.
-    pub async fn forward(
+    pub(crate) async fn forward(
         &self,
         base: &Uri,
         req: Request<Body>,

@@ -15,12 +15,12 @@ use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 /// Peers check it both ways: a node connecting to member 3 requires the
 /// server to be certified as it, and a Raft RPC claiming to come from
 /// member 3 is accepted only over a connection certified as it.
-pub fn member_name(id: u64) -> ServerName<'static> {
+pub(crate) fn member_name(id: u64) -> ServerName<'static> {
     ServerName::try_from(format!("fencegate-node-{id}")).expect("a valid DNS name")
 }
 
 /// Whether `cert` is certified as member `id` (webpki's name check, as for a server).
-pub fn certifies_member(cert: &CertificateDer<'_>, id: u64) -> bool {
+pub(crate) fn certifies_member(cert: &CertificateDer<'_>, id: u64) -> bool {
     ParsedCertificate::try_from(cert)
         .and_then(|parsed| rustls::client::verify_server_name(&parsed, &member_name(id)))
         .is_ok()
@@ -29,7 +29,7 @@ pub fn certifies_member(cert: &CertificateDer<'_>, id: u64) -> bool {
 /// The client identity a certificate names: its subject's common name, or
 /// else its first DNS subject alternative name. `None` if it has neither
 /// (or they are not printable ASCII): such a certificate identifies nobody.
-pub fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
+pub(crate) fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, x509) = X509Certificate::from_der(cert.as_ref()).ok()?;
     let cn = x509.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).map(str::to_string);
     let dns = || {

@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use crate::lock::state::Token;
 
 #[derive(Default)]
-pub struct Order {
+pub(crate) struct Order {
     keys: Mutex<HashMap<String, Gate>>,
     /// Told when the last permit of all is dropped.
     emptied: Notify,
@@ -35,7 +35,7 @@ struct Gate {
 /// A request in flight; dropping it lets higher tokens go. It owns a handle
 /// on the barrier, so it can outlive the request that took it (see
 /// `Sidecar::handle`: an upstream that failed mid-exchange may still apply).
-pub struct Permit {
+pub(crate) struct Permit {
     order: Arc<Order>,
     key: String,
     token: Token,
@@ -45,7 +45,7 @@ impl Order {
     /// Wait until no lower token is in flight for `key`, then register
     /// `token`. `Err(higher)` if a higher token is already in flight: this
     /// request is stale and must not be dispatched after it.
-    pub async fn enter(self: &Arc<Self>, key: &str, token: Token) -> Result<Permit, Token> {
+    pub(crate) async fn enter(self: &Arc<Self>, key: &str, token: Token) -> Result<Permit, Token> {
         loop {
             let notified = {
                 let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
@@ -68,7 +68,7 @@ impl Order {
     }
 
     /// Keys with requests in flight.
-    pub fn busy_keys(&self) -> usize {
+    pub(crate) fn busy_keys(&self) -> usize {
         self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
@@ -76,7 +76,7 @@ impl Order {
     /// been answered, timed out, or provably never left. A shutting-down
     /// sidecar waits for this, so that a restarted one cannot dispatch a
     /// higher token while an older write may still be applied (S1).
-    pub async fn idle(&self) {
+    pub(crate) async fn idle(&self) {
         loop {
             let emptied = self.emptied.notified();
             tokio::pin!(emptied);

@@ -39,7 +39,7 @@ pub fn parse_token(headers: &HeaderMap) -> Result<Option<Token>, Reason> {
 
 /// What the sidecar knows about one key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Knowledge {
+pub(crate) struct Knowledge {
     /// The latest grant of this key the sidecar has learnt of (0: none), from
     /// the watch stream or a linearizable read.
     pub latest: Token,
@@ -62,7 +62,7 @@ pub struct Knowledge {
 
 /// The verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Forward,
     Reject {
         reason: Reason,
@@ -78,7 +78,7 @@ pub enum Verdict {
 /// `fresh` says `k` was just read from the lock service after the request
 /// arrived (a linearizable read), so a token above `k.latest` was never
 /// granted for this key (S3).
-pub fn decide(mode: FenceMode, token: Token, k: &Knowledge, fresh: bool) -> Verdict {
+pub(crate) fn decide(mode: FenceMode, token: Token, k: &Knowledge, fresh: bool) -> Verdict {
     let reject = |reason, current| Verdict::Reject { reason, current };
     if mode != FenceMode::Observed && behind_floor(k, fresh) {
         // The service's history is behind what this sidecar forwarded: it

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 const WAITING: usize = 16;
 
 #[derive(Debug, Default)]
-pub struct Freshness {
+pub(crate) struct Freshness {
     /// The watch stream has delivered every event up to this revision.
     delivered: u64,
     /// Answered probes, `(sent, rev)`, waiting for the stream to reach `rev`.
@@ -40,13 +40,13 @@ pub struct Freshness {
 impl Freshness {
     /// The watch stream is complete up to `rev` (an event, a heartbeat, or a
     /// finished state dump at `rev`). Positions never go back.
-    pub fn delivered(&mut self, rev: u64) {
+    pub(crate) fn delivered(&mut self, rev: u64) {
         self.delivered = self.delivered.max(rev);
         self.settle();
     }
 
     /// A probe sent at `sent` was answered with revision `rev`.
-    pub fn answered(&mut self, sent: Instant, rev: u64) {
+    pub(crate) fn answered(&mut self, sent: Instant, rev: u64) {
         if self.waiting.len() == WAITING {
             self.waiting.remove(0);
         }
@@ -68,18 +68,18 @@ impl Freshness {
     }
 
     /// When the knowledge was last proven current (`None`: never).
-    pub fn proven(&self) -> Option<Instant> {
+    pub(crate) fn proven(&self) -> Option<Instant> {
         self.proven
     }
 
     /// The send time of the oldest answered probe whose revision the stream
     /// has not delivered yet.
-    pub fn oldest_waiting(&self) -> Option<Instant> {
+    pub(crate) fn oldest_waiting(&self) -> Option<Instant> {
         self.waiting.iter().map(|&(sent, _)| sent).min()
     }
 
     /// The highest revision an answered probe waits for (0: none).
-    pub fn awaited(&self) -> u64 {
+    pub(crate) fn awaited(&self) -> u64 {
         self.waiting.iter().map(|&(_, rev)| rev).max().unwrap_or(0)
     }
 }
@@ -89,7 +89,7 @@ impl Freshness {
 /// or the latest read of the key, sent at `read_at`, within `max_staleness`.
 /// A key the stream never told of (the sidecar may read it but not watch
 /// it) is not covered by the probes' proof.
-pub fn key_trusted(
+pub(crate) fn key_trusted(
     watched: bool,
     proven: Option<Instant>,
     read_at: Option<Instant>,
@@ -103,19 +103,19 @@ pub fn key_trusted(
 /// taken for stuck behind the leader (and reopened on another endpoint):
 /// four times `max_staleness`, at least 1 s (a loaded node's normal lag is
 /// not a reason to reconnect).
-pub fn behind_patience(max_staleness: Duration) -> Duration {
+pub(crate) fn behind_patience(max_staleness: Duration) -> Duration {
     (max_staleness * 4).max(Duration::from_secs(1))
 }
 
 /// Whether a stream still short of a revision answered to a probe sent at
 /// `oldest_waiting` is behind for good at `now`.
-pub fn behind(oldest_waiting: Option<Instant>, now: Instant, patience: Duration) -> bool {
+pub(crate) fn behind(oldest_waiting: Option<Instant>, now: Instant, patience: Duration) -> bool {
     oldest_waiting.is_some_and(|sent| now.saturating_duration_since(sent) >= patience)
 }
 
 /// Whether knowledge proven current at `proven` may still be trusted at
 /// `now`: strictly before `proven + max_staleness`.
-pub fn trusted(proven: Option<Instant>, now: Instant, max_staleness: Duration) -> bool {
+pub(crate) fn trusted(proven: Option<Instant>, now: Instant, max_staleness: Duration) -> bool {
     proven.and_then(|p| p.checked_add(max_staleness)).is_some_and(|deadline| now < deadline)
 }
 

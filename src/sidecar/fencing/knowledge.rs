@@ -107,7 +107,7 @@ struct InflightRead {
     done: watch::Receiver<Option<ReadResult>>,
 }
 
-pub struct LockView {
+pub(crate) struct LockView {
     keys: DashMap<String, Known>,
     /// The highest `compacted_below` a read returned.
     compacted_below: std::sync::atomic::AtomicU64,
@@ -142,7 +142,7 @@ impl LockView {
     /// Start watching the lock service behind `client`, whose endpoints are
     /// also used for the stream, and probing it so that `cached` routes may
     /// trust the stream for `max_staleness` after each proof.
-    pub fn start(client: Client, metrics: SidecarMetrics, max_staleness: Duration, probing: bool) -> Arc<Self> {
+    pub(crate) fn start(client: Client, metrics: SidecarMetrics, max_staleness: Duration, probing: bool) -> Arc<Self> {
         let endpoints = client.endpoints().to_vec();
         // The stream's own client: same TLS and token, but lines, not bodies, are bounded.
         let http = client.options().http_client(MAX_LINE).expect("the client was built from these options");
@@ -165,7 +165,7 @@ impl LockView {
     }
 
     /// Probe (or stop probing) as routes that trust the watch come and go.
-    pub fn set_probing(&self, probing: bool) {
+    pub(crate) fn set_probing(&self, probing: bool) {
         self.probing.store(probing, Ordering::Relaxed);
     }
 
@@ -189,7 +189,7 @@ impl LockView {
     /// `max_staleness` ago, if the stream has told of the key (or of none:
     /// nothing granted is then known); a read of the key sent that
     /// recently, if not. One lookup, for the request path.
-    pub fn look(&self, key: &str, now: Instant) -> (Knowledge, bool) {
+    pub(crate) fn look(&self, key: &str, now: Instant) -> (Knowledge, bool) {
         let proven = self.freshness().proven();
         let compacted_below = self.compacted_below.load(Ordering::Relaxed);
         let (known, watched, read_at) = match self.keys.get(key) {
@@ -211,19 +211,19 @@ impl LockView {
 
     /// Whether a read of one key that started at `read_at` still vouches for
     /// that key at `now`.
-    pub fn read_trusted(&self, read_at: Instant, now: Instant) -> bool {
+    pub(crate) fn read_trusted(&self, read_at: Instant, now: Instant) -> bool {
         freshness::trusted(Some(read_at), now, self.max_staleness)
     }
 
     /// How long ago the knowledge was last proven current at `now` (since
     /// the start, before any proof).
-    pub fn age(&self, now: Instant) -> Duration {
+    pub(crate) fn age(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.freshness().proven().unwrap_or(self.started))
     }
 
     /// A `cached` route on `route` read the lock service because its
     /// knowledge was older than `max_staleness`.
-    pub fn count_stale(&self, route: &str) {
+    pub(crate) fn count_stale(&self, route: &str) {
         self.metrics.stale_knowledge_reads.with_label_values(&[route]).inc();
     }
 
@@ -232,7 +232,7 @@ impl LockView {
         self.freshness().delivered(rev);
     }
 
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
     }
 
@@ -321,7 +321,7 @@ impl LockView {
 
     /// Read `key` linearizably with a read that started no earlier than
     /// `arrived`, sharing one with concurrent callers when possible.
-    pub async fn read(self: &Arc<Self>, key: &str, arrived: Instant) -> Result<(), String> {
+    pub(crate) async fn read(self: &Arc<Self>, key: &str, arrived: Instant) -> Result<(), String> {
         let mut rx = {
             let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
             match reads.get(key) {

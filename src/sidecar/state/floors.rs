@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use crate::lock::state::Token;
 use crate::sidecar::state::{Store, StoreError, Write};
 
-pub struct Floors {
+pub(crate) struct Floors {
     /// What is durable (or being made durable right now).
     known: Mutex<HashMap<String, Token>>,
     store: Arc<Store>,
@@ -22,21 +22,21 @@ pub struct Floors {
 
 impl Floors {
     /// The floors `store` held when it was opened.
-    pub fn new(store: Arc<Store>, loaded: HashMap<String, Token>) -> Self {
+    pub(crate) fn new(store: Arc<Store>, loaded: HashMap<String, Token>) -> Self {
         Floors { known: Mutex::new(loaded), store }
     }
 
-    pub fn get(&self, key: &str) -> Token {
+    pub(crate) fn get(&self, key: &str) -> Token {
         self.known.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied().unwrap_or(0)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.known.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Make `token` the durable floor of `key` if it is higher; returns once
     /// it is on disk.
-    pub async fn raise(&self, key: &str, token: Token) -> Result<(), StoreError> {
+    pub(crate) async fn raise(&self, key: &str, token: Token) -> Result<(), StoreError> {
         if self.get(key) >= token {
             return Ok(());
         }

@@ -74,15 +74,15 @@ const ZEROS_AHEAD: u64 = 1 << 20;
 const LEGACY_SCAN_BYTES: usize = 1 << 30;
 
 /// Records as stored: (scope, encoding).
-pub type Stored = Vec<(String, Vec<u8>)>;
+pub(crate) type Stored = Vec<(String, Vec<u8>)>;
 
 /// One change to the records.
-pub enum Change<'a> {
+pub(crate) enum Change<'a> {
     Put(&'a str, &'a [u8]),
     Forget(&'a str),
 }
 
-pub struct Journal {
+pub(crate) struct Journal {
     path: PathBuf,
     file: File,
     salt: u64,
@@ -304,7 +304,7 @@ fn write_anew<'a, B: AsRef<[u8]>>(
 
 impl Journal {
     /// Open (or create) the journal in `dir` and replay it.
-    pub fn open(dir: &Path) -> io::Result<(Journal, Stored)> {
+    pub(crate) fn open(dir: &Path) -> io::Result<(Journal, Stored)> {
         let path = dir.join("idempotency.log");
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
@@ -370,13 +370,13 @@ impl Journal {
     }
 
     /// Whether it holds no entries.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.bytes == HEADER as u64
     }
 
     /// Append `changes` and make them durable: one batch, or several (each
     /// synced before the next) if they are more than `BATCH_BYTES`.
-    pub fn append(&mut self, changes: &[Change<'_>]) -> io::Result<()> {
+    pub(crate) fn append(&mut self, changes: &[Change<'_>]) -> io::Result<()> {
         for c in changes {
             let (Change::Put(scope, _) | Change::Forget(scope)) = c;
             if scope.len() > usize::from(u16::MAX) {
@@ -429,7 +429,10 @@ impl Journal {
     /// Write the journal anew from `live` (scope, encoding), each encoding
     /// taken as it is written: a new file, fsync'd, renamed over the old
     /// one, the directory fsync'd.
-    pub fn rewrite<'a, B: AsRef<[u8]>>(&mut self, live: impl IntoIterator<Item = (&'a str, B)>) -> io::Result<()> {
+    pub(crate) fn rewrite<'a, B: AsRef<[u8]>>(
+        &mut self,
+        live: impl IntoIterator<Item = (&'a str, B)>,
+    ) -> io::Result<()> {
         // A salt of its own: stale blocks of the old file (a crash on a
         // filesystem that can show them) cannot read as the new one's.
         let salt = rand::random();
@@ -445,7 +448,7 @@ impl Journal {
 
     /// Open the file again after an I/O error, cut to the end of the last
     /// batch that was written whole (known exactly: no replay).
-    pub fn reopen(&mut self) -> io::Result<()> {
+    pub(crate) fn reopen(&mut self) -> io::Result<()> {
         let file = OpenOptions::new().write(true).open(&self.path)?;
         file.set_len(self.bytes)?;
         file.sync_all()?;

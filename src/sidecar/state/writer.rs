@@ -56,7 +56,7 @@ enum Sleep {
 
 type Shared<T, R> = Arc<(Mutex<Queue<T, R>>, Condvar)>;
 
-pub struct Writer<T, R> {
+pub(crate) struct Writer<T, R> {
     shared: Shared<T, R>,
     thread: Option<JoinHandle<()>>,
 }
@@ -68,7 +68,7 @@ fn lock<T, R>(shared: &Shared<T, R>) -> MutexGuard<'_, Queue<T, R>> {
 impl<T: Send + 'static, R: Send + 'static> Writer<T, R> {
     /// Start the thread. `write` gets a batch and returns one answer per
     /// write, in order.
-    pub fn start(
+    pub(crate) fn start(
         name: &str,
         soon: Duration,
         mut write: impl FnMut(Vec<T>) -> Vec<R> + Send + 'static,
@@ -92,7 +92,7 @@ impl<T: Send + 'static, R: Send + 'static> Writer<T, R> {
     /// Queue `item` behind everything queued before it, and return the wait
     /// for its answer (`None` if the thread died). Dropping the wait does
     /// not take the write back.
-    pub fn queue(&self, item: T, when: When) -> impl Future<Output = Option<R>> {
+    pub(crate) fn queue(&self, item: T, when: When) -> impl Future<Output = Option<R>> {
         let (reply, answer) = oneshot::channel();
         let wake = {
             let mut q = lock(&self.shared);

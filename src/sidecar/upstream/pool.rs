@@ -43,7 +43,7 @@ const IDLE: Duration = Duration::from_secs(60);
 /// coming back to a full list is closed.
 const MAX_IDLE: usize = 1024;
 
-pub struct Pool {
+pub(crate) struct Pool {
     connector: HttpsConnector<HttpConnector>,
     /// One list per event loop (`Workers::current`), most recently used last.
     loops: Vec<Arc<Mutex<Vec<Idle>>>>,
@@ -77,7 +77,7 @@ struct Idle {
 }
 
 /// Why a request got no response.
-pub enum Failure {
+pub(crate) enum Failure {
     /// No connection could be made: nothing was sent.
     Connect(BoxError),
     /// The exchange broke; the request may have reached the upstream.
@@ -86,13 +86,13 @@ pub enum Failure {
 
 impl Pool {
     /// `loops` lists, one per event loop.
-    pub fn new(connector: HttpsConnector<HttpConnector>, loops: usize) -> Self {
+    pub(crate) fn new(connector: HttpsConnector<HttpConnector>, loops: usize) -> Self {
         Pool { connector, loops: (0..loops.max(1)).map(|_| Arc::default()).collect() }
     }
 
     /// Send `req` (its URI in origin form, its `Host` set) to `base`'s
     /// scheme and authority, on a kept connection if there is one.
-    pub async fn send(&self, base: &Uri, req: Request<Body>) -> Result<Response<Returning>, Failure> {
+    pub(crate) async fn send(&self, base: &Uri, req: Request<Body>) -> Result<Response<Returning>, Failure> {
         let list = &self.loops[Workers::current() % self.loops.len()];
         let mut req = req;
         if let Some(mut conn) = take(list, base) {
@@ -171,7 +171,7 @@ fn returning(list: &Arc<Mutex<Vec<Idle>>>, conn: Conn, resp: Response<Incoming>)
 }
 
 /// A response's body that gives its connection back when it has ended.
-pub struct Returning {
+pub(crate) struct Returning {
     body: Incoming,
     conn: Option<Conn>,
     list: Arc<Mutex<Vec<Idle>>>,
