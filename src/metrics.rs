@@ -238,6 +238,7 @@ pub struct SidecarMetrics {
     pub rejections: IntCounterVec,
     pub upstream_duration: HistogramVec,
     pub fence_wait: HistogramVec,
+    pub fence_barrier_waiting: IntGauge,
     pub lock_service_up: IntGauge,
     /// Seconds since the knowledge was last proven current (`max_staleness`).
     pub knowledge_age: Gauge,
@@ -311,6 +312,13 @@ impl SidecarMetrics {
                     )
                     .buckets(latency),
                     &["route"],
+                )?,
+            )?,
+            fence_barrier_waiting: register(
+                r,
+                IntGauge::new(
+                    "fencegate_sidecar_fence_barrier_waiting",
+                    "Fenced requests waiting at the ordering barrier for a lower token in flight on their key",
                 )?,
             )?,
             lock_service_up: register(

@@ -13,12 +13,14 @@
 //! chosen), and a fence refusal is logged with route, key, presented and
 //! current token.
 //!
-//! In full (`Sidecar::handle`): framing and disguise checks (method
-//! overrides are refused, or taken by `find_overridden` where a route allows
-//! them) → `routing` → `fencing` → a fenced body of unannounced length, or a
-//! keyed one, read whole → `idempotency::exchange` before → `upstream` →
-//! `idempotency::exchange` after → `answer`, all from `SidecarSettings`
-//! (`settings`), through the one accept loop (HTTP/1.1 and HTTP/2, TLS).
+//! In full, `Sidecar::handle`'s phases: `route` (framing and disguise
+//! checks; method overrides are refused, or taken by `find_overridden`
+//! where a route allows them; `routing`) → `check` (`fencing`) →
+//! `take_body` (a fenced body of unannounced length, or a keyed one, read
+//! whole; `idempotency::exchange` begun) → `send` (`fencing` again,
+//! `upstream`) → `idempotency::exchange` finished → `answer`, all from
+//! `SidecarSettings` (`settings`), through the one accept loop (HTTP/1.1
+//! and HTTP/2, TLS).
 //! The metrics listener serves `/healthz`, `/readyz` and the admin calls on
 //! idempotency records (`idempotency::admin`).
 //!
@@ -32,6 +34,7 @@
 
 pub(crate) mod answer;
 pub(crate) mod fencing;
+pub(crate) mod head;
 pub mod idempotency;
 pub(crate) mod reload;
 pub(crate) mod routing;
@@ -49,8 +52,8 @@ use fencegate_client::wire::Problem;
 use fencegate_client::Client;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderName, CONTENT_LENGTH, TRANSFER_ENCODING};
-use hyper::{Request, Response};
+use hyper::header::CONTENT_LENGTH;
+use hyper::{HeaderMap, Request, Response};
 use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -61,7 +64,7 @@ use crate::metrics::{Outcome, SidecarMetrics};
 use crate::tls::SidecarTls;
 use answer::{Answer, Phase};
 use fencing::knowledge::LockView;
-use fencing::Fencer;
+use fencing::{Cleared, Fencer};
 use reload::Live;
 use routing::MatchError;
 use settings::SidecarSettings;
@@ -164,113 +167,144 @@ impl Sidecar {
     /// (`answer.rs` maps it to a status, a body and metric labels):
     ///
     /// ```text
-    /// route ──▶ fence check ──▶ take the body ──▶ send ──▶ keep the answer
-    /// framing,   S2–S7, an S1     stream it, or read    decide again    the idempotency
-    /// overrides, permit           it whole and begin    (S3), forward,  record's answer
-    /// route, key (`Fencer`)       its record (I1)       free the permit (`exchange`)
+    /// route ──────▶ check ─────────▶ take_body ─────────▶ send ───────────▶ keep the answer
+    /// framing,      S2–S7, an S1     stream it, or read   decide again      the idempotency
+    /// overrides,    permit           it whole and begin   (S3), forward,    record's answer
+    /// route, key    (`Fencer`)       its record (I1)      free the permit   (`exchange`)
     /// ```
     ///
-    /// The phases after the route are written out here rather than as
-    /// `async fn`s of their own, which hand the request and its body from
-    /// one future to the next: split so, the cached path measured 1.45 %
-    /// more instructions per request than before the split, written out
-    /// 0.5–0.8 % (`bench/instructions.rs`, one repetition per run, which
-    /// vary by about 0.7 %).
+    /// The phases borrow the request's head (`parts`) rather than take the
+    /// request: handed from one future to the next by value, it cost the
+    /// cached path 1.45 % more instructions per request (`bench/instructions.rs`).
     async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: crate::http::Conn) -> Response<Body> {
         let arrived = Instant::now();
         // Read once: this request finishes on the config it started with.
         let live = self.live();
-        let limits = &live.settings.limits;
-        let (matched, overridden) = match route(&live, &req) {
-            Ok(found) => found,
+        let routed = match route(&live, &req, arrived) {
+            Ok(routed) => routed,
             Err(a) => return self.answer("-", None, a),
         };
-        let route = matched.route;
-        let name = route.name.as_str();
-        let mut cleared = match &matched.key {
-            Some(key) => {
-                let checked = self.fencer.check(route, key, req.headers(), arrived).await;
-                self.metrics.fence_wait.with_label_values(&[name]).observe(arrived.elapsed().as_secs_f64());
-                match checked {
-                    Ok(p) => p,
-                    Err(a) => return self.answer(name, Some(key), a),
-                }
-            }
-            None => None,
+        let (name, key) = (routed.matched.route.name.as_str(), routed.matched.key.as_deref());
+        let cleared = match self.check(&routed, req.headers()).await {
+            Ok(cleared) => cleared,
+            Err(a) => return self.answer(name, key, a),
         };
         let (mut parts, body) = req.into_parts();
-        let idempotency_key = match (&route.idempotency, &matched.key) {
-            (Some(policy), Some(key)) => match idempotency::exchange::key_of(policy, &parts.headers) {
-                Ok(k) => k,
-                Err(a) => return self.answer(name, Some(key), a),
-            },
+        let (body, keyed) = match self.take_body(&live, &routed, &mut parts, body, &conn).await {
+            Ok(Taken::Send(body, keyed)) => (body, keyed),
+            Ok(Taken::Replayed(resp)) => return resp,
+            Err(a) => return self.answer(name, key, a),
+        };
+        let result = self.send(&live, routed.matched.route, cleared, Request::from_parts(parts, body), &conn.ip).await;
+        let result = match keyed {
+            Some(k) => idempotency::exchange::finish(&self.metrics, name, k, result).await,
+            None => result,
+        };
+        match result {
+            Ok(resp) => {
+                self.metrics.request(name, Outcome::Forwarded);
+                resp
+            }
+            Err(a) => self.answer(name, key, a),
+        }
+    }
+
+    /// The check phase: a fenced request's token against what is known
+    /// (S2–S7), then its place in the order (an S1 permit); `None` for a
+    /// request forwarded unfenced. How long it took is observed either way.
+    async fn check<'m>(&self, routed: &'m Routed<'_>, headers: &HeaderMap) -> Result<Option<Cleared<'m>>, Answer> {
+        let (route, Some(key)) = (routed.matched.route, &routed.matched.key) else { return Ok(None) };
+        let checked = self.fencer.check(route, key, headers, routed.arrived).await;
+        self.metrics
+            .fence_wait
+            .with_label_values(&[route.name.as_str()])
+            .observe(routed.arrived.elapsed().as_secs_f64());
+        checked
+    }
+
+    /// The body phase. A fenced write of unannounced length (chunked, or
+    /// HTTP/2 without Content-Length) is read whole first: one over the
+    /// limit is refused before the upstream sees any of it, never cut off
+    /// half-way through a write the upstream may apply. So is a request
+    /// with an idempotency key: its fingerprint covers the body, and its
+    /// record is begun here (I1), or its answer replayed. Any other body
+    /// streams, within `max_body`.
+    async fn take_body(
+        &self,
+        live: &Live,
+        routed: &Routed<'_>,
+        parts: &mut hyper::http::request::Parts,
+        body: Incoming,
+        conn: &crate::http::Conn,
+    ) -> Result<Taken, Answer> {
+        let route = routed.matched.route;
+        let limits = &live.settings.limits;
+        let keyed = match (route.idempotency, &routed.matched.key) {
+            (Some(policy), Some(lock_key)) => {
+                idempotency::exchange::key_of(&policy, &parts.headers)?.map(|key| (policy, lock_key, key))
+            }
             _ => None,
         };
-        let body = crate::http::Deadline::new(body, arrived, limits.body_timeout);
-        let mut keyed = None;
-        let body =
-            if idempotency_key.is_some() || (matched.key.is_some() && !parts.headers.contains_key(CONTENT_LENGTH)) {
-                // A fenced write of unannounced length (chunked, or HTTP/2
-                // without Content-Length) is read whole first: one over the
-                // limit is refused before the upstream sees any of it, never
-                // cut off half-way through a write the upstream may apply. So is
-                // a request with an idempotency key: its fingerprint covers it.
-                let bytes = match read_whole(body, route, limits.max_body).await {
-                    Ok(b) => b,
-                    Err(a) => return self.answer(name, matched.key.as_deref(), a),
-                };
-                if let (Some(key), Some(policy), Some(lock_key)) = (&idempotency_key, route.idempotency, &matched.key) {
-                    let request = idempotency::exchange::Request {
-                        route: name,
-                        timeout: route.timeout,
-                        lock_key,
-                        key,
-                        // What the upstream takes it as: two overrides are two requests.
-                        method: overridden.as_ref().unwrap_or(&parts.method).as_str(),
-                        path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
-                        headers: &parts.headers,
-                        body: &bytes,
-                        token: fencing::decision::parse_token(&parts.headers).ok().flatten().unwrap_or(0),
-                        // Named once per connection, and only for keyed requests.
-                        identity: conn.leaf().and_then(|cert| {
-                            conn.named.get_or_init(|| crate::tls::identity::client_name(cert)).as_deref()
-                        }),
-                    };
-                    match idempotency::exchange::begin(&self.records, &self.metrics, policy, request).await {
-                        Ok(idempotency::exchange::Begun::Forward(k)) => keyed = Some(k),
-                        Ok(idempotency::exchange::Begun::Answered(resp)) => {
-                            self.metrics.request(name, Outcome::Replayed);
-                            return resp;
-                        }
-                        Err(a) => return self.answer(name, Some(lock_key), a),
-                    }
-                }
-                parts.headers.insert(CONTENT_LENGTH, bytes.len().into());
-                http_body_util::Full::new(bytes).map_err(|e| -> BoxError { match e {} }).boxed()
-            } else {
-                Limited::new(body, limits.max_body as usize).map_err(|e| -> BoxError { e }).boxed()
+        let body = crate::http::Deadline::new(body, routed.arrived, limits.body_timeout);
+        if keyed.is_none() && (routed.matched.key.is_none() || parts.headers.contains_key(CONTENT_LENGTH)) {
+            let streamed = Limited::new(body, limits.max_body as usize).map_err(|e| -> BoxError { e }).boxed();
+            return Ok(Taken::Send(streamed, None));
+        }
+        let bytes = read_whole(body, route, limits.max_body).await?;
+        let mut begun = None;
+        if let Some((policy, lock_key, key)) = &keyed {
+            let request = idempotency::exchange::Request {
+                route: &route.name,
+                timeout: route.timeout,
+                lock_key,
+                key,
+                // What the upstream takes it as: two overrides are two requests.
+                method: routed.overridden.as_ref().unwrap_or(&parts.method).as_str(),
+                path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+                headers: &parts.headers,
+                body: &bytes,
+                token: fencing::decision::parse_token(&parts.headers).ok().flatten().unwrap_or(0),
+                // Named once per connection, and only for keyed requests.
+                identity: conn
+                    .leaf()
+                    .and_then(|cert| conn.named.get_or_init(|| crate::tls::identity::client_name(cert)).as_deref()),
             };
-        // Decided again here, after the floor's fsync, a buffered body and
-        // an idempotency record: those may take longer than the knowledge
-        // the check stood on stays vouched for (`max_staleness`).
-        let dispatched = match &mut cleared {
-            Some(c) => self.fencer.dispatch(c).await,
-            None => Ok(()),
-        };
+            match idempotency::exchange::begin(&self.records, &self.metrics, *policy, request).await? {
+                idempotency::exchange::Begun::Forward(k) => begun = Some(k),
+                idempotency::exchange::Begun::Answered(resp) => {
+                    self.metrics.request(&route.name, Outcome::Replayed);
+                    return Ok(Taken::Replayed(resp));
+                }
+            }
+        }
+        parts.headers.insert(CONTENT_LENGTH, bytes.len().into());
+        Ok(Taken::Send(http_body_util::Full::new(bytes).map_err(|e| -> BoxError { match e {} }).boxed(), begun))
+    }
+
+    /// The send phase: decided again here (S3), after the floor's fsync, a
+    /// buffered body and an idempotency record, which may take longer than
+    /// the knowledge the check stood on stays vouched for (`max_staleness`);
+    /// then forwarded, and the S1 permit freed once the upstream can no
+    /// longer apply the write.
+    async fn send(
+        &self,
+        live: &Live,
+        route: &routing::Route,
+        mut cleared: Option<Cleared<'_>>,
+        req: Request<Body>,
+        client_ip: &str,
+    ) -> Result<Response<Body>, Answer> {
+        if let Some(c) = &mut cleared {
+            self.fencer.dispatch(c).await?;
+        }
         let started = Instant::now();
         let tls = live.settings.tls.is_some();
-        let req = Request::from_parts(parts, body);
-        let result = match dispatched {
-            Ok(()) => {
-                let r = live
-                    .upstream
-                    .forward(&route.upstream, req, &conn.ip, tls, route.timeout, limits.send_timeout)
-                    .await;
-                self.metrics.upstream_duration.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
-                r
-            }
-            Err(a) => Err(a),
-        };
+        let send_timeout = live.settings.limits.send_timeout;
+        let result = live.upstream.forward(&route.upstream, req, client_ip, tls, route.timeout, send_timeout).await;
+        self.metrics
+            .upstream_duration
+            .with_label_values(&[route.name.as_str()])
+            .observe(started.elapsed().as_secs_f64());
         match (&result, cleared.map(|c| c.permit)) {
             // The exchange broke after the request may have reached the
             // upstream, which may still apply it: keep higher tokens waiting
@@ -285,17 +319,7 @@ impl Sidecar {
             // Answered, timed out, or never sent: higher tokens may go.
             (_, permit) => drop(permit),
         }
-        let result = match keyed {
-            Some(k) => idempotency::exchange::finish(&self.metrics, name, k, result).await,
-            None => result,
-        };
-        match result {
-            Ok(resp) => {
-                self.metrics.request(name, Outcome::Forwarded);
-                resp
-            }
-            Err(a) => self.answer(name, matched.key.as_deref(), a),
-        }
+        result
     }
 
     fn answer(&self, route: &str, key: Option<&str>, a: Answer) -> Response<Body> {
@@ -316,13 +340,28 @@ impl Sidecar {
     }
 }
 
+/// A routed request: its route and lock key, the method an allowed override
+/// makes it, and when it arrived (the check's and the body's deadlines
+/// count from then).
+struct Routed<'a> {
+    matched: routing::Matched<'a>,
+    overridden: Option<hyper::Method>,
+    arrived: Instant,
+}
+
+/// What the body phase hands on.
+enum Taken {
+    /// The body to send, and the idempotency record begun for it.
+    Send(Body, Option<idempotency::exchange::Keyed>),
+    /// A keyed request answered from its record: nothing is sent.
+    Replayed(Response<Body>),
+}
+
 /// The route phase: the request's framing, its method overrides, and the
 /// route (and lock key) it takes; refused here, nothing was asked or read.
-fn route<'a>(live: &'a Live, req: &Request<Incoming>) -> Result<(routing::Matched<'a>, Option<hyper::Method>), Answer> {
+fn route<'a>(live: &'a Live, req: &Request<Incoming>, arrived: Instant) -> Result<Routed<'a>, Answer> {
     let routes = &live.settings.routes;
-    check_framing(req, live.settings.limits.max_body)?;
-    let overridden = method_override(req.headers(), req.uri().query())
-        .map_err(|message| Answer::BadRequest { error: Problem::DisguisedRequest, message })?;
+    let overridden = head::check(req.method(), req.headers(), req.uri().query(), live.settings.limits.max_body)?;
     let found = match &overridden {
         None => routes.find(req.method(), req.uri().path()),
         Some(effective) => routes.find_overridden(req.method(), effective, req.uri().path()),
@@ -339,7 +378,7 @@ fn route<'a>(live: &'a Live, req: &Request<Incoming>) -> Result<(routing::Matche
             Answer::BadRequest { error: Problem::DisguisedRequest, message: e.to_string() }
         }
     })?;
-    Ok((matched, overridden))
+    Ok(Routed { matched, overridden, arrived })
 }
 
 /// The whole body, within `limit` (`max_body`), `limits.body_timeout` (its
@@ -364,45 +403,6 @@ async fn read_whole(
             Err(Answer::BadRequest { error: Problem::BodyTimeout, message })
         }
     }
-}
-
-/// S6: framing that two HTTP implementations could read differently never
-/// reaches the upstream.
-fn check_framing(req: &Request<Incoming>, max_body: u64) -> Result<(), Answer> {
-    // Methods are case-sensitive in HTTP, but some upstreams upper-case
-    // them: `put` must not slip past a route fenced for `PUT`.
-    if req.method().as_str().bytes().any(|b| b.is_ascii_lowercase()) {
-        return Err(Answer::BadRequest {
-            error: Problem::MalformedMethod,
-            message: "methods must be upper case".into(),
-        });
-    }
-    let h = req.headers();
-    if let Some(why) = disguise(h) {
-        return Err(Answer::BadRequest { error: Problem::DisguisedRequest, message: why });
-    }
-    let lengths = h.get_all(CONTENT_LENGTH).iter().count();
-    let ambiguous = |m: &str| Answer::BadRequest { error: Problem::AmbiguousFraming, message: m.to_string() };
-    if lengths > 1 {
-        return Err(ambiguous("more than one Content-Length"));
-    }
-    if lengths == 1 && h.contains_key(TRANSFER_ENCODING) {
-        return Err(ambiguous("both Content-Length and Transfer-Encoding"));
-    }
-    // hyper decodes `chunked` and drops Content-Length next to it; any
-    // other coding would reach the upstream undeclared, since
-    // Transfer-Encoding is hop-by-hop.
-    let codings: Vec<_> = h.get_all(TRANSFER_ENCODING).iter().collect();
-    if !codings.is_empty() && (codings.len() > 1 || !codings[0].as_bytes().eq_ignore_ascii_case(b"chunked")) {
-        return Err(ambiguous("Transfer-Encoding other than a single `chunked`"));
-    }
-    if let Some(len) = h.get(CONTENT_LENGTH) {
-        let len: u64 = len.to_str().ok().and_then(|s| s.parse().ok()).ok_or_else(|| ambiguous("bad Content-Length"))?;
-        if len > max_body {
-            return Err(Answer::TooLarge { limit: max_body });
-        }
-    }
-    Ok(())
 }
 
 /// Serve the proxy on `listener` (HTTP/1.1 and HTTP/2, over TLS when `tls` is
@@ -439,67 +439,6 @@ pub(crate) async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown
     if tokio::time::timeout(longest, order.idle()).await.is_err() {
         tracing::warn!("fenced requests still in flight after {}; exiting anyway", humantime::format_duration(longest));
     }
-}
-
-/// Headers by which frameworks and proxies take a request for another path
-/// (or, set by a proxy in front, another method) than the one routed (IIS
-/// URL rewrite, Symfony, nginx setups): refused on every route.
-static REWRITES: [HeaderName; 4] = [
-    HeaderName::from_static("x-original-url"),
-    HeaderName::from_static("x-rewrite-url"),
-    HeaderName::from_static("x-original-method"),
-    HeaderName::from_static("x-override-url"),
-];
-
-/// Headers by which method-override middleware (Express, Rails, Spring,
-/// ASP.NET) takes a request for another method; and the `_method` query
-/// parameter. Taken only on routes that allow them (`find_overridden`).
-static METHOD_OVERRIDES: [HeaderName; 3] = [
-    HeaderName::from_static("x-http-method-override"),
-    HeaderName::from_static("x-http-method"),
-    HeaderName::from_static("x-method-override"),
-];
-
-/// The method a request asks the upstream to take it as, if it asks (by
-/// header or `_method`, upper-cased as middleware does); `Err` if it asks
-/// for two, or for something that is not a method.
-fn method_override(h: &hyper::HeaderMap, query: Option<&str>) -> Result<Option<hyper::Method>, String> {
-    let headers = METHOD_OVERRIDES.iter().flat_map(|n| h.get_all(n).iter().map(|v| v.as_bytes()));
-    let params = query.into_iter().flat_map(|q| q.split('&')).filter_map(|p| {
-        let (k, v) = p.split_once('=').unwrap_or((p, ""));
-        k.eq_ignore_ascii_case("_method").then_some(v.as_bytes())
-    });
-    let mut asked: Option<Vec<u8>> = None;
-    for value in headers.chain(params) {
-        let value = value.trim_ascii().to_ascii_uppercase();
-        match &asked {
-            Some(first) if *first != value => return Err("the request asks for two method overrides".into()),
-            _ => asked = Some(value),
-        }
-    }
-    match asked {
-        None => Ok(None),
-        Some(m) => hyper::Method::from_bytes(&m)
-            .map(Some)
-            .map_err(|_| format!("method override {:?} is not a method", String::from_utf8_lossy(&m))),
-    }
-}
-
-/// Why a request may reach the upstream as another path than the one
-/// routed, if it may: the route (and the fence) would then judge the wrong
-/// request. Also a `Connection` header naming `X-Fence-Token`, which would
-/// have the token checked here and dropped before the upstream.
-fn disguise(h: &hyper::HeaderMap) -> Option<String> {
-    if let Some(name) = REWRITES.iter().find(|n| h.contains_key(*n)) {
-        return Some(format!("{name} would make the upstream take this request as another one"));
-    }
-    let named = h.get_all(hyper::header::CONNECTION).iter().flat_map(|v| v.as_bytes().split(|b| *b == b','));
-    for name in named {
-        if name.trim_ascii().eq_ignore_ascii_case(fencegate_client::TOKEN_HEADER.as_bytes()) {
-            return Some("Connection names X-Fence-Token: the upstream would not get the token checked here".into());
-        }
-    }
-    None
 }
 
 /// Drop expired idempotency records every few seconds, for as long as the
@@ -600,6 +539,7 @@ impl Sidecar {
             if let Some(view) = &self.fencer.view {
                 self.metrics.knowledge_age.set(view.age(tokio::time::Instant::now()).as_secs_f64());
             }
+            self.metrics.fence_barrier_waiting.set(self.fencer.order.waiting() as i64);
             return crate::metrics::exposition(&self.registry);
         }
         if path != "/healthz" && path != "/readyz" {
@@ -621,61 +561,6 @@ impl Sidecar {
                 *resp.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
                 resp
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use hyper::header::{HeaderName, HeaderValue};
-
-    use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> hyper::HeaderMap {
-        let mut h = hyper::HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
-
-    #[test]
-    fn requests_in_disguise_are_named() {
-        for pairs in [
-            vec![("X-Original-URL", "/racks/42")],
-            vec![("X-Rewrite-URL", "/racks/42")],
-            vec![("x-original-method", "PUT")],
-            vec![("Connection", "close, X-Fence-Token")],
-            vec![("Connection", "keep-alive"), ("Connection", " x-fence-token ")],
-        ] {
-            assert!(disguise(&headers(&pairs)).is_some(), "{pairs:?}");
-        }
-        for pairs in [vec![("Connection", "close"), ("X-Fence-Token", "7")], vec![("X-Forwarded-For", "10.0.0.1")]] {
-            assert!(disguise(&headers(&pairs)).is_none(), "{pairs:?}");
-        }
-    }
-
-    #[test]
-    fn method_overrides_are_read_as_middleware_reads_them() {
-        use hyper::Method;
-        for (pairs, query, want) in [
-            (vec![("X-HTTP-Method-Override", "PUT")], None, Ok(Some(Method::PUT))),
-            (vec![("x-http-method", "delete")], None, Ok(Some(Method::DELETE))),
-            (vec![("X-Method-Override", " patch ")], None, Ok(Some(Method::PATCH))),
-            (vec![], Some("a=1&_METHOD=put"), Ok(Some(Method::PUT))),
-            (vec![("X-HTTP-Method-Override", "PUT")], Some("_method=PUT"), Ok(Some(Method::PUT))),
-            (vec![], Some("method=PUT&x_method=1"), Ok(None)),
-            (vec![], None, Ok(None)),
-        ] {
-            assert_eq!(method_override(&headers(&pairs), query), want, "{pairs:?} {query:?}");
-        }
-        for (pairs, query) in [
-            (vec![("X-HTTP-Method-Override", "PUT"), ("X-HTTP-Method-Override", "DELETE")], None),
-            (vec![("X-HTTP-Method-Override", "PUT")], Some("_method=DELETE")),
-            (vec![], Some("_method=P(T")),
-            (vec![], Some("_method")),
-        ] {
-            assert!(method_override(&headers(&pairs), query).is_err(), "{pairs:?} {query:?}");
         }
     }
 }

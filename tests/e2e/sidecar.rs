@@ -274,7 +274,7 @@ async fn an_observed_write_held_at_its_barrier_is_checked_against_the_strict_flo
     up.wait_for_arrivals(1, AT_UPSTREAM).await;
     let s = sc.clone();
     let held = tokio::spawn(async move { s.send("PUT", "/observed/o", Some(2), &[]).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    sc.wait_for_metric("fencegate_sidecar_fence_barrier_waiting", 1.0, Duration::from_secs(5)).await;
     // ...while the holder's write raises the strict floor to `t`.
     assert_eq!(sc.send("PUT", "/racks/o", Some(t), &[]).await.0, 200, "the holder's write");
     let (status, v) = held.await.unwrap();

@@ -12,6 +12,7 @@
 //! `idle()` is what shutdown waits for. Knows no HTTP.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -23,6 +24,8 @@ pub(crate) struct Order {
     keys: Mutex<HashMap<String, Gate>>,
     /// Told when the last permit of all is dropped.
     emptied: Notify,
+    /// Requests waiting for a lower token in flight on their key.
+    waiting: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -63,8 +66,16 @@ impl Order {
                 notified.as_mut().enable();
                 notified
             };
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            let _waited = Waited(&self.waiting);
             notified.await;
         }
+    }
+
+    /// Requests waiting now for a lower token in flight on their key (an
+    /// upstream slow to answer a key's writes shows here).
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Keys with requests in flight.
@@ -86,6 +97,16 @@ impl Order {
             }
             emptied.await;
         }
+    }
+}
+
+/// One request counted in `waiting` until it stops waiting, also when its
+/// future is dropped while it waits.
+struct Waited<'a>(&'a AtomicUsize);
+
+impl Drop for Waited<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -122,14 +143,20 @@ mod tests {
         let same = order.enter("k", 33).await.unwrap(); // same token: concurrent is fine
         let o = order.clone();
         let high = tokio::spawn(async move { o.enter("k", 34).await.map(|_| ()) });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!high.is_finished(), "34 must wait for 33");
+        for _ in 0..1000 {
+            if order.waiting() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(order.waiting(), 1, "34 must wait for 33");
+        assert!(!high.is_finished());
         drop(low);
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!high.is_finished(), "one 33 is still in flight");
         drop(same);
         high.await.unwrap().unwrap();
-        assert_eq!(order.busy_keys(), 0, "gates are removed when idle");
+        assert_eq!((order.busy_keys(), order.waiting()), (0, 0), "gates are removed when idle");
     }
 
     #[tokio::test]
