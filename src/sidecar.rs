@@ -4,7 +4,7 @@
 //! One request's phases, each in its own module:
 //!
 //! ```text
-//! accept ─▶ TLS handshake ─▶ framing & limits (here) ─▶ routing::find ─▶ fencing::Fencer::check ─▶ upstream::Upstream::forward ─▶ answer
+//! accept ─▶ TLS handshake ─▶ framing & limits (head) ─▶ routing::find ─▶ fencing::Fencer::check ─▶ upstream::Upstream::forward ─▶ answer
 //!            (tls only)        400/413                    400/404         409/428/400/503         502/504
 //! ```
 //!
