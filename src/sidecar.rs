@@ -59,6 +59,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use crate::config::sidecar::LockServiceKind;
 use crate::http::{Body, BoxError, Listener, LiveListener, Workers};
 use crate::metrics::{Outcome, SidecarMetrics};
 use crate::tls::SidecarTls;
@@ -114,6 +115,13 @@ impl Sidecar {
         start_at_zero(&metrics, &settings);
         let needs_service = settings.routes.iter().any(|r| r.fence.needs_lock_service());
         let view = match (&settings.lock_service, tls.lock_service, needs_service) {
+            (Some(service), Some(options), true) if service.kind == LockServiceKind::Etcd => {
+                let http = options.http_client(fencing::etcd::MAX_ANSWER)?;
+                let user = service.user.clone().zip(tls.lock_service_password);
+                let user = user.map(|(name, password)| fencing::etcd::User::new(name, password));
+                let etcd = fencing::etcd::Etcd::new(service.endpoints.clone(), http, user);
+                Some(LockView::start_etcd(etcd, metrics.clone(), service.max_staleness))
+            }
             (Some(service), Some(options), true) => {
                 let client = Client::with_options(service.endpoints.clone(), options)?;
                 let probing = settings.routes.iter().any(|r| r.fence.trusts_the_watch());

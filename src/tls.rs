@@ -54,6 +54,8 @@ pub struct SidecarTls {
     pub upstream: ClientConfig,
     /// How to reach the lock service, if one is configured.
     pub lock_service: Option<ClientOptions>,
+    /// etcd's password for `lock_service.user` (`password_file`).
+    pub lock_service_password: Option<String>,
 }
 
 impl SidecarTls {
@@ -66,8 +68,11 @@ impl SidecarTls {
     ) -> Result<Self, ConfigError> {
         let server = tls.map(server_config).transpose()?;
         let upstream = upstream_client_config(upstream_tls)?;
+        let password = lock_service.and_then(|s| s.password_file.as_deref());
+        let lock_service_password =
+            password.map(|path| first_line("lock_service.password_file", path, "password")).transpose()?;
         let lock_service = lock_service.map(lock_service_options).transpose()?;
-        Ok(Self { server, upstream, lock_service })
+        Ok(Self { server, upstream, lock_service, lock_service_password })
     }
 }
 
@@ -83,18 +88,19 @@ fn lock_service_options(service: &LockServiceConfig) -> Result<ClientOptions, Co
     };
     let token = match &service.token_file {
         None => None,
-        Some(path) => Some(read_token("lock_service.token_file", path)?),
+        Some(path) => Some(first_line("lock_service.token_file", path, "token")?),
     };
     Ok(ClientOptions { tls, token, ..ClientOptions::default() })
 }
 
-/// The first line of a token file, which must not be empty.
-pub(crate) fn read_token(field: &str, path: &Path) -> Result<String, ConfigError> {
+/// The first line of a file holding a secret (`what`: a token, a password),
+/// which must not be empty.
+fn first_line(field: &str, path: &Path, what: &str) -> Result<String, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::invalid(field, format!("{}: cannot read: {e}", path.display())))?;
     match text.lines().next().map(str::trim) {
         Some(t) if !t.is_empty() => Ok(t.to_string()),
-        _ => Err(ConfigError::invalid(field, format!("{}: no token on its first line", path.display()))),
+        _ => Err(ConfigError::invalid(field, format!("{}: no {what} on its first line", path.display()))),
     }
 }
 

@@ -70,6 +70,10 @@ const MAX_MAX_STALENESS: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LockServiceConfig {
+    /// Which lock service: fencegate's own (the default), or etcd, whose
+    /// `etcdctl lock` locks the sidecar then fences (docs/decisions/0010).
+    #[serde(default)]
+    pub kind: LockServiceKind,
     pub endpoints: Vec<String>,
     /// How long after its knowledge was last proven current (a probe of
     /// the leader's revision, sent at `s`, that the watch stream has caught
@@ -88,6 +92,20 @@ pub struct LockServiceConfig {
     /// A file whose first line is the bearer token to present.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// etcd: the user to authenticate as, with the password in
+    /// `password_file`'s first line.
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockServiceKind {
+    #[default]
+    Fencegate,
+    Etcd,
 }
 
 fn default_max_staleness() -> Duration {
@@ -103,6 +121,9 @@ impl Default for LockServiceConfig {
             cert: None,
             key: None,
             token_file: None,
+            user: None,
+            password_file: None,
+            kind: LockServiceKind::Fencegate,
         }
     }
 }
@@ -553,17 +574,76 @@ impl SidecarConfig {
                 ),
             ));
         }
+        self.validate_kind(service)?;
+        let secret = match (&service.token_file, &service.password_file) {
+            (Some(_), _) => Some(("lock_service.token_file", "token")),
+            (_, Some(_)) => Some(("lock_service.password_file", "password")),
+            _ => None,
+        };
         for (i, url) in endpoints.iter().enumerate() {
             let field = format!("lock_service.endpoints[{i}]");
             let uri = endpoint_url(&field, url, service.ca.is_some())?;
-            if service.token_file.is_some() && service.ca.is_none() && !fencegate_client::url::is_loopback(&uri) {
-                return Err(ConfigError::invalid(
-                    "lock_service.token_file",
-                    format!("the token would cross the network to {url} in clear text: set lock_service.ca"),
-                ));
+            if let Some((secret, what)) = secret.filter(|_| service.ca.is_none()) {
+                if !fencegate_client::url::is_loopback(&uri) {
+                    return Err(ConfigError::invalid(
+                        secret,
+                        format!("the {what} would cross the network to {url} in clear text: set lock_service.ca"),
+                    ));
+                }
             }
             if endpoints[..i].contains(url) {
                 return Err(ConfigError::invalid(field, format!("{url:?} is listed twice")));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SidecarConfig {
+    /// What each kind of lock service takes: etcd authenticates users with
+    /// passwords, not bearer tokens, and is read per request (no watch yet,
+    /// so no `cached` route).
+    fn validate_kind(&self, service: &LockServiceConfig) -> Result<(), ConfigError> {
+        match service.kind {
+            LockServiceKind::Fencegate => {
+                if service.user.is_some() || service.password_file.is_some() {
+                    return Err(ConfigError::invalid(
+                        "lock_service.user",
+                        "and lock_service.password_file are etcd's (kind: etcd); fencegate takes token_file",
+                    ));
+                }
+            }
+            LockServiceKind::Etcd => {
+                if service.token_file.is_some() {
+                    return Err(ConfigError::invalid(
+                        "lock_service.token_file",
+                        "is fencegate's: etcd takes user and password_file",
+                    ));
+                }
+                if service.user.is_some() != service.password_file.is_some() {
+                    return Err(ConfigError::invalid(
+                        "lock_service.user",
+                        "and lock_service.password_file go together",
+                    ));
+                }
+                if let Some(user) = &service.user {
+                    if user.is_empty() || user.len() > 256 || user.chars().any(char::is_control) {
+                        return Err(ConfigError::invalid(
+                            "lock_service.user",
+                            "must be 1 to 256 characters, none a control character",
+                        ));
+                    }
+                }
+                if let Some(i) = self.routes.iter().position(|r| r.fence.trusts_the_watch()) {
+                    return Err(ConfigError::invalid(
+                        format!("routes[{i}].consistency"),
+                        format!(
+                            "route {:?} is `cached`, which needs a watch of the lock service; with kind: etcd \
+                             every route reads its lock per request: set `consistency: linearizable`",
+                            self.routes[i].name
+                        ),
+                    ));
+                }
             }
         }
         Ok(())

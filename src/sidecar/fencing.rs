@@ -27,6 +27,7 @@
 
 pub(crate) mod barrier;
 pub(crate) mod decision;
+pub(crate) mod etcd;
 pub(crate) mod freshness;
 pub(crate) mod knowledge;
 

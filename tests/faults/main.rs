@@ -1,11 +1,13 @@
 //! The fault tier: the suites that need root and tools beyond the Rust
 //! toolchain (network namespaces with `ip`, `nft` and `iptables`; FUSE for
-//! power cuts; a tmpfs to fill), and the long verification profiles. Built
+//! power cuts; a tmpfs to fill; etcd's `etcd` and `etcdctl`), and the long
+//! verification profiles. Built
 //! only with the `faults` feature: `cargo test --features faults` runs both
 //! tiers, as root. Here a missing privilege or tool fails the test; nothing
 //! is skipped. `.ci/run` installs what they need and runs them.
 
 mod disk_full;
+mod etcd;
 mod memgrowth;
 mod partitions;
 mod power_loss;

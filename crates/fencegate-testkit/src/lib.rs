@@ -30,6 +30,7 @@
 
 pub mod binary;
 pub mod cluster;
+pub mod etcd;
 pub mod http;
 pub mod lenient;
 #[cfg(feature = "faults")]

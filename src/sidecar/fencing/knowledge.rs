@@ -47,6 +47,7 @@ use tokio::time::Instant;
 
 use crate::metrics::SidecarMetrics;
 use crate::sidecar::fencing::decision::Knowledge;
+use crate::sidecar::fencing::etcd::Etcd;
 use crate::sidecar::fencing::freshness::{self, Freshness};
 
 /// A watch stream silent for this long is considered dead (the lock service
@@ -111,7 +112,7 @@ pub(crate) struct LockView {
     keys: DashMap<String, Known>,
     /// The highest `compacted_below` a read returned.
     compacted_below: std::sync::atomic::AtomicU64,
-    client: Client,
+    source: Source,
     up: AtomicBool,
     metrics: SidecarMetrics,
     reads: Mutex<HashMap<String, InflightRead>>,
@@ -146,10 +147,26 @@ impl LockView {
         let endpoints = client.endpoints().to_vec();
         // The stream's own client: same TLS and token, but lines, not bodies, are bounded.
         let http = client.options().http_client(MAX_LINE).expect("the client was built from these options");
-        let view = Arc::new(Self {
+        let view = Self::new(Source::Fencegate(client.clone()), metrics, max_staleness, probing);
+        tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints, http));
+        tokio::spawn(probe_forever(Arc::downgrade(&view), client));
+        view
+    }
+
+    /// Read the locks `etcdctl lock` takes from `etcd` (decision 0010):
+    /// linearizable routes only, each request reading its lock; no watch.
+    /// The service is up while a read of it answers, tried every second.
+    pub(crate) fn start_etcd(etcd: Etcd, metrics: SidecarMetrics, max_staleness: Duration) -> Arc<Self> {
+        let view = Self::new(Source::Etcd(Arc::new(etcd)), metrics, max_staleness, false);
+        tokio::spawn(etcd_up_forever(Arc::downgrade(&view)));
+        view
+    }
+
+    fn new(source: Source, metrics: SidecarMetrics, max_staleness: Duration, probing: bool) -> Arc<Self> {
+        Arc::new(Self {
             keys: DashMap::new(),
             compacted_below: Default::default(),
-            client,
+            source,
             up: AtomicBool::new(false),
             metrics,
             reads: Mutex::new(HashMap::new()),
@@ -158,10 +175,7 @@ impl LockView {
             started: Instant::now(),
             probing: AtomicBool::new(probing),
             history: Mutex::default(),
-        });
-        tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints, http));
-        tokio::spawn(probe_forever(Arc::downgrade(&view)));
-        view
+        })
     }
 
     /// Probe (or stop probing) as routes that trust the watch come and go.
@@ -332,9 +346,9 @@ impl LockView {
                     reads.insert(key.to_string(), InflightRead { started, done: rx.clone() });
                     // Finish the read even if this caller goes away, so the
                     // callers that joined it get their answer.
-                    let (client, key, view) = (self.client.clone(), key.to_string(), Arc::downgrade(self));
+                    let (source, key, view) = (self.source.clone(), key.to_string(), Arc::downgrade(self));
                     tokio::spawn(async move {
-                        let mut outcome = client.read(&key).await.map_err(|e| e.to_string());
+                        let mut outcome = source.read(&key).await;
                         let Some(v) = view.upgrade() else { return };
                         if let Ok(info) = &outcome {
                             if !v.learn_read(&key, info, started) {
@@ -384,6 +398,55 @@ async fn position_unknown(
     format!("the node is at revision {}, behind this stream's position {after:?}: trying another", at.rev)
 }
 
+/// Where the knowledge comes from.
+#[derive(Clone)]
+enum Source {
+    /// fencegate's lock service: a watch stream, probes, reads.
+    Fencegate(Client),
+    /// etcd (`etcdctl lock`): reads.
+    Etcd(Arc<Etcd>),
+}
+
+impl Source {
+    /// Who holds `key` now, read linearizably.
+    async fn read(&self, key: &str) -> Result<wire::LockInfo, String> {
+        match self {
+            Source::Fencegate(client) => client.read(key).await.map_err(|e| e.to_string()),
+            Source::Etcd(etcd) => etcd.read(key).await,
+        }
+    }
+}
+
+/// While the view lives, mark etcd up while a read of it answers (any lock
+/// name: the answer's header is what counts), and learn its history.
+async fn etcd_up_forever(view: std::sync::Weak<LockView>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failures = crate::log_limit::Window::new(crate::log_limit::EVERY);
+    loop {
+        tick.tick().await;
+        let Some(v) = view.upgrade() else { return };
+        let Source::Etcd(etcd) = &v.source else { return };
+        let etcd = etcd.clone();
+        drop(v);
+        let sent = Instant::now();
+        let answer = etcd.read("fencegate-probe").await;
+        let Some(v) = view.upgrade() else { return };
+        match answer {
+            Ok(info) => {
+                drop(v.of_history(info.cluster.as_deref(), sent));
+                v.set_up(true);
+            }
+            Err(e) => {
+                v.set_up(false);
+                if let Some(more) = failures.hit(std::time::Instant::now()) {
+                    tracing::warn!("etcd does not answer: {e}{more}");
+                }
+            }
+        }
+    }
+}
+
 /// Keep one watch stream open, rotating through the endpoints, until the view
 /// is dropped.
 async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>, http: HttpClient) {
@@ -427,10 +490,10 @@ async fn watch_forever(view: std::sync::Weak<LockView>, endpoints: Vec<String>, 
 /// probe runs on its own, so that a slow one does not delay the next, with
 /// the client's own deadlines and failover (a probe cut short would stay on
 /// an endpoint that black-holes it); at most `PROBES` at once.
-async fn probe_forever(view: std::sync::Weak<LockView>) {
+async fn probe_forever(view: std::sync::Weak<LockView>, client: Client) {
     const PROBES: usize = 4;
     let Some(v) = view.upgrade() else { return };
-    let (every, client, max_staleness) = (v.max_staleness / 3, v.client.clone(), v.max_staleness);
+    let (every, max_staleness) = (v.max_staleness / 3, v.max_staleness);
     drop(v);
     // A probe that fails fails every third of `max_staleness`: one line per
     // interval, naming the cause (403: no `watch` right; 404: a node

@@ -372,6 +372,34 @@ fn the_lock_service_credentials_need_tls_off_this_machine() {
     assert!(e.contains("lock_service.cert"), "{e}");
 }
 
+/// etcd takes users and passwords, fencegate bearer tokens; an etcd lock is
+/// read per request, so a `cached` route (the default) is refused with
+/// the field to change.
+#[test]
+fn each_kind_of_lock_service_takes_its_own_credentials_and_routes() {
+    let with = |service: &str| MINIMAL.replace("{ endpoints: [http://127.0.0.1:7401] }", service);
+    let linearizable = |yaml: String| {
+        yaml.replace("lock_key: rack/{rack}", "lock_key: rack/{rack}\n    fence: { consistency: linearizable }")
+    };
+    let etcd = "{ kind: etcd, endpoints: [http://127.0.0.1:2379] }";
+    let e = err(&with(etcd));
+    assert!(e.contains("routes[0].consistency") && e.contains("linearizable"), "{e}");
+    let c = parsed(&linearizable(with(etcd)));
+    assert_eq!(c.lock_service.unwrap().kind, crate::config::sidecar::LockServiceKind::Etcd);
+    parsed(&linearizable(with("{ kind: etcd, endpoints: [http://127.0.0.1:2379], user: fence, password_file: p }")));
+    for (service, field) in [
+        ("{ kind: etcd, endpoints: [http://127.0.0.1:2379], token_file: t }", "lock_service.token_file"),
+        ("{ kind: etcd, endpoints: [http://127.0.0.1:2379], user: fence }", "lock_service.user"),
+        ("{ kind: etcd, endpoints: [http://127.0.0.1:2379], password_file: p }", "lock_service.user"),
+        ("{ endpoints: [http://127.0.0.1:7401], user: fence, password_file: p }", "lock_service.user"),
+        ("{ kind: etcd, endpoints: [http://10.0.0.1:2379], user: u, password_file: p }", "lock_service.password_file"),
+        ("{ kind: zookeeper, endpoints: [http://127.0.0.1:2181] }", "kind"),
+    ] {
+        let e = err(&linearizable(with(service)));
+        assert!(e.contains(field), "{service}: {e}");
+    }
+}
+
 #[test]
 fn listen_ports_may_both_be_os_assigned() {
     let yaml = FULL.replace("127.0.0.1:8080", "127.0.0.1:0").replace("127.0.0.1:9464", "127.0.0.1:0");

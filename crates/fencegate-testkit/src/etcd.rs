@@ -1,0 +1,104 @@
+//! A 3-member etcd cluster on loopback (Debian's `etcd-server`), set up like
+//! the fencegate cluster of the tests and benches: data on disk, fsync on,
+//! the same election timeouts. The lock-service tests fence its
+//! `etcdctl lock` locks; the benches compare against it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::{free_ports, Proc};
+
+pub struct Etcd {
+    pub dir: tempfile::TempDir,
+    /// Client URLs by member number 1..=3.
+    pub urls: BTreeMap<u64, String>,
+    peers: BTreeMap<u64, String>,
+    members: BTreeMap<u64, Proc>,
+}
+
+impl Etcd {
+    /// Start the three members with their data under `parent`; returns at
+    /// once (`ready` waits for a leader).
+    pub fn start(parent: &Path) -> Etcd {
+        let dir = tempfile::tempdir_in(parent).unwrap();
+        let ports = free_ports::<6>();
+        let url = |p: u16| format!("http://127.0.0.1:{p}");
+        let mut e = Etcd {
+            dir,
+            urls: (1..=3).map(|i| (i, url(ports[i as usize - 1]))).collect(),
+            peers: (1..=3).map(|i| (i, url(ports[i as usize + 2]))).collect(),
+            members: BTreeMap::new(),
+        };
+        for id in 1..=3 {
+            e.start_member(id);
+        }
+        e
+    }
+
+    pub fn log(&self) -> PathBuf {
+        self.dir.path().join("stderr.log")
+    }
+
+    /// (Re)start member `id` on its data directory (an existing one makes
+    /// etcd ignore the --initial-* flags and rejoin).
+    pub fn start_member(&mut self, id: u64) {
+        let initial: Vec<String> = self.peers.iter().map(|(i, u)| format!("m{i}={u}")).collect();
+        let (client, peer) = (&self.urls[&id], &self.peers[&id]);
+        let data = self.dir.path().join(format!("m{id}"));
+        let mut cmd = Command::new("etcd");
+        cmd.arg(format!("--name=m{id}"))
+            .arg(format!("--data-dir={}", data.display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster={}", initial.join(",")))
+            .arg("--initial-cluster-state=new")
+            .arg("--initial-cluster-token=fencegate-test")
+            // fencegate: elections after 300–600 ms; etcd draws its timeout
+            // from [E, 2E). etcd refuses E < 5 heartbeats, so its heartbeat is
+            // 60 ms where fencegate's is 100 ms.
+            .arg("--heartbeat-interval=60")
+            .arg("--election-timeout=300")
+            .arg("--logger=zap")
+            .arg("--log-outputs=stderr")
+            .arg("--log-level=warn");
+        let proc = Proc::spawn(&format!("etcd{id}"), cmd, &self.log());
+        self.members.insert(id, proc);
+    }
+
+    /// SIGKILL member `id`.
+    pub fn kill_member(&mut self, id: u64) {
+        self.members.remove(&id);
+    }
+
+    pub fn member_pid(&self, id: u64) -> u32 {
+        self.members[&id].pid()
+    }
+
+    /// The client URLs, comma-separated, as `etcdctl --endpoints` takes them.
+    pub fn endpoints(&self) -> String {
+        self.urls.values().cloned().collect::<Vec<_>>().join(",")
+    }
+
+    /// `etcdctl` (Debian's `etcd-client`) against this cluster, v3 API.
+    pub fn etcdctl(&self) -> Command {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3").env("ETCDCTL_ENDPOINTS", self.endpoints());
+        cmd
+    }
+
+    /// Until every member answers `/health` with a leader elected.
+    pub async fn ready(&self) {
+        for url in self.urls.values() {
+            let health = format!("{url}/health");
+            crate::wait::until(&format!("etcd {url} healthy"), Duration::from_secs(30), || {
+                let health = health.clone();
+                async move { crate::http::get_json(&health).await.is_some_and(|v| v["health"] == "true") }
+            })
+            .await;
+        }
+    }
+}

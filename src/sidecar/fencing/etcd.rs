@@ -1,0 +1,275 @@
+//! etcd v3 as the sidecar's lock service (`lock_service.kind: etcd`,
+//! docs/decisions/0010): who holds a lock that `etcdctl lock NAME` (Go's
+//! `concurrency.Mutex`) takes, read linearizably through etcd's JSON gateway
+//! (`POST /v3/kv/range`), which every etcd since 3.4 serves beside gRPC.
+//!
+//! Lock key `NAME` is held by the key with the lowest `create_revision`
+//! under `NAME/` (the recipe's own rule: each contender puts
+//! `NAME/<lease id>` and waits for every key created before its own to go),
+//! and that revision is the token: successive holders' revisions strictly
+//! rise. A read answers as a fencegate node's does (`wire::LockInfo`): the
+//! holder's token, held; or, with nothing under the prefix at the read's
+//! revision R, `compacted_below: R`: every token up to R of this lock has
+//! ended. etcd names its cluster in every answer: that is the history (S7).
+//!
+//! A range is linearizable unless asked otherwise (the leader confirms its
+//! lead with a quorum, ReadIndex): a member cut off from the majority does
+//! not answer it, and the next endpoint is tried.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use bytes::Bytes;
+use fencegate_client::http::{HttpClient, Reply};
+use fencegate_client::wire::LockInfo;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Method, Request, StatusCode};
+use serde::Deserialize;
+
+/// One call to one member: a quorum read answers in milliseconds.
+const CALL: Duration = Duration::from_secs(1);
+/// etcd's answers to what is asked here are small.
+pub(crate) const MAX_ANSWER: usize = 64 << 10;
+
+/// The members, how to reach them, and the credentials to present.
+pub(crate) struct Etcd {
+    endpoints: Vec<String>,
+    http: HttpClient,
+    user: Option<User>,
+    /// The member that answered last: asked first next time.
+    preferred: AtomicUsize,
+}
+
+/// etcd's user and password authentication: a password buys a token, sent
+/// as `Authorization` until etcd refuses it (it expires), then bought again.
+pub(crate) struct User {
+    pub name: String,
+    pub password: String,
+    token: Mutex<Option<HeaderValue>>,
+}
+
+impl User {
+    pub(crate) fn new(name: String, password: String) -> User {
+        User { name, password, token: Mutex::new(None) }
+    }
+}
+
+impl Etcd {
+    pub(crate) fn new(endpoints: Vec<String>, http: HttpClient, user: Option<User>) -> Etcd {
+        Etcd { endpoints, http, user, preferred: AtomicUsize::new(0) }
+    }
+
+    /// Who holds lock `name` now, read linearizably; trying each member
+    /// once, the one that answered last first.
+    pub(crate) async fn read(&self, name: &str) -> Result<LockInfo, String> {
+        let prefix = format!("{name}/");
+        let body = serde_json::json!({
+            "key": B64.encode(&prefix),
+            "range_end": B64.encode(prefix_end(prefix.as_bytes())),
+            "sort_order": "ASCEND",
+            "sort_target": "CREATE",
+            "limit": 1,
+            "keys_only": true,
+        });
+        let reply = self.call("/v3/kv/range", &body).await?;
+        let range: Range = serde_json::from_slice(&reply.body).map_err(|e| format!("etcd's range answer: {e}"))?;
+        Ok(holder(name, range))
+    }
+
+    /// `path` with `body` on each member in turn until one answers 200.
+    async fn call(&self, path: &str, body: &serde_json::Value) -> Result<Reply, String> {
+        let first = self.preferred.load(Ordering::Relaxed);
+        let mut tried = Vec::new();
+        for i in 0..self.endpoints.len() {
+            let at = (first + i) % self.endpoints.len();
+            let url = format!("{}{path}", self.endpoints[at].trim_end_matches('/'));
+            match self.call_one(&url, body).await {
+                Ok(reply) => {
+                    self.preferred.store(at, Ordering::Relaxed);
+                    return Ok(reply);
+                }
+                Err(e) => tried.push(format!("{url}: {e}")),
+            }
+        }
+        Err(format!("no etcd member answered ({})", tried.join("; ")))
+    }
+
+    /// One member; with a user, (re)authenticating once if the token was
+    /// refused.
+    async fn call_one(&self, url: &str, body: &serde_json::Value) -> Result<Reply, String> {
+        let bytes = Bytes::from(body.to_string());
+        for attempt in 0..2 {
+            let token = match &self.user {
+                Some(user) => Some(self.token(user, url, attempt > 0).await?),
+                None => None,
+            };
+            let mut req = Request::builder().method(Method::POST).uri(url).header(CONTENT_TYPE, "application/json");
+            if let Some(token) = token {
+                req = req.header(AUTHORIZATION, token);
+            }
+            let req = req.body(Full::new(bytes.clone())).map_err(|e| e.to_string())?;
+            let reply = self.http.send(req, CALL).await.map_err(|e| e.to_string())?;
+            match reply.status {
+                StatusCode::OK => return Ok(reply),
+                // An expired or revoked token: buy another, once.
+                StatusCode::UNAUTHORIZED if self.user.is_some() && attempt == 0 => continue,
+                status => return Err(refused(status, &reply.body)),
+            }
+        }
+        Err("etcd refused the user's fresh token".into())
+    }
+
+    /// The user's token, bought from the member at `url` if there is none
+    /// or `renew`.
+    async fn token(&self, user: &User, url: &str, renew: bool) -> Result<HeaderValue, String> {
+        if !renew {
+            if let Some(t) = user.token.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return Ok(t);
+            }
+        }
+        let auth = url.rsplit_once("/v3/").map_or(url, |(base, _)| base).to_string() + "/v3/auth/authenticate";
+        let body = serde_json::json!({ "name": user.name, "password": user.password });
+        let reply = self
+            .http
+            .call(Method::POST, &auth, Some(body.to_string().into_bytes()), CALL)
+            .await
+            .map_err(|e| e.to_string())?;
+        if reply.status != StatusCode::OK {
+            return Err(refused(reply.status, &reply.body));
+        }
+        #[derive(Deserialize)]
+        struct Authenticated {
+            token: String,
+        }
+        let t: Authenticated = serde_json::from_slice(&reply.body).map_err(|e| format!("etcd's token: {e}"))?;
+        let mut value =
+            HeaderValue::from_str(&t.token).map_err(|_| "etcd's token is not a header value".to_string())?;
+        value.set_sensitive(true);
+        *user.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(value.clone());
+        Ok(value)
+    }
+}
+
+/// etcd's refusal, as the gateway words it (`{"error": …, "code": …}`).
+fn refused(status: StatusCode, body: &[u8]) -> String {
+    #[derive(Deserialize)]
+    struct Refusal {
+        #[serde(default)]
+        error: String,
+        #[serde(default)]
+        message: String,
+    }
+    match serde_json::from_slice::<Refusal>(body) {
+        Ok(r) if !r.error.is_empty() => format!("{status}: {}", r.error),
+        Ok(r) if !r.message.is_empty() => format!("{status}: {}", r.message),
+        _ => format!("{status}"),
+    }
+}
+
+/// The end of the range of every key that starts with `prefix`: the prefix
+/// with its last byte below 0xff raised by one (etcd's `GetPrefixRangeEnd`);
+/// `[0]`, every key, for a prefix of 0xff bytes only.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// A `RangeResponse` as the gateway writes it: 64-bit numbers are strings
+/// (proto3's JSON), empty fields are left out.
+#[derive(Debug, Deserialize)]
+struct Range {
+    header: Header,
+    #[serde(default)]
+    kvs: Vec<KeyValue>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Header {
+    #[serde(with = "number")]
+    cluster_id: u64,
+    #[serde(with = "number")]
+    revision: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct KeyValue {
+    #[serde(with = "number")]
+    create_revision: u64,
+}
+
+/// proto3's JSON writes a 64-bit integer as a string of digits.
+mod number {
+    use serde::{Deserialize, Deserializer};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Number {
+            Text(String),
+            Plain(u64),
+        }
+        match Number::deserialize(d)? {
+            Number::Plain(n) => Ok(n),
+            Number::Text(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// The lock's holder from a range of its prefix sorted by create revision,
+/// at most one key: a key's presence is its holding (its lease keeps it),
+/// and with no key every token up to the read's revision has ended.
+fn holder(name: &str, range: Range) -> LockInfo {
+    let held = range.kvs.first().map(|kv| kv.create_revision);
+    LockInfo {
+        key: name.to_string(),
+        held: held.is_some(),
+        token: held.unwrap_or(0),
+        holder: None,
+        expires_in_ms: None,
+        compacted_below: if held.is_none() { Some(range.header.revision) } else { None },
+        cluster: Some(format!("etcd:{:x}", range.header.cluster_id)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_ends_where_etcd_ends_it() {
+        assert_eq!(prefix_end(b"rack/42/"), b"rack/420");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\x00");
+    }
+
+    /// The gateway's own words, from etcd 3.4 (numbers as strings, empty
+    /// fields left out).
+    #[test]
+    fn the_holder_is_the_first_key_by_create_revision() {
+        let held: Range = serde_json::from_str(
+            r#"{"header":{"cluster_id":"14841639068965178418","member_id":"10276657743932975437","revision":"12","raft_term":"2"},
+               "kvs":[{"key":"cmFjay80Mi82OTRkNzdhYTllMzgyNjBm","create_revision":"9","mod_revision":"9","version":"1","lease":"7587862072907473679"}],
+               "more":true,"count":"2"}"#,
+        )
+        .unwrap();
+        let info = holder("rack/42", held);
+        assert_eq!((info.held, info.token, info.compacted_below), (true, 9, None));
+        assert_eq!(info.cluster.as_deref(), Some("etcd:cdf818194e3a8c32"));
+        let free: Range =
+            serde_json::from_str(r#"{"header":{"cluster_id":"14841639068965178418","revision":"13","raft_term":"2"}}"#)
+                .unwrap();
+        let info = holder("rack/42", free);
+        assert_eq!((info.held, info.token, info.compacted_below), (false, 0, Some(13)));
+        assert!(serde_json::from_str::<Range>(r#"{"header":{"cluster_id":"x","revision":"1"}}"#).is_err());
+    }
+}

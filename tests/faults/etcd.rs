@@ -1,0 +1,149 @@
+//! The sidecar in front of a lock `etcdctl lock` takes (`lock_service.kind:
+//! etcd`, docs/decisions/0010): a real 3-member etcd (Debian's
+//! `etcd-server`), real `etcdctl lock` holders (`etcd-client`), a real
+//! sidecar process. The token is the holder key's `create_revision`, which
+//! the holder's command reads with `etcdctl get "$ETCD_LOCK_KEY" -w fields`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fencegate_testkit::etcd::Etcd;
+use fencegate_testkit::routes::{rack_writes, table};
+use fencegate_testkit::sidecar::SidecarOptions;
+use fencegate_testkit::{bin, wait, Proc, Sidecar, Upstream};
+use serde_json::Value;
+
+/// `etcdctl lock`'s lease: a holder killed is gone this long after.
+const LOCK_TTL_S: u64 = 2;
+
+fn error_of(v: &Value) -> &str {
+    v["error"].as_str().unwrap_or("")
+}
+
+/// The cluster, an upstream and a sidecar fencing `/racks/{rack}` with
+/// lock key `rack/{rack}` against etcd, reading it per request.
+async fn setup(dir: &Path) -> (Etcd, Upstream, Sidecar) {
+    let etcd = Etcd::start(dir);
+    etcd.ready().await;
+    let up = Upstream::start().await;
+    let o = SidecarOptions {
+        lock_service: etcd.urls.values().cloned().collect(),
+        lock_service_yaml: "  kind: etcd\n".into(),
+        yaml: table(&[rack_writes("{ mode: strict, consistency: linearizable }")]),
+        ..Default::default()
+    };
+    let sc = Sidecar::start_with(&bin!(), dir.join("sc"), &up.url(), o).await;
+    (etcd, up, sc)
+}
+
+/// How many keys etcd has under `prefix` (`etcdctl get --prefix --keys-only`).
+fn keys(etcd: &Etcd, prefix: &str) -> usize {
+    let out = etcd.etcdctl().args(["get", "--prefix", "--keys-only", prefix]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).count()
+}
+
+/// A holder: `etcdctl lock NAME` running a command that writes what it was
+/// given (`ETCD_LOCK_KEY`'s fields, `ETCD_LOCK_REV`) under `dir/who`, then
+/// holds the lock until killed.
+struct Holder {
+    _proc: Proc,
+    files: PathBuf,
+}
+
+impl Holder {
+    fn start(etcd: &Etcd, dir: &Path, who: &str, name: &str) -> Holder {
+        let files = dir.join(who);
+        std::fs::create_dir_all(&files).unwrap();
+        let script = format!(
+            r#"etcdctl get "$ETCD_LOCK_KEY" -w fields > {f}/fields.tmp && echo "$ETCD_LOCK_REV" > {f}/rev && mv {f}/fields.tmp {f}/fields && exec sleep 600"#,
+            f = files.display()
+        );
+        let mut cmd = etcd.etcdctl();
+        cmd.args(["lock", &format!("--ttl={LOCK_TTL_S}"), name, "--", "sh", "-c", &script]);
+        let proc = Proc::spawn(&format!("etcdctl-lock-{who}"), cmd, &dir.join(format!("{who}.log")));
+        Holder { _proc: proc, files }
+    }
+
+    /// Until the lock is held: the holder key's create revision (the token)
+    /// and `ETCD_LOCK_REV`.
+    async fn token(&self) -> (u64, u64) {
+        let fields = self.files.join("fields");
+        wait::until("the lock held", Duration::from_secs(30), || {
+            let exists = fields.exists();
+            async move { exists }
+        })
+        .await;
+        let text = std::fs::read_to_string(&fields).unwrap();
+        let line = text.lines().find(|l| l.contains("\"CreateRevision\"")).unwrap_or_else(|| panic!("{text}"));
+        let created = line.rsplit(':').next().unwrap().trim().parse().unwrap();
+        let rev = std::fs::read_to_string(self.files.join("rev")).unwrap().trim().parse().unwrap();
+        (created, rev)
+    }
+}
+
+/// The seed's picture on etcd: A holds `rack/42` and writes; A stops (its
+/// lease runs out, as a paused holder's would); B, waiting, gets the lock
+/// and writes; A's late write is refused. B's `ETCD_LOCK_REV`, above its
+/// key's create revision on a contended acquire, is not a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_lost_its_etcd_lock_is_refused() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (etcd, up, sc) = setup(dir.path()).await;
+    let a = Holder::start(&etcd, dir.path(), "a", "rack/42");
+    let (ta, rev_a) = a.token().await;
+    assert_eq!(ta, rev_a, "uncontended, ETCD_LOCK_REV is the key's create revision");
+    assert_eq!(sc.send("PUT", "/racks/42", Some(ta), &[]).await.0, 200, "A's write");
+
+    let b = Holder::start(&etcd, dir.path(), "b", "rack/42");
+    // B's key is in, waiting behind A's: its revision is not a token yet.
+    wait::until("B waiting", Duration::from_secs(10), || {
+        let n = keys(&etcd, "rack/42/");
+        async move { n == 2 }
+    })
+    .await;
+    assert!(!b.files.join("fields").exists(), "B must wait for A");
+    drop(a);
+    let (tb, rev_b) = b.token().await;
+    assert!(tb > ta, "{tb} > {ta}");
+
+    let (status, v) = sc.send("PUT", "/racks/42", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(tb)), "{v}");
+    assert_eq!(sc.send("PUT", "/racks/42", Some(tb), &[]).await.0, 200, "B's write");
+    assert!(rev_b > tb, "contended, ETCD_LOCK_REV ({rev_b}) is above the key's create revision ({tb})");
+    let (status, v) = sc.send("PUT", "/racks/42", Some(rev_b), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "unknown_token"), "{v}");
+    assert_eq!(up.tokens("/racks/42"), vec![Some(ta), Some(tb)]);
+}
+
+/// Nobody holds the lock once the holder's lease ended: its token is
+/// refused as ended. With etcd unreachable, nothing is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_etcd_lease_and_an_unreachable_etcd_forward_nothing() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (mut etcd, up, sc) = setup(dir.path()).await;
+    let a = Holder::start(&etcd, dir.path(), "a", "rack/7");
+    let (ta, _) = a.token().await;
+    assert_eq!(sc.send("PUT", "/racks/7", Some(ta), &[]).await.0, 200);
+    drop(a);
+    // The lease runs out by etcd's clock, `--ttl` after the holder stopped.
+    wait::until("the lease ended", Duration::from_secs(LOCK_TTL_S * 10), || {
+        let n = keys(&etcd, "rack/7/");
+        async move { n == 0 }
+    })
+    .await;
+    let (status, v) = sc.send("PUT", "/racks/7", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "lease_expired"), "{v}");
+    let (status, v) = sc.send("PUT", "/racks/7", Some(ta + 1_000_000), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "unknown_token"), "{v}");
+    for id in 1..=3 {
+        etcd.kill_member(id);
+    }
+    // What needs etcd's word is refused; a refusal on what is known stands.
+    let (status, v) = sc.send("PUT", "/racks/8", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
+    let (status, v) = sc.send("PUT", "/racks/7", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "lease_expired"), "{v}");
+    sc.wait_for_metric("fencegate_sidecar_lock_service_up", 0.0, Duration::from_secs(10)).await;
+    assert_eq!(up.tokens("/racks/7"), vec![Some(ta)]);
+}
