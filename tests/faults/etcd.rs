@@ -36,11 +36,18 @@ async fn setup(dir: &Path) -> (Etcd, Upstream, Sidecar) {
     (etcd, up, sc)
 }
 
-/// How many keys etcd has under `prefix` (`etcdctl get --prefix --keys-only`).
-fn keys(etcd: &Etcd, prefix: &str) -> usize {
-    let out = etcd.etcdctl().args(["get", "--prefix", "--keys-only", prefix]).output().unwrap();
+/// The create revisions of the keys under `prefix`, as etcd lists them
+/// (`etcdctl get --prefix -w fields`), lowest first.
+fn create_revisions(etcd: &Etcd, prefix: &str) -> Vec<u64> {
+    let out = etcd.etcdctl().args(["get", "--prefix", "-w", "fields", prefix]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
-    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).count()
+    let mut revs: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("\"CreateRevision\""))
+        .map(|l| l.rsplit(':').next().unwrap().trim().parse().unwrap())
+        .collect();
+    revs.sort();
+    revs
 }
 
 /// A holder: `etcdctl lock NAME` running a command that writes what it was
@@ -98,11 +105,17 @@ async fn a_holder_that_lost_its_etcd_lock_is_refused() {
     let b = Holder::start(&etcd, dir.path(), "b", "rack/42");
     // B's key is in, waiting behind A's: its revision is not a token yet.
     wait::until("B waiting", Duration::from_secs(10), || {
-        let n = keys(&etcd, "rack/42/");
+        let n = create_revisions(&etcd, "rack/42/").len();
         async move { n == 2 }
     })
     .await;
     assert!(!b.files.join("fields").exists(), "B must wait for A");
+    // A still holds: its writes go through; B's key, created later, holds
+    // nothing yet.
+    let waiting = create_revisions(&etcd, "rack/42/")[1];
+    assert_eq!(sc.send("PUT", "/racks/42", Some(ta), &[]).await.0, 200, "A's second write");
+    let (status, v) = sc.send("PUT", "/racks/42", Some(waiting), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "unknown_token"), "{v}");
     drop(a);
     let (tb, rev_b) = b.token().await;
     assert!(tb > ta, "{tb} > {ta}");
@@ -113,7 +126,8 @@ async fn a_holder_that_lost_its_etcd_lock_is_refused() {
     assert!(rev_b > tb, "contended, ETCD_LOCK_REV ({rev_b}) is above the key's create revision ({tb})");
     let (status, v) = sc.send("PUT", "/racks/42", Some(rev_b), &[]).await;
     assert_eq!((status, error_of(&v)), (409, "unknown_token"), "{v}");
-    assert_eq!(up.tokens("/racks/42"), vec![Some(ta), Some(tb)]);
+    assert_eq!(tb, waiting, "B's token is the key it waited with");
+    assert_eq!(up.tokens("/racks/42"), vec![Some(ta), Some(ta), Some(tb)]);
 }
 
 /// Nobody holds the lock once the holder's lease ended: its token is
@@ -128,8 +142,8 @@ async fn an_ended_etcd_lease_and_an_unreachable_etcd_forward_nothing() {
     drop(a);
     // The lease runs out by etcd's clock, `--ttl` after the holder stopped.
     wait::until("the lease ended", Duration::from_secs(LOCK_TTL_S * 10), || {
-        let n = keys(&etcd, "rack/7/");
-        async move { n == 0 }
+        let none = create_revisions(&etcd, "rack/7/").is_empty();
+        async move { none }
     })
     .await;
     let (status, v) = sc.send("PUT", "/racks/7", Some(ta), &[]).await;
