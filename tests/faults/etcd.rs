@@ -26,14 +26,20 @@ async fn setup(dir: &Path) -> (Etcd, Upstream, Sidecar) {
     let etcd = Etcd::start(dir);
     etcd.ready().await;
     let up = Upstream::start().await;
+    let sc = sidecar(&etcd, &up, &dir.join("sc"), "").await;
+    (etcd, up, sc)
+}
+
+/// A sidecar in `dir` fencing `/racks/{rack}` against `etcd`, with `more`
+/// lines of `lock_service`.
+async fn sidecar(etcd: &Etcd, up: &Upstream, dir: &Path, more: &str) -> Sidecar {
     let o = SidecarOptions {
         lock_service: etcd.urls.values().cloned().collect(),
-        lock_service_yaml: "  kind: etcd\n".into(),
+        lock_service_yaml: format!("  kind: etcd\n{more}"),
         yaml: table(&[rack_writes("{ mode: strict, consistency: linearizable }")]),
         ..Default::default()
     };
-    let sc = Sidecar::start_with(&bin!(), dir.join("sc"), &up.url(), o).await;
-    (etcd, up, sc)
+    Sidecar::start_with(&bin!(), dir, &up.url(), o).await
 }
 
 /// The create revisions of the keys under `prefix`, as etcd lists them
@@ -60,6 +66,11 @@ struct Holder {
 
 impl Holder {
     fn start(etcd: &Etcd, dir: &Path, who: &str, name: &str) -> Holder {
+        Self::start_as(etcd, dir, who, name, None)
+    }
+
+    /// The same as etcd user `user` (`name:password`).
+    fn start_as(etcd: &Etcd, dir: &Path, who: &str, name: &str, user: Option<&str>) -> Holder {
         let files = dir.join(who);
         std::fs::create_dir_all(&files).unwrap();
         let script = format!(
@@ -67,6 +78,9 @@ impl Holder {
             f = files.display()
         );
         let mut cmd = etcd.etcdctl();
+        if let Some(user) = user {
+            cmd.env("ETCDCTL_USER", user);
+        }
         cmd.args(["lock", &format!("--ttl={LOCK_TTL_S}"), name, "--", "sh", "-c", &script]);
         let proc = Proc::spawn(&format!("etcdctl-lock-{who}"), cmd, &dir.join(format!("{who}.log")));
         Holder { _proc: proc, files }
@@ -160,4 +174,43 @@ async fn an_ended_etcd_lease_and_an_unreachable_etcd_forward_nothing() {
     assert_eq!((status, error_of(&v)), (409, "lease_expired"), "{v}");
     sc.wait_for_metric("fencegate_sidecar_lock_service_up", 0.0, Duration::from_secs(10)).await;
     assert_eq!(up.tokens("/racks/7"), vec![Some(ta)]);
+}
+
+/// With etcd's authentication on, the sidecar reads as a user of its own
+/// (read on the locks' prefix only), its password from a file, and buys a
+/// new token when etcd's (one second long here) has expired. A wrong
+/// password forwards nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_reads_etcd_as_a_user_with_its_password() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let etcd = Etcd::start_with(dir.path(), &["--auth-token-ttl=1"]);
+    etcd.ready().await;
+    for args in [
+        &["user", "add", "root:root-pw"][..],
+        &["auth", "enable"],
+        &["--user", "root:root-pw", "user", "add", "fence:fence-pw"],
+        &["--user", "root:root-pw", "role", "add", "fence-read"],
+        &["--user", "root:root-pw", "role", "grant-permission", "--prefix=true", "fence-read", "read", "rack/"],
+        &["--user", "root:root-pw", "user", "grant-role", "fence", "fence-read"],
+    ] {
+        let out = etcd.etcdctl().args(args).output().unwrap();
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+    }
+    let up = Upstream::start().await;
+    std::fs::write(dir.path().join("password"), "fence-pw\n").unwrap();
+    std::fs::write(dir.path().join("wrong"), "guess\n").unwrap();
+    let user = |file: &str| format!("  user: fence\n  password_file: {}\n", dir.path().join(file).display());
+    let sc = sidecar(&etcd, &up, &dir.path().join("sc"), &user("password")).await;
+    let wrong = sidecar(&etcd, &up, &dir.path().join("wrong-sc"), &user("wrong")).await;
+
+    let a = Holder::start_as(&etcd, dir.path(), "a", "rack/1", Some("root:root-pw"));
+    let (ta, _) = a.token().await;
+    assert_eq!(sc.send("PUT", "/racks/1", Some(ta), &[]).await.0, 200);
+    // Past the token's TTL: refused with 401, bought again.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(sc.send("PUT", "/racks/1", Some(ta), &[]).await.0, 200, "after the token expired");
+    let (status, v) = wrong.send("PUT", "/racks/1", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
+    assert!(wrong.log().contains("authentication failed"), "{}", wrong.log());
+    assert_eq!(up.tokens("/racks/1"), vec![Some(ta), Some(ta)]);
 }

@@ -12,6 +12,8 @@ use crate::{free_ports, Proc};
 
 pub struct Etcd {
     pub dir: tempfile::TempDir,
+    /// More flags for every member (`--auth-token-ttl=1`).
+    args: Vec<String>,
     /// Client URLs by member number 1..=3.
     pub urls: BTreeMap<u64, String>,
     peers: BTreeMap<u64, String>,
@@ -22,11 +24,17 @@ impl Etcd {
     /// Start the three members with their data under `parent`; returns at
     /// once (`ready` waits for a leader).
     pub fn start(parent: &Path) -> Etcd {
+        Self::start_with(parent, &[])
+    }
+
+    /// The same, every member with `args` too.
+    pub fn start_with(parent: &Path, args: &[&str]) -> Etcd {
         let dir = tempfile::tempdir_in(parent).unwrap();
         let ports = free_ports::<6>();
         let url = |p: u16| format!("http://127.0.0.1:{p}");
         let mut e = Etcd {
             dir,
+            args: args.iter().map(|a| a.to_string()).collect(),
             urls: (1..=3).map(|i| (i, url(ports[i as usize - 1]))).collect(),
             peers: (1..=3).map(|i| (i, url(ports[i as usize + 2]))).collect(),
             members: BTreeMap::new(),
@@ -64,7 +72,8 @@ impl Etcd {
             .arg("--election-timeout=300")
             .arg("--logger=zap")
             .arg("--log-outputs=stderr")
-            .arg("--log-level=warn");
+            .arg("--log-level=warn")
+            .args(&self.args);
         let proc = Proc::spawn(&format!("etcd{id}"), cmd, &self.log());
         self.members.insert(id, proc);
     }

@@ -80,6 +80,21 @@ impl Etcd {
         Ok(holder(name, range))
     }
 
+    /// Whether some member has a leader (`GET /health`, which needs no
+    /// credentials).
+    pub(crate) async fn healthy(&self) -> Result<(), String> {
+        let mut tried = Vec::new();
+        for endpoint in &self.endpoints {
+            let url = format!("{}/health", endpoint.trim_end_matches('/'));
+            match self.http.call(Method::GET, &url, None, CALL).await {
+                Ok(r) if r.status == StatusCode::OK && r.body.windows(6).any(|w| w == b"\"true\"") => return Ok(()),
+                Ok(r) => tried.push(format!("{url}: {} {}", r.status, String::from_utf8_lossy(&r.body).trim())),
+                Err(e) => tried.push(format!("{url}: {e}")),
+            }
+        }
+        Err(format!("no etcd member is healthy ({})", tried.join("; ")))
+    }
+
     /// `path` with `body` on each member in turn until one answers 200.
     async fn call(&self, path: &str, body: &serde_json::Value) -> Result<Reply, String> {
         let first = self.preferred.load(Ordering::Relaxed);

@@ -116,6 +116,9 @@ pub(crate) struct LockView {
     up: AtomicBool,
     metrics: SidecarMetrics,
     reads: Mutex<HashMap<String, InflightRead>>,
+    /// Reads that failed: a line a while, with the cause (the request only
+    /// says `lock_service_unavailable`).
+    read_failures: Mutex<crate::log_limit::Window>,
     freshness: Mutex<Freshness>,
     max_staleness: Duration,
     started: Instant,
@@ -155,7 +158,7 @@ impl LockView {
 
     /// Read the locks `etcdctl lock` takes from `etcd` (decision 0010):
     /// linearizable routes only, each request reading its lock; no watch.
-    /// The service is up while a read of it answers, tried every second.
+    /// The service is up while a member reports itself healthy.
     pub(crate) fn start_etcd(etcd: Etcd, metrics: SidecarMetrics, max_staleness: Duration) -> Arc<Self> {
         let view = Self::new(Source::Etcd(Arc::new(etcd)), metrics, max_staleness, false);
         tokio::spawn(etcd_up_forever(Arc::downgrade(&view)));
@@ -170,6 +173,7 @@ impl LockView {
             up: AtomicBool::new(false),
             metrics,
             reads: Mutex::new(HashMap::new()),
+            read_failures: Mutex::new(crate::log_limit::Window::new(crate::log_limit::EVERY)),
             freshness: Mutex::default(),
             max_staleness,
             started: Instant::now(),
@@ -356,6 +360,12 @@ impl LockView {
                                 outcome = Err("answered of the lock service's history left behind".into());
                             }
                         }
+                        if let Err(e) = &outcome {
+                            let mut failures = v.read_failures.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some(more) = failures.hit(std::time::Instant::now()) {
+                                tracing::warn!(key, "reading the lock service failed: {e}{more}");
+                            }
+                        }
                         {
                             // Only this read's entry: a newer one may have replaced it.
                             let mut reads = v.reads.lock().unwrap_or_else(|p| p.into_inner());
@@ -417,8 +427,8 @@ impl Source {
     }
 }
 
-/// While the view lives, mark etcd up while a read of it answers (any lock
-/// name: the answer's header is what counts), and learn its history.
+/// While the view lives, mark etcd up while some member reports itself
+/// healthy (it has a leader), asked every second.
 async fn etcd_up_forever(view: std::sync::Weak<LockView>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -429,19 +439,12 @@ async fn etcd_up_forever(view: std::sync::Weak<LockView>) {
         let Source::Etcd(etcd) = &v.source else { return };
         let etcd = etcd.clone();
         drop(v);
-        let sent = Instant::now();
-        let answer = etcd.read("fencegate-probe").await;
+        let answer = etcd.healthy().await;
         let Some(v) = view.upgrade() else { return };
-        match answer {
-            Ok(info) => {
-                drop(v.of_history(info.cluster.as_deref(), sent));
-                v.set_up(true);
-            }
-            Err(e) => {
-                v.set_up(false);
-                if let Some(more) = failures.hit(std::time::Instant::now()) {
-                    tracing::warn!("etcd does not answer: {e}{more}");
-                }
+        v.set_up(answer.is_ok());
+        if let Err(e) = answer {
+            if let Some(more) = failures.hit(std::time::Instant::now()) {
+                tracing::warn!("etcd: {e}{more}");
             }
         }
     }
