@@ -214,3 +214,26 @@ async fn the_sidecar_reads_etcd_as_a_user_with_its_password() {
     assert!(wrong.log().contains("authentication failed"), "{}", wrong.log());
     assert_eq!(up.tokens("/racks/1"), vec![Some(ta), Some(ta)]);
 }
+
+/// etcd serving clients over TLS and requiring client certificates: the
+/// sidecar trusts only `lock_service.ca` and presents `cert` and `key`;
+/// without a certificate it is refused, and forwards nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_reaches_etcd_over_tls_with_a_client_certificate() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let pki = fencegate_testkit::tls::Pki::new(&dir.path().join("pki"), "etcd");
+    let etcd = Etcd::start_tls(dir.path(), &pki);
+    etcd.ready().await;
+    let up = Upstream::start().await;
+    let (cert, key) = pki.client_cert("fence");
+    let tls = format!("  ca: {}\n  cert: {}\n  key: {}\n", pki.ca.display(), cert.display(), key.display());
+    let sc = sidecar(&etcd, &up, &dir.path().join("sc"), &tls).await;
+    let bare = sidecar(&etcd, &up, &dir.path().join("bare"), &format!("  ca: {}\n", pki.ca.display())).await;
+
+    let a = Holder::start(&etcd, dir.path(), "a", "rack/3");
+    let (ta, _) = a.token().await;
+    assert_eq!(sc.send("PUT", "/racks/3", Some(ta), &[]).await.0, 200);
+    let (status, v) = bare.send("PUT", "/racks/3", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
+    assert_eq!(up.tokens("/racks/3"), vec![Some(ta)]);
+}

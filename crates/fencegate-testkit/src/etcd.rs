@@ -14,6 +14,9 @@ pub struct Etcd {
     pub dir: tempfile::TempDir,
     /// More flags for every member (`--auth-token-ttl=1`).
     args: Vec<String>,
+    /// With TLS toward clients: the CA, and a client certificate and key
+    /// it signed, which `etcdctl` presents.
+    tls: Option<[PathBuf; 3]>,
     /// Client URLs by member number 1..=3.
     pub urls: BTreeMap<u64, String>,
     peers: BTreeMap<u64, String>,
@@ -29,14 +32,34 @@ impl Etcd {
 
     /// The same, every member with `args` too.
     pub fn start_with(parent: &Path, args: &[&str]) -> Etcd {
+        Self::start_full(parent, args, None)
+    }
+
+    /// The same, serving clients over TLS with `pki`'s server certificate
+    /// and requiring a client certificate it signed; `etcdctl` presents
+    /// one of its own.
+    pub fn start_tls(parent: &Path, pki: &crate::tls::Pki) -> Etcd {
+        let (cert, key) = pki.client_cert("etcdctl");
+        let mut args = vec![
+            format!("--cert-file={}", pki.cert.display()),
+            format!("--key-file={}", pki.key.display()),
+            format!("--trusted-ca-file={}", pki.ca.display()),
+        ];
+        args.push("--client-cert-auth".into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::start_full(parent, &args, Some([pki.ca.clone(), cert, key]))
+    }
+
+    fn start_full(parent: &Path, args: &[&str], tls: Option<[PathBuf; 3]>) -> Etcd {
         let dir = tempfile::tempdir_in(parent).unwrap();
         let ports = free_ports::<6>();
-        let url = |p: u16| format!("http://127.0.0.1:{p}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut e = Etcd {
             dir,
             args: args.iter().map(|a| a.to_string()).collect(),
-            urls: (1..=3).map(|i| (i, url(ports[i as usize - 1]))).collect(),
-            peers: (1..=3).map(|i| (i, url(ports[i as usize + 2]))).collect(),
+            tls,
+            urls: (1..=3).map(|i| (i, format!("{scheme}://127.0.0.1:{}", ports[i as usize - 1]))).collect(),
+            peers: (1..=3).map(|i| (i, format!("http://127.0.0.1:{}", ports[i as usize + 2]))).collect(),
             members: BTreeMap::new(),
         };
         for id in 1..=3 {
@@ -96,18 +119,33 @@ impl Etcd {
     pub fn etcdctl(&self) -> Command {
         let mut cmd = Command::new("etcdctl");
         cmd.env("ETCDCTL_API", "3").env("ETCDCTL_ENDPOINTS", self.endpoints());
+        if let Some([ca, cert, key]) = &self.tls {
+            cmd.env("ETCDCTL_CACERT", ca).env("ETCDCTL_CERT", cert).env("ETCDCTL_KEY", key);
+        }
         cmd
     }
 
-    /// Until every member answers `/health` with a leader elected.
+    /// Until every member is healthy (`etcdctl endpoint health`: it has a
+    /// leader and answers a read); within 30 s, else a panic with the
+    /// members' log.
     pub async fn ready(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         for url in self.urls.values() {
-            let health = format!("{url}/health");
-            crate::wait::until(&format!("etcd {url} healthy"), Duration::from_secs(30), || {
-                let health = health.clone();
-                async move { crate::http::get_json(&health).await.is_some_and(|v| v["health"] == "true") }
-            })
-            .await;
+            loop {
+                let mut health = self.etcdctl();
+                health.env_remove("ETCDCTL_ENDPOINTS");
+                health.args(["--dial-timeout=1s", "--command-timeout=2s", "endpoint", "health", "--endpoints", url]);
+                let out = tokio::task::spawn_blocking(move || health.output()).await.unwrap().unwrap();
+                if out.status.success() {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    let log = std::fs::read_to_string(self.log()).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                    panic!("etcd {url} not healthy within 30 s: {out:?}\n{}", tail.join("\n"));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
     }
 }
