@@ -636,7 +636,7 @@ impl SidecarConfig {
                 }
                 if let Some(i) = self.routes.iter().position(|r| r.fence.trusts_the_watch()) {
                     return Err(ConfigError::invalid(
-                        format!("routes[{i}].consistency"),
+                        format!("routes[{i}].fence.consistency"),
                         format!(
                             "route {:?} is `cached`, which needs a watch of the lock service; with kind: etcd \
                              every route reads its lock per request: set `consistency: linearizable`",

@@ -74,6 +74,8 @@ impl Etcd {
             "sort_target": "CREATE",
             "limit": 1,
             "keys_only": true,
+            // The default, said: a serializable range is one member's view.
+            "serializable": false,
         });
         let reply = self.call("/v3/kv/range", &body).await?;
         let range: Range = serde_json::from_slice(&reply.body).map_err(|e| format!("etcd's range answer: {e}"))?;
@@ -87,7 +89,7 @@ impl Etcd {
         for endpoint in &self.endpoints {
             let url = format!("{}/health", endpoint.trim_end_matches('/'));
             match self.http.call(Method::GET, &url, None, CALL).await {
-                Ok(r) if r.status == StatusCode::OK && r.body.windows(6).any(|w| w == b"\"true\"") => return Ok(()),
+                Ok(r) if r.status == StatusCode::OK && healthy_answer(&r.body) => return Ok(()),
                 Ok(r) => tried.push(format!("{url}: {} {}", r.status, String::from_utf8_lossy(&r.body).trim())),
                 Err(e) => tried.push(format!("{url}: {e}")),
             }
@@ -169,6 +171,15 @@ impl Etcd {
     }
 }
 
+/// `/health`'s answer: `{"health": "true"}` when the member has a leader.
+fn healthy_answer(body: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Health {
+        health: String,
+    }
+    serde_json::from_slice::<Health>(body).is_ok_and(|h| h.health == "true")
+}
+
 /// etcd's refusal, as the gateway words it (`{"error": …, "code": …}`).
 fn refused(status: StatusCode, body: &[u8]) -> String {
     #[derive(Deserialize)]
@@ -244,7 +255,8 @@ mod number {
 /// at most one key: a key's presence is its holding (its lease keeps it),
 /// and with no key every token up to the read's revision has ended.
 fn holder(name: &str, range: Range) -> LockInfo {
-    let held = range.kvs.first().map(|kv| kv.create_revision);
+    // Asked for one, sorted: the least of what came, whatever came.
+    let held = range.kvs.iter().map(|kv| kv.create_revision).min();
     LockInfo {
         key: name.to_string(),
         held: held.is_some(),

@@ -70,6 +70,9 @@ struct Known {
     watched: bool,
     /// When the latest read of the key that answered was sent.
     read_at: Option<Instant>,
+    /// When `latest` was learnt: a read sent after it that answers less is
+    /// of another history (`LockView::learn_read`).
+    learnt_at: Option<Instant>,
 }
 
 impl Known {
@@ -270,19 +273,28 @@ impl LockView {
             Some(mine) if mine == theirs => return Some(h),
             Some(_) if h.since.is_some_and(|since| sent < since) => return None,
             Some(mine) => {
-                tracing::error!(
-                    "the lock service answers as cluster {theirs}, not {mine}: another history (a restore?); \
-                     dropping what was known of every key and starting over from its state (floors kept)"
-                );
-                self.metrics.history_changes.inc();
-                self.keys.clear();
-                self.compacted_below.store(0, Ordering::Relaxed);
-                *self.freshness() = Freshness::default();
+                let why = format!("the lock service answers as cluster {theirs}, not {mine}");
+                self.start_over(&mut h, &why);
             }
             None => tracing::info!(cluster = theirs, "the lock service is cluster {theirs}"),
         }
         (h.cluster, h.since) = (Some(theirs.to_string()), Some(Instant::now()));
         Some(h)
+    }
+
+    /// Another history: drop what was known of every key (the floors stay,
+    /// and refuse a key whose new tokens are below them), and learn no
+    /// answer to a request sent before now.
+    fn start_over(&self, h: &mut History, why: &str) {
+        tracing::error!(
+            "{why}: another history (a restore?); dropping what was known of every key and starting over \
+             from its state (floors kept)"
+        );
+        self.metrics.history_changes.inc();
+        self.keys.clear();
+        self.compacted_below.store(0, Ordering::Relaxed);
+        *self.freshness() = Freshness::default();
+        h.since = Some(Instant::now());
     }
 
     /// The cluster id the knowledge is of, if known.
@@ -297,6 +309,9 @@ impl LockView {
             return;
         }
         let mut k = self.keys.entry(key.to_string()).or_default();
+        if token > k.latest {
+            k.learnt_at = Some(Instant::now());
+        }
         k.merge(token, held);
         k.watched = true;
     }
@@ -304,7 +319,24 @@ impl LockView {
     /// What a linearizable read of `key`, sent at `sent`, said; `false` if
     /// it is of the history left behind (nothing learnt).
     fn learn_read(&self, key: &str, info: &wire::LockInfo, sent: Instant) -> bool {
-        let Some(_history) = self.of_history(info.cluster.as_deref(), sent) else { return false };
+        let Some(mut history) = self.of_history(info.cluster.as_deref(), sent) else { return false };
+        // Within one history a key's latest grant never goes back. A read
+        // sent after the latest was learnt that answers less (a lower holder,
+        // or nothing up to a revision below it) is of another history under
+        // the same name: an etcd snapshot restored with the same flags keeps
+        // its cluster id while its revisions go back.
+        let went_back = self.keys.get(key).is_some_and(|k| {
+            let below = match info.compacted_below {
+                Some(below) if info.token == 0 => below,
+                _ => info.token,
+            };
+            (info.token != 0 || info.compacted_below.is_some())
+                && below < k.latest
+                && k.learnt_at.is_some_and(|at| sent > at)
+        });
+        if went_back {
+            self.start_over(&mut history, &format!("a read of {key} answered below its latest known grant"));
+        }
         let mut k = match info.compacted_below {
             // Forgotten by the service: only what we knew can have ended.
             Some(below) if info.token == 0 => {
@@ -316,6 +348,9 @@ impl LockView {
             _ if info.token == 0 => return true,
             _ => {
                 let mut k = self.keys.entry(key.to_string()).or_default();
+                if info.token > k.latest {
+                    k.learnt_at = Some(Instant::now());
+                }
                 k.merge_read(info.token, info.held);
                 k
             }
@@ -835,8 +870,6 @@ pub(super) mod tests {
             compacted_below,
             cluster: None,
         };
-        view.learn_read("rack/listed", &info(0, Some(30)), Instant::now());
-        assert!(known(&view, "rack/listed").live, "a watermark below its grant says nothing of it");
         view.learn_read("rack/listed", &info(0, Some(36)), Instant::now());
         assert!(!known(&view, "rack/listed").live, "read as forgotten: ended");
         assert_eq!(known(&view, "rack/other").compacted_below, 36);
@@ -880,6 +913,40 @@ pub(super) mod tests {
         assert!(!trusted(&view, "rack/read", t0 + ms(400)), "its read is 400 ms old");
         view.learn_read("rack/read", &info, t0 + ms(350));
         assert!(trusted(&view, "rack/read", t0 + ms(400)));
+    }
+
+    /// A read sent after a key's latest grant was learnt that answers less
+    /// (a lower holder, or nothing up to below it) is another history with
+    /// the same name (an etcd snapshot restored with the same flags): every
+    /// key's knowledge is dropped, as for a new cluster id. A late answer to
+    /// a read sent before is not.
+    #[tokio::test]
+    async fn a_read_below_what_is_known_is_another_history() {
+        let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
+        let url = slow_reads(Arc::default()).await;
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), false);
+        let info = |token, compacted_below| wire::LockInfo {
+            key: "rack/1".into(),
+            held: token != 0,
+            token,
+            holder: None,
+            expires_in_ms: None,
+            compacted_below,
+            cluster: Some("c".into()),
+        };
+        let before = Instant::now();
+        view.learn("rack/1", 34, true);
+        view.learn("rack/2", 50, true);
+        assert!(view.learn_read("rack/1", &info(20, None), before), "a late answer is learnt");
+        assert_eq!((known(&view, "rack/1").latest, view.metrics.history_changes.get()), (34, 0));
+        assert!(view.learn_read("rack/1", &info(20, None), Instant::now()));
+        assert_eq!(view.metrics.history_changes.get(), 1, "a lower holder, read after");
+        assert_eq!((known(&view, "rack/1").latest, known(&view, "rack/2").known), (20, false));
+        view.learn("rack/2", 50, true);
+        assert!(view.learn_read("rack/2", &info(0, Some(40)), Instant::now()));
+        assert_eq!(view.metrics.history_changes.get(), 2, "nothing up to 40, read after 50 was learnt");
+        assert!(view.learn_read("rack/2", &info(0, Some(60)), Instant::now()));
+        assert_eq!(view.metrics.history_changes.get(), 2, "ended up to 60: the same history");
     }
 
     #[test]

@@ -383,7 +383,7 @@ fn each_kind_of_lock_service_takes_its_own_credentials_and_routes() {
     };
     let etcd = "{ kind: etcd, endpoints: [http://127.0.0.1:2379] }";
     let e = err(&with(etcd));
-    assert!(e.contains("routes[0].consistency") && e.contains("linearizable"), "{e}");
+    assert!(e.contains("routes[0].fence.consistency") && e.contains("linearizable"), "{e}");
     let c = parsed(&linearizable(with(etcd)));
     assert_eq!(c.lock_service.unwrap().kind, crate::config::sidecar::LockServiceKind::Etcd);
     parsed(&linearizable(with("{ kind: etcd, endpoints: [http://127.0.0.1:2379], user: fence, password_file: p }")));
