@@ -237,3 +237,36 @@ async fn the_sidecar_reaches_etcd_over_tls_with_a_client_certificate() {
     assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
     assert_eq!(up.tokens("/racks/3"), vec![Some(ta)]);
 }
+
+/// An operator restores an etcd snapshot taken before A's lock, with the
+/// cluster's own flags: etcd keeps its cluster id while its revisions go
+/// back, and B's new lock gets a token below A's. Neither A's write (its
+/// lock is not in the restored history) nor B's (below the key's floor) is
+/// forwarded: the sidecar fails closed (S7) without being restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_etcd_whose_revisions_went_back_forwards_neither_holder() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (mut etcd, up, sc) = setup(dir.path()).await;
+    let snapshot = dir.path().join("snapshot.db");
+    etcd.snapshot(&snapshot);
+    // A write after the snapshot: the restored history's next revisions
+    // fall below A's. (Had A's lock been the first write after it, B's
+    // would get A's very revision: see DESIGN, "Residual windows".)
+    let out = etcd.etcdctl().args(["put", "other", "x"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let a = Holder::start(&etcd, dir.path(), "a", "rack/5");
+    let (ta, _) = a.token().await;
+    assert_eq!(sc.send("PUT", "/racks/5", Some(ta), &[]).await.0, 200, "A's write");
+    drop(a);
+    etcd.restore(&snapshot);
+    etcd.ready().await;
+    let b = Holder::start(&etcd, dir.path(), "b", "rack/5");
+    let (tb, _) = b.token().await;
+    assert!(tb < ta, "the restored revisions went back: {tb} < {ta}");
+    for (who, token) in [("A", ta), ("B", tb)] {
+        let (status, v) = sc.send("PUT", "/racks/5", Some(token), &[]).await;
+        assert_eq!((status, error_of(&v)), (503, "lock_service_behind_floor"), "{who}: {v}");
+    }
+    assert_eq!(up.tokens("/racks/5"), vec![Some(ta)]);
+    sc.wait_for_metric("fencegate_sidecar_lock_service_history_changes_total", 1.0, Duration::from_secs(5)).await;
+}

@@ -101,6 +101,42 @@ impl Etcd {
         self.members.insert(id, proc);
     }
 
+    /// `etcdctl snapshot save` from member 1 into `file`.
+    pub fn snapshot(&self, file: &Path) {
+        let mut save = self.etcdctl();
+        save.env_remove("ETCDCTL_ENDPOINTS").args(["--endpoints", &self.urls[&1], "snapshot", "save"]).arg(file);
+        let out = save.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+
+    /// What an operator does after losing the cluster: every member killed,
+    /// its data replaced by `etcdctl snapshot restore` of `file` with the
+    /// cluster's own flags (so the cluster keeps its id while its revisions
+    /// go back), and started again; returns at once (`ready` waits).
+    pub fn restore(&mut self, file: &Path) {
+        let initial: Vec<String> = self.peers.iter().map(|(i, u)| format!("m{i}={u}")).collect();
+        for id in 1..=3 {
+            self.kill_member(id);
+        }
+        for id in 1..=3 {
+            let data = self.dir.path().join(format!("m{id}"));
+            std::fs::remove_dir_all(&data).unwrap();
+            let mut restore = self.etcdctl();
+            restore.arg("snapshot").arg("restore").arg(file);
+            restore
+                .arg(format!("--name=m{id}"))
+                .arg(format!("--data-dir={}", data.display()))
+                .arg(format!("--initial-cluster={}", initial.join(",")))
+                .arg("--initial-cluster-token=fencegate-test")
+                .arg(format!("--initial-advertise-peer-urls={}", self.peers[&id]));
+            let out = restore.output().unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+        for id in 1..=3 {
+            self.start_member(id);
+        }
+    }
+
     /// SIGKILL member `id`.
     pub fn kill_member(&mut self, id: u64) {
         self.members.remove(&id);
