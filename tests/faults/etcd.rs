@@ -209,6 +209,7 @@ async fn the_sidecar_reads_etcd_as_a_user_with_its_password() {
     // Past the token's TTL: refused with 401, bought again.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(sc.send("PUT", "/racks/1", Some(ta), &[]).await.0, 200, "after the token expired");
+    assert!(sc.log().contains("buying another"), "the token was bought again: {}", sc.log());
     let (status, v) = wrong.send("PUT", "/racks/1", Some(ta), &[]).await;
     assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
     assert!(wrong.log().contains("authentication failed"), "{}", wrong.log());

@@ -17,7 +17,6 @@
 //! not answer it, and the next endpoint is tried.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -32,6 +31,12 @@ use serde::Deserialize;
 
 /// One call to one member: a quorum read answers in milliseconds.
 const CALL: Duration = Duration::from_secs(1);
+/// One read, over every member tried: past it the answer would be too old
+/// to vouch for anything (`max_staleness` is at most 10 s, 1 s by default).
+const READ: Duration = Duration::from_secs(3);
+/// How long a refused password is not tried again: each try costs etcd a
+/// bcrypt check.
+const LOGIN_BACKOFF: Duration = Duration::from_secs(1);
 /// etcd's answers to what is asked here are small.
 pub(crate) const MAX_ANSWER: usize = 64 << 10;
 
@@ -45,16 +50,27 @@ pub(crate) struct Etcd {
 }
 
 /// etcd's user and password authentication: a password buys a token, sent
-/// as `Authorization` until etcd refuses it (it expires), then bought again.
+/// as `Authorization` until etcd refuses it (it expires), then bought again
+/// by one caller while the others wait for it.
 pub(crate) struct User {
     pub name: String,
     pub password: String,
-    token: Mutex<Option<HeaderValue>>,
+    bought: tokio::sync::Mutex<Bought>,
+}
+
+#[derive(Default)]
+struct Bought {
+    token: Option<HeaderValue>,
+    /// How many tokens were bought: a caller whose token (of this
+    /// generation) was refused buys another only if nobody has since.
+    generation: u64,
+    /// The last refusal of the password, and when.
+    refused: Option<(std::time::Instant, String)>,
 }
 
 impl User {
     pub(crate) fn new(name: String, password: String) -> User {
-        User { name, password, token: Mutex::new(None) }
+        User { name, password, bought: Default::default() }
     }
 }
 
@@ -97,57 +113,94 @@ impl Etcd {
         Err(format!("no etcd member is healthy ({})", tried.join("; ")))
     }
 
-    /// `path` with `body` on each member in turn until one answers 200.
+    /// `path` with `body` on each member in turn until one answers 200,
+    /// within `READ`. A member that fails is asked last next time.
     async fn call(&self, path: &str, body: &serde_json::Value) -> Result<Reply, String> {
+        let deadline = std::time::Instant::now() + READ;
+        let n = self.endpoints.len();
         let first = self.preferred.load(Ordering::Relaxed);
         let mut tried = Vec::new();
-        for i in 0..self.endpoints.len() {
-            let at = (first + i) % self.endpoints.len();
+        for i in 0..n {
+            if i > 0 && std::time::Instant::now() >= deadline {
+                tried.push(format!("gave up after {READ:?}"));
+                break;
+            }
+            let at = (first + i) % n;
             let url = format!("{}{path}", self.endpoints[at].trim_end_matches('/'));
             match self.call_one(&url, body).await {
                 Ok(reply) => {
                     self.preferred.store(at, Ordering::Relaxed);
                     return Ok(reply);
                 }
-                Err(e) => tried.push(format!("{url}: {e}")),
+                Err(e) => {
+                    let _ = self.preferred.compare_exchange(at, (at + 1) % n, Ordering::Relaxed, Ordering::Relaxed);
+                    tried.push(format!("{url}: {e}"));
+                }
             }
         }
         Err(format!("no etcd member answered ({})", tried.join("; ")))
     }
 
-    /// One member; with a user, (re)authenticating once if the token was
-    /// refused.
+    /// One member; with a user, buying a new token once if etcd refused the
+    /// one presented.
     async fn call_one(&self, url: &str, body: &serde_json::Value) -> Result<Reply, String> {
         let bytes = Bytes::from(body.to_string());
+        let mut refused_generation = None;
         for attempt in 0..2 {
             let token = match &self.user {
-                Some(user) => Some(self.token(user, url, attempt > 0).await?),
+                Some(user) => Some(self.token(user, url, refused_generation).await?),
                 None => None,
             };
             let mut req = Request::builder().method(Method::POST).uri(url).header(CONTENT_TYPE, "application/json");
-            if let Some(token) = token {
+            if let Some((token, _)) = &token {
                 req = req.header(AUTHORIZATION, token);
             }
             let req = req.body(Full::new(bytes.clone())).map_err(|e| e.to_string())?;
             let reply = self.http.send(req, CALL).await.map_err(|e| e.to_string())?;
             match reply.status {
                 StatusCode::OK => return Ok(reply),
-                // An expired or revoked token: buy another, once.
-                StatusCode::UNAUTHORIZED if self.user.is_some() && attempt == 0 => continue,
+                // An expired or revoked token: another, once.
+                StatusCode::UNAUTHORIZED if token.is_some() && attempt == 0 => {
+                    tracing::info!("etcd refused the user's token (expired?): buying another");
+                    refused_generation = token.map(|(_, generation)| generation);
+                }
                 status => return Err(refused(status, &reply.body)),
             }
         }
         Err("etcd refused the user's fresh token".into())
     }
 
-    /// The user's token, bought from the member at `url` if there is none
-    /// or `renew`.
-    async fn token(&self, user: &User, url: &str, renew: bool) -> Result<HeaderValue, String> {
-        if !renew {
-            if let Some(t) = user.token.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-                return Ok(t);
+    /// The user's token and its generation: the one bought last, unless it
+    /// is of `refused` (then another, bought from the member at `url`). One
+    /// caller buys at a time; a refused password is not tried again for
+    /// `LOGIN_BACKOFF`.
+    async fn token(&self, user: &User, url: &str, refused: Option<u64>) -> Result<(HeaderValue, u64), String> {
+        let mut bought = user.bought.lock().await;
+        if let Some(token) = &bought.token {
+            if refused != Some(bought.generation) {
+                return Ok((token.clone(), bought.generation));
             }
         }
+        if let Some((at, why)) = &bought.refused {
+            if at.elapsed() < LOGIN_BACKOFF {
+                return Err(why.clone());
+            }
+        }
+        match self.authenticate(user, url).await {
+            Ok(token) => {
+                bought.generation += 1;
+                (bought.token, bought.refused) = (Some(token.clone()), None);
+                Ok((token, bought.generation))
+            }
+            Err(why) => {
+                bought.refused = Some((std::time::Instant::now(), why.clone()));
+                Err(why)
+            }
+        }
+    }
+
+    /// A token for `user`, from the member at `url`.
+    async fn authenticate(&self, user: &User, url: &str) -> Result<HeaderValue, String> {
         let auth = url.rsplit_once("/v3/").map_or(url, |(base, _)| base).to_string() + "/v3/auth/authenticate";
         let body = serde_json::json!({ "name": user.name, "password": user.password });
         let reply = self
@@ -166,7 +219,6 @@ impl Etcd {
         let mut value =
             HeaderValue::from_str(&t.token).map_err(|_| "etcd's token is not a header value".to_string())?;
         value.set_sensitive(true);
-        *user.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(value.clone());
         Ok(value)
     }
 }
@@ -270,7 +322,94 @@ fn holder(name: &str, range: Range) -> LockInfo {
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    use http_body_util::BodyExt;
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+
     use super::*;
+
+    /// A stand-in for etcd's gateway with authentication on: password `pw`
+    /// buys token `t<n>`, and only the latest token reads (a range of no
+    /// key). Counts the logins tried.
+    async fn gateway(logins: Arc<AtomicU64>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let logins = logins.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                        let logins = logins.clone();
+                        async move {
+                            let path = req.uri().path().to_string();
+                            let token = req.headers().get(AUTHORIZATION).map(|v| v.to_str().unwrap().to_string());
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            // Slow, as bcrypt is: callers pile up meanwhile.
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            let (status, answer) = match path.as_str() {
+                                "/v3/auth/authenticate" => {
+                                    let n = logins.fetch_add(1, Ordering::SeqCst) + 1;
+                                    if body.windows(4).any(|w| w == b"\"pw\"") {
+                                        (200, format!(r#"{{"token":"t{n}"}}"#))
+                                    } else {
+                                        (400, r#"{"error":"etcdserver: authentication failed"}"#.into())
+                                    }
+                                }
+                                _ if token == Some(format!("t{}", logins.load(Ordering::SeqCst))) => {
+                                    (200, r#"{"header":{"cluster_id":"1","revision":"5"}}"#.into())
+                                }
+                                _ => (401, r#"{"error":"etcdserver: invalid auth token"}"#.into()),
+                            };
+                            let mut resp = hyper::Response::new(Full::new(Bytes::from(answer)));
+                            *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        url
+    }
+
+    async fn reads(etcd: &Arc<Etcd>, n: usize) -> Vec<Result<LockInfo, String>> {
+        let all = (0..n).map(|i| {
+            let etcd = etcd.clone();
+            tokio::spawn(async move { etcd.read(&format!("rack/{i}")).await })
+        });
+        let mut out = vec![];
+        for r in all {
+            out.push(r.await.unwrap());
+        }
+        out
+    }
+
+    /// Concurrent reads share one login, also when the token they had was
+    /// refused; a refused password is not tried again at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_login_at_a_time_and_none_right_after_a_refusal() {
+        let logins = Arc::new(AtomicU64::new(0));
+        let url = gateway(logins.clone()).await;
+        let user = |password: &str| Some(User::new("fence".into(), password.into()));
+        let etcd = Arc::new(Etcd::new(vec![url.clone()], HttpClient::new(MAX_ANSWER), user("pw")));
+        assert!(reads(&etcd, 10).await.iter().all(Result::is_ok));
+        assert_eq!(logins.load(Ordering::SeqCst), 1, "ten reads, one login");
+        // Another login elsewhere (a second sidecar) made this token stale.
+        logins.fetch_add(1, Ordering::SeqCst);
+        assert!(reads(&etcd, 10).await.iter().all(Result::is_ok));
+        assert_eq!(logins.load(Ordering::SeqCst), 3, "the refused token replaced once");
+        let wrong = Arc::new(Etcd::new(vec![url], HttpClient::new(MAX_ANSWER), user("guess")));
+        let answers = reads(&wrong, 10).await;
+        assert!(answers.iter().all(|a| a.as_ref().is_err_and(|e| e.contains("authentication failed"))), "{answers:?}");
+        assert_eq!(logins.load(Ordering::SeqCst), 4, "a refused password, tried once");
+    }
 
     #[test]
     fn a_prefix_ends_where_etcd_ends_it() {
