@@ -120,12 +120,13 @@ impl Sidecar {
                 let user = service.user.clone().zip(tls.lock_service_password);
                 let user = user.map(|(name, password)| fencing::etcd::User::new(name, password));
                 let etcd = fencing::etcd::Etcd::new(service.endpoints.clone(), http, user);
-                Some(LockView::start_etcd(etcd, metrics.clone(), service.max_staleness))
+                let followed = fencing::followed(&settings.routes);
+                Some(LockView::start_etcd(etcd, metrics.clone(), service.max_staleness, followed))
             }
             (Some(service), Some(options), true) => {
                 let client = Client::with_options(service.endpoints.clone(), options)?;
-                let probing = settings.routes.iter().any(|r| r.fence.trusts_the_watch());
-                Some(LockView::start(client, metrics.clone(), service.max_staleness, probing))
+                let followed = fencing::followed(&settings.routes);
+                Some(LockView::start(client, metrics.clone(), service.max_staleness, followed))
             }
             _ => None,
         };

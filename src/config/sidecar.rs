@@ -601,8 +601,8 @@ impl SidecarConfig {
 
 impl SidecarConfig {
     /// What each kind of lock service takes: etcd authenticates users with
-    /// passwords, not bearer tokens, and is read per request (no watch yet,
-    /// so no `cached` route).
+    /// passwords, not bearer tokens, and follows a `cached` route's keys
+    /// under the fixed text its lock key starts with.
     fn validate_kind(&self, service: &LockServiceConfig) -> Result<(), ConfigError> {
         match service.kind {
             LockServiceKind::Fencegate => {
@@ -634,12 +634,19 @@ impl SidecarConfig {
                         ));
                     }
                 }
-                if let Some(i) = self.routes.iter().position(|r| r.fence.trusts_the_watch()) {
+                // etcd follows a cached route's keys under the fixed text
+                // its lock key starts with; one that starts with a
+                // placeholder would have it follow the whole keyspace.
+                let unfollowable = |r: &RouteConfig| {
+                    r.fence.trusts_the_watch() && r.lock_key.as_deref().is_some_and(|k| k.starts_with('{'))
+                };
+                if let Some(i) = self.routes.iter().position(unfollowable) {
                     return Err(ConfigError::invalid(
-                        format!("routes[{i}].fence.consistency"),
+                        format!("routes[{i}].lock_key"),
                         format!(
-                            "route {:?} is `cached`, which needs a watch of the lock service; with kind: etcd \
-                             every route reads its lock per request: set `consistency: linearizable`",
+                            "route {:?} is `cached`, and with kind: etcd its lock key must start with fixed text \
+                             (e.g. `rack/{{rack}}`): the sidecar watches the keys under it; or set \
+                             `consistency: linearizable` to read the lock per request",
                             self.routes[i].name
                         ),
                     ));

@@ -43,8 +43,31 @@ use crate::sidecar::answer::{Answer, Rejection};
 use crate::sidecar::fencing::barrier::{Order, Permit};
 use crate::sidecar::fencing::decision::{decide, parse_token, Knowledge, Reason, Verdict};
 use crate::sidecar::fencing::knowledge::LockView;
-use crate::sidecar::routing::Route;
+use crate::sidecar::routing::{Route, Routes};
 use crate::sidecar::state::floors::Floors;
+
+/// The prefixes the lock keys of the `cached` routes of the lock service
+/// start with: each key template's text before its first placeholder (a
+/// template without one names a single lock: its name and a `/`). What
+/// etcd follows (`knowledge`); config validation refuses a `cached` route
+/// on etcd whose template starts with a placeholder.
+pub(crate) fn followed(routes: &Routes) -> Vec<String> {
+    let mut prefixes: Vec<String> = routes
+        .iter()
+        .filter(|r| r.fence.trusts_the_watch())
+        .filter_map(|r| r.lock_key())
+        .map(|k| match k.split_once('{') {
+            Some((fixed, _)) => fixed.to_string(),
+            None => format!("{k}/"),
+        })
+        .collect();
+    prefixes.sort();
+    // One that another starts with is covered by it.
+    prefixes.dedup();
+    let all = prefixes.clone();
+    prefixes.retain(|p| !all.iter().any(|q| q != p && p.starts_with(q.as_str())));
+    prefixes
+}
 
 /// A fenced request that passed the check: its place in the order, and
 /// what `dispatch` needs to decide again.
@@ -253,10 +276,25 @@ mod tests {
         let client = Client::new(vec![slow_reads(Arc::default()).await]).unwrap();
         let (store, loaded) = Store::open(dir).unwrap();
         Fencer {
-            view: Some(LockView::start(client, metrics, max_staleness, false)),
+            view: Some(LockView::start(client, metrics, max_staleness, vec![])),
             floors: Floors::new(Arc::new(store), loaded.floors),
             order: Arc::default(),
         }
+    }
+
+    /// etcd follows each cached route's fixed part once, not one inside
+    /// another, and nothing of the other routes.
+    #[test]
+    fn the_followed_prefixes_are_the_cached_routes_fixed_parts() {
+        let table = crate::sidecar::routing::tests::routes(concat!(
+            "[{ name: a, path: '/racks/{rack}', lock_key: 'rack/{rack}' },",
+            " { name: b, path: '/racks/{rack}/slots/{slot}', lock_key: 'rack/{rack}/slot/{slot}' },",
+            " { name: c, path: '/items', lock_key: 'items' },",
+            " { name: d, path: '/hosts/{h}', lock_key: 'host/{h}', fence: { consistency: linearizable } },",
+            " { name: e, path: '/files/{f}', lock_key: 'file/{f}', fence: { mode: observed } },",
+            " { name: f, path: '/racked/{r}', lock_key: 'racked-{r}' }]"
+        ));
+        assert_eq!(followed(&table), ["items/", "rack/", "racked-"]);
     }
 
     async fn vouched(f: &Fencer) -> Result<(), Answer> {

@@ -51,7 +51,7 @@ impl Sidecar {
         self.listener.store(Arc::new(super::listener_options(&settings, acceptor, &self.metrics)));
         super::start_at_zero(&self.metrics, &settings);
         if let Some(view) = &self.fencer.view {
-            view.set_probing(settings.routes.iter().any(|r| r.fence.trusts_the_watch()));
+            view.set_followed(super::fencing::followed(&settings.routes));
         }
         let upstream = Upstream::new(tls.upstream, settings.workers);
         self.live.store(Arc::new(Live { settings, upstream }));

@@ -756,7 +756,7 @@ fn literal_eq(segment: &str, literal: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::config::sidecar::{Consistency, FenceMode};
     // Tables are written as users write them, in the config's YAML.
@@ -774,7 +774,8 @@ mod tests {
         )
     }
 
-    fn routes(yaml: &str) -> Routes {
+    /// A table written in the config's YAML.
+    pub(in crate::sidecar) fn routes(yaml: &str) -> Routes {
         compile(yaml).unwrap()
     }
 

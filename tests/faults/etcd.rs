@@ -8,9 +8,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fencegate_testkit::etcd::Etcd;
+use fencegate_testkit::http::metric;
 use fencegate_testkit::routes::{rack_writes, table};
 use fencegate_testkit::sidecar::SidecarOptions;
 use fencegate_testkit::{bin, wait, Proc, Sidecar, Upstream};
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
 /// `etcdctl lock`'s lease: a holder killed is gone this long after.
@@ -20,23 +22,33 @@ fn error_of(v: &Value) -> &str {
     v["error"].as_str().unwrap_or("")
 }
 
+/// A route that reads etcd per request.
+const LINEARIZABLE: &str = "{ mode: strict, consistency: linearizable }";
+/// A route that trusts what the sidecar follows of etcd: a list of `rack/`
+/// every third of `max_staleness` (10 s here), a watch between them.
+const CACHED: &str = "{ mode: strict, consistency: cached }";
+
 /// The cluster, an upstream and a sidecar fencing `/racks/{rack}` with
-/// lock key `rack/{rack}` against etcd, reading it per request.
-async fn setup(dir: &Path) -> (Etcd, Upstream, Sidecar) {
+/// lock key `rack/{rack}` against etcd, with `fence`.
+async fn setup(dir: &Path, fence: &str) -> (Etcd, Upstream, Sidecar) {
     let etcd = Etcd::start(dir);
     etcd.ready().await;
     let up = Upstream::start().await;
-    let sc = sidecar(&etcd, &up, &dir.join("sc"), "").await;
+    let sc = sidecar_with(&etcd, &up, &dir.join("sc"), "", fence).await;
     (etcd, up, sc)
 }
 
-/// A sidecar in `dir` fencing `/racks/{rack}` against `etcd`, with `more`
-/// lines of `lock_service`.
+/// A sidecar in `dir` fencing `/racks/{rack}` against `etcd`, reading it
+/// per request, with `more` lines of `lock_service`.
 async fn sidecar(etcd: &Etcd, up: &Upstream, dir: &Path, more: &str) -> Sidecar {
+    sidecar_with(etcd, up, dir, more, LINEARIZABLE).await
+}
+
+async fn sidecar_with(etcd: &Etcd, up: &Upstream, dir: &Path, more: &str, fence: &str) -> Sidecar {
     let o = SidecarOptions {
         lock_service: etcd.urls.values().cloned().collect(),
-        lock_service_yaml: format!("  kind: etcd\n{more}"),
-        yaml: table(&[rack_writes("{ mode: strict, consistency: linearizable }")]),
+        lock_service_yaml: format!("  kind: etcd\n  max_staleness: 10s\n{more}"),
+        yaml: table(&[rack_writes(fence)]),
         ..Default::default()
     };
     Sidecar::start_with(&bin!(), dir, &up.url(), o).await
@@ -60,7 +72,7 @@ fn create_revisions(etcd: &Etcd, prefix: &str) -> Vec<u64> {
 /// given (`ETCD_LOCK_KEY`'s fields, `ETCD_LOCK_REV`) under `dir/who`, then
 /// holds the lock until killed.
 struct Holder {
-    _proc: Proc,
+    proc: Proc,
     files: PathBuf,
 }
 
@@ -83,7 +95,7 @@ impl Holder {
         }
         cmd.args(["lock", &format!("--ttl={LOCK_TTL_S}"), name, "--", "sh", "-c", &script]);
         let proc = Proc::spawn(&format!("etcdctl-lock-{who}"), cmd, &dir.join(format!("{who}.log")));
-        Holder { _proc: proc, files }
+        Holder { proc, files }
     }
 
     /// Until the lock is held: the holder key's create revision (the token)
@@ -110,7 +122,7 @@ impl Holder {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_that_lost_its_etcd_lock_is_refused() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (etcd, up, sc) = setup(dir.path()).await;
+    let (etcd, up, sc) = setup(dir.path(), LINEARIZABLE).await;
     let a = Holder::start(&etcd, dir.path(), "a", "rack/42");
     let (ta, rev_a) = a.token().await;
     assert_eq!(ta, rev_a, "uncontended, ETCD_LOCK_REV is the key's create revision");
@@ -149,7 +161,7 @@ async fn a_holder_that_lost_its_etcd_lock_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_etcd_lease_and_an_unreachable_etcd_forward_nothing() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (mut etcd, up, sc) = setup(dir.path()).await;
+    let (mut etcd, up, sc) = setup(dir.path(), LINEARIZABLE).await;
     let a = Holder::start(&etcd, dir.path(), "a", "rack/7");
     let (ta, _) = a.token().await;
     assert_eq!(sc.send("PUT", "/racks/7", Some(ta), &[]).await.0, 200);
@@ -243,11 +255,18 @@ async fn the_sidecar_reaches_etcd_over_tls_with_a_client_certificate() {
 /// cluster's own flags: etcd keeps its cluster id while its revisions go
 /// back, and B's new lock gets a token below A's. Neither A's write (its
 /// lock is not in the restored history) nor B's (below the key's floor) is
-/// forwarded: the sidecar fails closed (S7) without being restarted.
+/// forwarded: the sidecar fails closed (S7) without being restarted,
+/// whether it reads etcd per request or follows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_etcd_whose_revisions_went_back_forwards_neither_holder() {
+    for fence in [LINEARIZABLE, CACHED] {
+        restored_etcd_forwards_neither_holder(fence).await;
+    }
+}
+
+async fn restored_etcd_forwards_neither_holder(fence: &str) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (mut etcd, up, sc) = setup(dir.path()).await;
+    let (mut etcd, up, sc) = setup(dir.path(), fence).await;
     let snapshot = dir.path().join("snapshot.db");
     etcd.snapshot(&snapshot);
     // A write after the snapshot: the restored history's next revisions
@@ -266,8 +285,50 @@ async fn a_restored_etcd_whose_revisions_went_back_forwards_neither_holder() {
     assert!(tb < ta, "the restored revisions went back: {tb} < {ta}");
     for (who, token) in [("A", ta), ("B", tb)] {
         let (status, v) = sc.send("PUT", "/racks/5", Some(token), &[]).await;
-        assert_eq!((status, error_of(&v)), (503, "lock_service_behind_floor"), "{who}: {v}");
+        assert_eq!((status, error_of(&v)), (503, "lock_service_behind_floor"), "{fence}: {who}: {v}");
     }
     assert_eq!(up.tokens("/racks/5"), vec![Some(ta)]);
     sc.wait_for_metric("fencegate_sidecar_lock_service_history_changes_total", 1.0, Duration::from_secs(5)).await;
+}
+
+/// A `cached` route on etcd: with `max_staleness` 10 s the sidecar lists
+/// `rack/` every 3.3 s, so what it learns within a moment it learns from
+/// its watch. A is paused (SIGSTOP of its `etcdctl lock`) past its lease:
+/// its write is refused as ended; B gets the lock: A's write is refused as
+/// stale and B's forwarded, none of them after a read for want of proof.
+/// With etcd gone, nothing more is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_route_follows_etcd_and_refuses_a_paused_holder() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (mut etcd, up, sc) = setup(dir.path(), CACHED).await;
+    let a = Holder::start(&etcd, dir.path(), "a", "rack/9");
+    let (ta, _) = a.token().await;
+    assert_eq!(sc.send("PUT", "/racks/9", Some(ta), &[]).await.0, 200, "A's write");
+    a.proc.signal(Signal::SIGSTOP);
+    wait::until("A's lease ended", Duration::from_secs(LOCK_TTL_S * 10), || {
+        let none = create_revisions(&etcd, "rack/9/").is_empty();
+        async move { none }
+    })
+    .await;
+    let (status, v) = sc.send("PUT", "/racks/9", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "lease_expired"), "{v}");
+    let b = Holder::start(&etcd, dir.path(), "b", "rack/9");
+    let (tb, _) = b.token().await;
+    let (status, v) = sc.send("PUT", "/racks/9", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(tb)), "{v}");
+    assert_eq!(sc.send("PUT", "/racks/9", Some(tb), &[]).await.0, 200, "B's write");
+    a.proc.signal(Signal::SIGCONT);
+    let (status, v) = sc.send("PUT", "/racks/9", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "stale_token"), "A, running again: {v}");
+    let stale = r#"fencegate_sidecar_stale_knowledge_reads_total{route="rack-writes"}"#;
+    assert_eq!(metric(&sc.metrics().await, stale), Some(0.0), "no read for want of proof");
+    assert_eq!(up.tokens("/racks/9"), vec![Some(ta), Some(tb)]);
+
+    for id in 1..=3 {
+        etcd.kill_member(id);
+    }
+    sc.wait_for_metric("fencegate_sidecar_lock_service_up", 0.0, Duration::from_secs(10)).await;
+    let (status, v) = sc.send("PUT", "/racks/9", Some(tb), &[]).await;
+    assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
+    assert_eq!(up.tokens("/racks/9"), vec![Some(ta), Some(tb)]);
 }

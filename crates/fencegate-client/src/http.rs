@@ -199,12 +199,23 @@ impl HttpClient {
     /// GET `url` and return the answer with its body still streaming (for
     /// NDJSON streams). `timeout` bounds only the wait for the head.
     pub async fn open(&self, url: &str, timeout: Duration) -> Result<Response<Incoming>, HttpError> {
-        let mut req = Request::get(url).body(Full::new(Bytes::new())).map_err(|_| HttpError::Url(url.into()))?;
+        let req = Request::get(url).body(Full::new(Bytes::new())).map_err(|_| HttpError::Url(url.into()))?;
+        self.stream(req, timeout).await
+    }
+
+    /// Send `req` and return the answer with its body still streaming.
+    /// `timeout` bounds only the wait for the head.
+    pub async fn stream(
+        &self,
+        mut req: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<Response<Incoming>, HttpError> {
         self.authorise(&mut req);
-        let transport = |cause: BoxError| HttpError::Transport { url: url.to_string(), cause };
+        let url = req.uri().to_string();
+        let transport = |cause: BoxError| HttpError::Transport { url: url.clone(), cause };
         tokio::time::timeout(timeout, self.inner.request(req))
             .await
-            .map_err(|_| HttpError::Timeout { url: url.to_string(), timeout })?
+            .map_err(|_| HttpError::Timeout { url: url.clone(), timeout })?
             .map_err(|e| transport(e.into()))
     }
 }

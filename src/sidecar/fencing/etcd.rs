@@ -16,6 +16,8 @@
 //! lead with a quorum, ReadIndex): a member cut off from the majority does
 //! not answer it, and the next endpoint is tried.
 
+pub(crate) mod mirror;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -37,8 +39,16 @@ const READ: Duration = Duration::from_secs(3);
 /// How long a refused password is not tried again: each try costs etcd a
 /// bcrypt check.
 const LOGIN_BACKOFF: Duration = Duration::from_secs(1);
-/// etcd's answers to what is asked here are small.
-pub(crate) const MAX_ANSWER: usize = 64 << 10;
+/// etcd's answers to what is asked here are small, but for a list of a
+/// followed prefix's keys (`MAX_KEYS` of them, each at most `MAX_KEY` long).
+pub(crate) const MAX_ANSWER: usize = 64 << 20;
+/// How many keys a followed prefix may hold: past it, a `cached` route
+/// reads per request (and says why).
+pub(crate) const MAX_KEYS: usize = 100_000;
+/// The longest key kept: a lock name is a route's key, bounded by the path.
+const MAX_KEY: usize = 512;
+/// How long a watch may take to open.
+const OPEN: Duration = Duration::from_secs(3);
 
 /// The members, how to reach them, and the credentials to present.
 pub(crate) struct Etcd {
@@ -96,6 +106,76 @@ impl Etcd {
         let reply = self.call("/v3/kv/range", &body).await?;
         let range: Range = serde_json::from_slice(&reply.body).map_err(|e| format!("etcd's range answer: {e}"))?;
         Ok(holder(name, range))
+    }
+
+    /// The keys under each of `prefixes` with their create revisions, and
+    /// the cluster and revision they are of: one linearizable transaction,
+    /// so every prefix is listed at the same revision.
+    pub(crate) async fn list(&self, prefixes: &[String]) -> Result<Listing, String> {
+        let ranges: Vec<_> = prefixes
+            .iter()
+            .map(|p| {
+                serde_json::json!({ "request_range": {
+                    "key": B64.encode(p),
+                    "range_end": B64.encode(prefix_end(p.as_bytes())),
+                    "keys_only": true,
+                    "limit": MAX_KEYS + 1,
+                }})
+            })
+            .collect();
+        let reply = self.call("/v3/kv/txn", &serde_json::json!({ "success": ranges })).await?;
+        let txn: Txn = serde_json::from_slice(&reply.body).map_err(|e| format!("etcd's txn answer: {e}"))?;
+        let mut keys = Vec::new();
+        for (prefix, r) in prefixes.iter().zip(&txn.responses) {
+            let range = &r.response_range;
+            if range.kvs.len() > MAX_KEYS {
+                return Err(format!("more than {MAX_KEYS} keys under {prefix:?}: too many to follow"));
+            }
+            keys.extend(range.kvs.iter().filter_map(KeyValue::named));
+        }
+        if txn.responses.len() != prefixes.len() {
+            return Err(format!("etcd answered {} ranges of {}", txn.responses.len(), prefixes.len()));
+        }
+        Ok(Listing { cluster: cluster_name(txn.header.cluster_id), revision: txn.header.revision, keys })
+    }
+
+    /// Watch the keys under `prefix` from revision `start` on, on the
+    /// member that answered last (the next one if it fails to open): the
+    /// events, a line each, as [`watch_line`] reads them. The member
+    /// cancels the watch when it loses its leader (`hasleader`, as etcd's
+    /// own clients ask), so a member cut off from the majority does not
+    /// keep a stream that says nothing.
+    pub(crate) async fn watch(
+        &self,
+        prefix: &str,
+        start: u64,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let body = serde_json::json!({ "create_request": {
+            "key": B64.encode(prefix),
+            "range_end": B64.encode(prefix_end(prefix.as_bytes())),
+            "start_revision": start,
+        }});
+        let n = self.endpoints.len();
+        let at = self.preferred.load(Ordering::Relaxed) % n;
+        let url = format!("{}/v3/watch", self.endpoints[at].trim_end_matches('/'));
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(&url)
+            .header(CONTENT_TYPE, "application/json")
+            .header("grpc-metadata-hasleader", "true");
+        if let Some(user) = &self.user {
+            req = req.header(AUTHORIZATION, self.token(user, &url, None).await?.0);
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| e.to_string())?;
+        let failed = |e: String| {
+            let _ = self.preferred.compare_exchange(at, (at + 1) % n, Ordering::Relaxed, Ordering::Relaxed);
+            format!("{url}: {e}")
+        };
+        let resp = self.http.stream(req, OPEN).await.map_err(|e| failed(e.to_string()))?;
+        if resp.status() != StatusCode::OK {
+            return Err(failed(format!("answered {}", resp.status())));
+        }
+        Ok(resp)
     }
 
     /// Whether some member has a leader (`GET /health`, which needs no
@@ -262,6 +342,107 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// The keys under the followed prefixes at one revision of one cluster.
+#[derive(Debug)]
+pub(crate) struct Listing {
+    pub cluster: String,
+    pub revision: u64,
+    /// Key → create revision.
+    pub keys: Vec<(String, u64)>,
+}
+
+/// How the sidecar names an etcd cluster's history.
+fn cluster_name(id: u64) -> String {
+    format!("etcd:{id:x}")
+}
+
+/// A `TxnResponse` holding ranges.
+#[derive(Debug, Deserialize)]
+struct Txn {
+    header: Header,
+    #[serde(default)]
+    responses: Vec<TxnRange>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TxnRange {
+    response_range: RangeKeys,
+}
+
+#[derive(Debug, Deserialize)]
+struct RangeKeys {
+    #[serde(default)]
+    kvs: Vec<KeyValue>,
+}
+
+/// One line of a watch: its events at `revision`, or its end.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum WatchLine {
+    /// Changes in revision order; etcd sends every change of a revision in
+    /// one line, so the watch is complete up to the last one's revision.
+    Events { cluster: String, changes: Vec<mirror::Change> },
+    /// etcd ended the watch: `compacted` when the revision it was to start
+    /// from is gone.
+    Canceled { why: String, compacted: bool },
+}
+
+/// One line of `/v3/watch`'s answer (`{"result": WatchResponse}` or
+/// `{"error": …}`).
+pub(crate) fn watch_line(line: &[u8]) -> Result<WatchLine, String> {
+    #[derive(Deserialize)]
+    struct Line {
+        result: Option<Watched>,
+        error: Option<serde_json::Value>,
+    }
+    #[derive(Deserialize)]
+    struct Watched {
+        header: WatchHeader,
+        #[serde(default)]
+        canceled: bool,
+        #[serde(default)]
+        cancel_reason: String,
+        #[serde(default, with = "number")]
+        compact_revision: u64,
+        #[serde(default)]
+        events: Vec<Event>,
+    }
+    /// A cancellation's header has no revision.
+    #[derive(Deserialize)]
+    struct WatchHeader {
+        #[serde(with = "number")]
+        cluster_id: u64,
+    }
+    #[derive(Deserialize)]
+    struct Event {
+        #[serde(default, rename = "type")]
+        kind: String,
+        kv: KeyValue,
+    }
+    let l: Line = serde_json::from_slice(line).map_err(|e| format!("etcd's watch line: {e}"))?;
+    let w = match (l.result, l.error) {
+        (Some(w), None) => w,
+        (_, Some(e)) => return Ok(WatchLine::Canceled { why: e.to_string(), compacted: false }),
+        (None, None) => return Err("etcd's watch line holds neither a result nor an error".into()),
+    };
+    if w.canceled || w.compact_revision != 0 {
+        let compacted = w.compact_revision != 0;
+        let why = if compacted { format!("revision compacted (now {})", w.compact_revision) } else { w.cancel_reason };
+        return Ok(WatchLine::Canceled { why, compacted });
+    }
+    let mut changes = Vec::with_capacity(w.events.len());
+    for e in w.events {
+        let deleted = match e.kind.as_str() {
+            "" | "PUT" => false,
+            "DELETE" => true,
+            other => return Err(format!("etcd's watch event of type {other:?}")),
+        };
+        // A key no route can name (not UTF-8, too long) changes no lock asked of.
+        let Some((key, create_revision)) = e.kv.named() else { continue };
+        changes.push(mirror::Change { key, create_revision, deleted, revision: e.kv.mod_revision });
+    }
+    Ok(WatchLine::Events { cluster: cluster_name(w.header.cluster_id), changes })
+}
+
 /// A `RangeResponse` as the gateway writes it: 64-bit numbers are strings
 /// (proto3's JSON), empty fields are left out.
 #[derive(Debug, Deserialize)]
@@ -281,8 +462,24 @@ struct Header {
 
 #[derive(Debug, Deserialize)]
 struct KeyValue {
-    #[serde(with = "number")]
+    /// Base64, as proto3's JSON writes bytes.
+    #[serde(default)]
+    key: String,
+    /// 0 (left out) in a delete event.
+    #[serde(default, with = "number")]
     create_revision: u64,
+    /// The revision of the key's latest change (a watch event's own).
+    #[serde(default, with = "number")]
+    mod_revision: u64,
+}
+
+impl KeyValue {
+    /// The key as text with its create revision; `None` for a key no lock
+    /// name can be (not base64 of UTF-8, or longer than `MAX_KEY`).
+    fn named(&self) -> Option<(String, u64)> {
+        let bytes = B64.decode(&self.key).ok().filter(|b| b.len() <= MAX_KEY)?;
+        Some((String::from_utf8(bytes).ok()?, self.create_revision))
+    }
 }
 
 /// proto3's JSON writes a 64-bit integer as a string of digits.
@@ -316,7 +513,7 @@ fn holder(name: &str, range: Range) -> LockInfo {
         holder: None,
         expires_in_ms: None,
         compacted_below: if held.is_none() { Some(range.header.revision) } else { None },
-        cluster: Some(format!("etcd:{:x}", range.header.cluster_id)),
+        cluster: Some(cluster_name(range.header.cluster_id)),
     }
 }
 
@@ -409,6 +606,44 @@ mod tests {
         let answers = reads(&wrong, 10).await;
         assert!(answers.iter().all(|a| a.as_ref().is_err_and(|e| e.contains("authentication failed"))), "{answers:?}");
         assert_eq!(logins.load(Ordering::SeqCst), 4, "a refused password, tried once");
+    }
+
+    /// etcd 3.4's own lines (from `curl -N -X POST /v3/watch`): a put, a
+    /// delete (no create revision), a transaction's two puts in one line,
+    /// a cancellation after a compaction, an error.
+    #[test]
+    fn watch_lines_as_etcd_writes_them() {
+        let header = r#""header":{"cluster_id":"14841639068965178418","member_id":"1","revision":"5","raft_term":"2"}"#;
+        let line = |rest: &str| format!(r#"{{"result":{{{header},{rest}}}}}"#);
+        let put = |key: &str, rev: u64| mirror::Change {
+            key: key.into(),
+            create_revision: rev,
+            deleted: false,
+            revision: rev,
+        };
+        let events = |changes| WatchLine::Events { cluster: "etcd:cdf818194e3a8c32".into(), changes };
+        assert_eq!(watch_line(line(r#""created":true"#).as_bytes()), Ok(events(vec![])));
+        let created = line(
+            r#""events":[{"kv":{"key":"cmFjay80Mi9hYmM=","create_revision":"2","mod_revision":"2","version":"1","value":"eA=="}}]"#,
+        );
+        assert_eq!(watch_line(created.as_bytes()), Ok(events(vec![put("rack/42/abc", 2)])));
+        let deleted = line(r#""events":[{"type":"DELETE","kv":{"key":"cmFjay80Mi9hYmM=","mod_revision":"4"}}]"#);
+        let gone = mirror::Change { key: "rack/42/abc".into(), create_revision: 0, deleted: true, revision: 4 };
+        assert_eq!(watch_line(deleted.as_bytes()), Ok(events(vec![gone])));
+        let txn = line(concat!(
+            r#""events":[{"kv":{"key":"cmFjay83L2E=","create_revision":"5","mod_revision":"5","version":"1"}},"#,
+            r#"{"kv":{"key":"cmFjay83L2I=","create_revision":"5","mod_revision":"5","version":"1"}}]"#
+        ));
+        assert_eq!(watch_line(txn.as_bytes()), Ok(events(vec![put("rack/7/a", 5), put("rack/7/b", 5)])));
+        let compacted = r#"{"result":{"header":{"cluster_id":"14841639068965178418","raft_term":"2"},"canceled":true,"compact_revision":"3"}}"#;
+        assert!(matches!(watch_line(compacted.as_bytes()), Ok(WatchLine::Canceled { compacted: true, .. })));
+        let error = r#"{"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader"}}"#;
+        assert!(
+            matches!(watch_line(error.as_bytes()), Ok(WatchLine::Canceled { compacted: false, why }) if why.contains("no leader"))
+        );
+        let odd = line(r#""events":[{"type":"MERGE","kv":{"key":"cmFjay80Mi9hYmM="}}]"#);
+        assert!(watch_line(odd.as_bytes()).is_err());
+        assert!(watch_line(b"{}").is_err());
     }
 
     #[test]

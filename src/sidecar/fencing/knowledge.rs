@@ -50,6 +50,8 @@ use crate::sidecar::fencing::decision::Knowledge;
 use crate::sidecar::fencing::etcd::Etcd;
 use crate::sidecar::fencing::freshness::{self, Freshness};
 
+mod etcd;
+
 /// A watch stream silent for this long is considered dead (the lock service
 /// sends a heartbeat every 5 s).
 const STREAM_SILENCE: Duration = Duration::from_secs(12);
@@ -73,10 +75,15 @@ struct Known {
     /// When `latest` was learnt: a read sent after it that answers less is
     /// of another history (`LockView::learn_read`).
     learnt_at: Option<Instant>,
+    /// Every grant of the key up to this has ended (the service had no
+    /// entry for it then): a source that lags another cannot make one of
+    /// them live again.
+    ended_through: Token,
 }
 
 impl Known {
     fn merge(&mut self, token: Token, held: bool) {
+        let held = held && token > self.ended_through;
         if token > self.latest {
             (self.latest, self.live, self.presumed_ended) = (token, held, false);
         } else if token == self.latest {
@@ -88,7 +95,7 @@ impl Known {
     /// A linearizable read: the truth now. Only it may undo a presumption
     /// (a watch line may come from a lagging node).
     fn merge_read(&mut self, token: Token, held: bool) {
-        if token == self.latest && held && self.presumed_ended {
+        if token == self.latest && held && token > self.ended_through && self.presumed_ended {
             (self.live, self.presumed_ended) = (true, false);
         }
         self.merge(token, held);
@@ -100,6 +107,7 @@ impl Known {
         if self.latest <= ended_through {
             (self.live, self.presumed_ended) = (false, false);
         }
+        self.ended_through = self.ended_through.max(ended_through);
     }
 }
 
@@ -128,6 +136,9 @@ pub(crate) struct LockView {
     /// Whether some route is `cached` (only they use the proof): no probes
     /// otherwise. Set again by a reload.
     probing: AtomicBool,
+    /// The prefixes of the `cached` routes' lock keys (etcd follows only
+    /// them; fencegate's watch covers every key).
+    followed: Mutex<Vec<String>>,
     /// The history (cluster id) the knowledge is of. Held while an answer
     /// is learnt, so that a change of history cannot slip in between the
     /// check and the learning.
@@ -147,28 +158,41 @@ struct History {
 
 impl LockView {
     /// Start watching the lock service behind `client`, whose endpoints are
-    /// also used for the stream, and probing it so that `cached` routes may
+    /// also used for the stream, and probing it (while some route is
+    /// `cached`: `followed` holds its prefix) so that `cached` routes may
     /// trust the stream for `max_staleness` after each proof.
-    pub(crate) fn start(client: Client, metrics: SidecarMetrics, max_staleness: Duration, probing: bool) -> Arc<Self> {
+    pub(crate) fn start(
+        client: Client,
+        metrics: SidecarMetrics,
+        max_staleness: Duration,
+        followed: Vec<String>,
+    ) -> Arc<Self> {
         let endpoints = client.endpoints().to_vec();
         // The stream's own client: same TLS and token, but lines, not bodies, are bounded.
         let http = client.options().http_client(MAX_LINE).expect("the client was built from these options");
-        let view = Self::new(Source::Fencegate(client.clone()), metrics, max_staleness, probing);
+        let view = Self::new(Source::Fencegate(client.clone()), metrics, max_staleness, followed);
         tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints, http));
         tokio::spawn(probe_forever(Arc::downgrade(&view), client));
         view
     }
 
-    /// Read the locks `etcdctl lock` takes from `etcd` (decision 0010):
-    /// linearizable routes only, each request reading its lock; no watch.
+    /// Follow the locks `etcdctl lock` takes in `etcd` (decision 0010): the
+    /// keys under each of `followed` listed every third of `max_staleness`
+    /// (the proof) and watched in between; other keys read per request.
     /// The service is up while a member reports itself healthy.
-    pub(crate) fn start_etcd(etcd: Etcd, metrics: SidecarMetrics, max_staleness: Duration) -> Arc<Self> {
-        let view = Self::new(Source::Etcd(Arc::new(etcd)), metrics, max_staleness, false);
-        tokio::spawn(etcd_up_forever(Arc::downgrade(&view)));
+    pub(crate) fn start_etcd(
+        etcd: Etcd,
+        metrics: SidecarMetrics,
+        max_staleness: Duration,
+        followed: Vec<String>,
+    ) -> Arc<Self> {
+        let view = Self::new(Source::Etcd(Arc::new(etcd)), metrics, max_staleness, followed);
+        tokio::spawn(etcd::up_forever(Arc::downgrade(&view)));
+        tokio::spawn(etcd::follow_forever(Arc::downgrade(&view)));
         view
     }
 
-    fn new(source: Source, metrics: SidecarMetrics, max_staleness: Duration, probing: bool) -> Arc<Self> {
+    fn new(source: Source, metrics: SidecarMetrics, max_staleness: Duration, followed: Vec<String>) -> Arc<Self> {
         Arc::new(Self {
             keys: DashMap::new(),
             compacted_below: Default::default(),
@@ -180,14 +204,28 @@ impl LockView {
             freshness: Mutex::default(),
             max_staleness,
             started: Instant::now(),
-            probing: AtomicBool::new(probing),
+            probing: AtomicBool::new(!followed.is_empty()),
+            followed: Mutex::new(followed),
             history: Mutex::default(),
         })
     }
 
-    /// Probe (or stop probing) as routes that trust the watch come and go.
-    pub(crate) fn set_probing(&self, probing: bool) {
-        self.probing.store(probing, Ordering::Relaxed);
+    /// Probe (or stop probing), and follow these prefixes, as routes that
+    /// trust the watch come and go. A proof of other prefixes vouches for
+    /// none of the keys learnt under the old ones.
+    pub(crate) fn set_followed(&self, followed: Vec<String>) {
+        self.probing.store(!followed.is_empty(), Ordering::Relaxed);
+        let mut mine = self.followed.lock().unwrap_or_else(|p| p.into_inner());
+        if *mine != followed && matches!(self.source, Source::Etcd(_)) {
+            *self.freshness() = Freshness::default();
+            self.keys.iter_mut().for_each(|mut k| k.watched = false);
+        }
+        *mine = followed;
+    }
+
+    /// The prefixes followed now.
+    fn followed(&self) -> Vec<String> {
+        self.followed.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Why the stream should be dropped for another endpoint's: a probe's
@@ -300,6 +338,14 @@ impl LockView {
     /// The cluster id the knowledge is of, if known.
     fn cluster(&self) -> Option<String> {
         self.history.lock().unwrap_or_else(|p| p.into_inner()).cluster.clone()
+    }
+
+    /// The watch: nothing is held under `key` as of revision `through`.
+    fn learn_absent(&self, key: &str, through: Token) {
+        if let Some(mut k) = self.keys.get_mut(key) {
+            k.merge_absent(through);
+            k.watched = true;
+        }
     }
 
     fn learn(&self, key: &str, token: Token, held: bool) {
@@ -458,29 +504,6 @@ impl Source {
         match self {
             Source::Fencegate(client) => client.read(key).await.map_err(|e| e.to_string()),
             Source::Etcd(etcd) => etcd.read(key).await,
-        }
-    }
-}
-
-/// While the view lives, mark etcd up while some member reports itself
-/// healthy (it has a leader), asked every second.
-async fn etcd_up_forever(view: std::sync::Weak<LockView>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failures = crate::log_limit::Window::new(crate::log_limit::EVERY);
-    loop {
-        tick.tick().await;
-        let Some(v) = view.upgrade() else { return };
-        let Source::Etcd(etcd) = &v.source else { return };
-        let etcd = etcd.clone();
-        drop(v);
-        let answer = etcd.healthy().await;
-        let Some(v) = view.upgrade() else { return };
-        v.set_up(answer.is_ok());
-        if let Err(e) = answer {
-            if let Some(more) = failures.hit(std::time::Instant::now()) {
-                tracing::warn!("etcd: {e}{more}");
-            }
         }
     }
 }
@@ -809,7 +832,8 @@ pub(super) mod tests {
         let (with, without) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let url = a_node_without_progress(with.clone(), without.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), true);
+        let view =
+            LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec!["rack/".into()]);
         let deadline = Instant::now() + Duration::from_secs(5);
         while without.load(Ordering::SeqCst) < 2 {
             assert!(Instant::now() < deadline, "no watch without progress=1");
@@ -825,7 +849,8 @@ pub(super) mod tests {
         let count = Arc::new(AtomicUsize::new(0));
         let url = slow_reads(count.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), true);
+        let view =
+            LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec!["rack/".into()]);
         let arrived = Instant::now();
         let readers: Vec<_> = (0..10)
             .map(|_| {
@@ -852,7 +877,8 @@ pub(super) mod tests {
     async fn a_state_dump_ends_the_keys_it_no_longer_lists() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), true);
+        let view =
+            LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec!["rack/".into()]);
         for (key, token) in [("rack/gone", 30), ("rack/listed", 35), ("rack/later", 45)] {
             view.learn(key, token, true);
         }
@@ -891,7 +917,7 @@ pub(super) mod tests {
     async fn a_key_only_reads_told_of_is_trusted_no_longer_than_its_read() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), false);
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec![]);
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         view.freshness().answered(t0, 0);
@@ -924,7 +950,7 @@ pub(super) mod tests {
     async fn a_read_below_what_is_known_is_another_history() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), false);
+        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec![]);
         let info = |token, compacted_below| wire::LockInfo {
             key: "rack/1".into(),
             held: token != 0,
@@ -971,5 +997,21 @@ pub(super) mod tests {
         assert_eq!((k.latest, k.live), (34, false), "an ended lease never comes back to life");
         k.merge(35, true);
         assert_eq!((k.latest, k.live), (35, true));
+    }
+
+    /// etcd's list and watch lag one another: a grant that ended before a
+    /// revision the lock had no key at stays ended when a source behind
+    /// that revision tells of it afterwards, read or watch.
+    #[test]
+    fn a_grant_ended_through_a_revision_is_not_made_live_by_a_lagging_source() {
+        let mut k = Known::default();
+        k.merge(9, true);
+        k.merge_absent(20);
+        k.merge(12, true);
+        assert_eq!((k.latest, k.live), (12, false), "created at 12, gone by 20");
+        k.merge_read(12, true);
+        assert!(!k.live);
+        k.merge(21, true);
+        assert_eq!((k.latest, k.live), (21, true), "a later grant is live");
     }
 }

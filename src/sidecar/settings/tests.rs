@@ -372,9 +372,10 @@ fn the_lock_service_credentials_need_tls_off_this_machine() {
     assert!(e.contains("lock_service.cert"), "{e}");
 }
 
-/// etcd takes users and passwords, fencegate bearer tokens; an etcd lock is
-/// read per request, so a `cached` route (the default) is refused with
-/// the field to change.
+/// etcd takes users and passwords, fencegate bearer tokens; etcd follows a
+/// `cached` route's keys under the fixed text its lock key starts with, so
+/// one that starts with a placeholder is refused with the field to change
+/// (a `linearizable` one reads per request, and may).
 #[test]
 fn each_kind_of_lock_service_takes_its_own_credentials_and_routes() {
     let with = |service: &str| MINIMAL.replace("{ endpoints: [http://127.0.0.1:7401] }", service);
@@ -382,10 +383,14 @@ fn each_kind_of_lock_service_takes_its_own_credentials_and_routes() {
         yaml.replace("lock_key: rack/{rack}", "lock_key: rack/{rack}\n    fence: { consistency: linearizable }")
     };
     let etcd = "{ kind: etcd, endpoints: [http://127.0.0.1:2379] }";
-    let e = err(&with(etcd));
-    assert!(e.contains("routes[0].fence.consistency") && e.contains("linearizable"), "{e}");
-    let c = parsed(&linearizable(with(etcd)));
+    let c = parsed(&with(etcd));
     assert_eq!(c.lock_service.unwrap().kind, crate::config::sidecar::LockServiceKind::Etcd);
+    let anywhere = |yaml: String| yaml.replace("lock_key: rack/{rack}", "lock_key: '{rack}'");
+    let e = err(&anywhere(with(etcd)));
+    assert!(e.contains("routes[0].lock_key") && e.contains("linearizable"), "{e}");
+    parsed(&anywhere(linearizable(with(etcd))));
+    let fencegate = "{ endpoints: [http://127.0.0.1:7401] }";
+    parsed(&anywhere(with(fencegate)));
     parsed(&linearizable(with("{ kind: etcd, endpoints: [http://127.0.0.1:2379], user: fence, password_file: p }")));
     for (service, field) in [
         ("{ kind: etcd, endpoints: [http://127.0.0.1:2379], token_file: t }", "lock_service.token_file"),

@@ -1,0 +1,213 @@
+//! Following etcd (`lock_service.kind: etcd`, docs/decisions/0010): whether
+//! it is up, the proof, and the watches.
+//!
+//! - **Up** while some member reports itself healthy (it has a leader).
+//! - **The proof** is a list: every third of `max_staleness`, the keys
+//!   under every followed prefix, in one linearizable transaction sent at
+//!   `sent`. What it shows is the whole state of those locks at its
+//!   revision, which is at least every change acknowledged before `sent`:
+//!   learnt as a read of each lock it names (and of each known lock under
+//!   the prefixes, absent from it), it proves the knowledge current as of
+//!   `sent`. No stream position needs proving: etcd 3.4's progress
+//!   notifications are not ordered with a watch's events.
+//! - **The watches**, one per prefix (a list, then a watch from the
+//!   revision after it; again from a list when etcd ends it, e.g. on
+//!   compaction), only make the knowledge newer between proofs: a new
+//!   holder's token is known within milliseconds, so an old holder's
+//!   writes are refused before the next list. They prove nothing.
+//!
+//! Either source may lag the other; what each teaches is merged so that
+//! knowledge only moves forward (`Known::ended_through`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use fencegate_client::http::LineReader;
+use fencegate_client::wire::LockInfo;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{LockView, Source};
+use crate::log_limit::{Window, EVERY};
+use crate::sidecar::fencing::etcd::mirror::Mirror;
+use crate::sidecar::fencing::etcd::{watch_line, Etcd, Listing, WatchLine, MAX_KEYS};
+use crate::sidecar::fencing::freshness;
+
+/// The longest watch line read (etcd sends a revision's changes in one).
+const MAX_WATCH_LINE: usize = 16 << 20;
+
+fn etcd_of(view: &Weak<LockView>) -> Option<Arc<Etcd>> {
+    match &view.upgrade()?.source {
+        Source::Etcd(etcd) => Some(etcd.clone()),
+        Source::Fencegate(_) => None,
+    }
+}
+
+/// While the view lives, mark etcd up while some member reports itself
+/// healthy (it has a leader), asked every second.
+pub(super) async fn up_forever(view: Weak<LockView>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failures = Window::new(EVERY);
+    loop {
+        tick.tick().await;
+        let Some(etcd) = etcd_of(&view) else { return };
+        let answer = etcd.healthy().await;
+        let Some(v) = view.upgrade() else { return };
+        v.set_up(answer.is_ok());
+        if let Err(e) = answer {
+            if let Some(more) = failures.hit(std::time::Instant::now()) {
+                tracing::warn!("etcd: {e}{more}");
+            }
+        }
+    }
+}
+
+/// While the view lives: a watch per followed prefix, and the proof every
+/// third of `max_staleness`, one list at a time (a slow one delays the
+/// next; the proof ages meanwhile and `cached` routes read).
+pub(super) async fn follow_forever(view: Weak<LockView>) {
+    let Some(max_staleness) = view.upgrade().map(|v| v.max_staleness) else { return };
+    let mut tick = tokio::time::interval(max_staleness / 3);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watches: HashMap<String, JoinHandle<()>> = HashMap::new();
+    let mut failures = Window::new(EVERY);
+    let stop = |watches: &mut HashMap<String, JoinHandle<()>>| watches.drain().for_each(|(_, w)| w.abort());
+    loop {
+        tick.tick().await;
+        let Some(v) = view.upgrade() else { return stop(&mut watches) };
+        v.metrics.knowledge_age.set(v.age(Instant::now()).as_secs_f64());
+        let prefixes = v.followed();
+        drop(v);
+        watches.retain(|p, w| {
+            let keep = prefixes.contains(p) && !w.is_finished();
+            if !keep {
+                w.abort();
+            }
+            keep
+        });
+        for p in &prefixes {
+            watches.entry(p.clone()).or_insert_with(|| tokio::spawn(watch_forever(view.clone(), p.clone())));
+        }
+        if prefixes.is_empty() {
+            continue;
+        }
+        let Some(etcd) = etcd_of(&view) else { return stop(&mut watches) };
+        let sent = Instant::now();
+        let listing = etcd.list(&prefixes).await;
+        let Some(v) = view.upgrade() else { return stop(&mut watches) };
+        let failed = match listing {
+            // Answered `max_staleness` or more after it was sent, it would
+            // prove nothing still usable.
+            Ok(l) if freshness::trusted(Some(sent), Instant::now(), max_staleness) => {
+                if v.learn_listing(&prefixes, &l, sent) && v.followed() == prefixes {
+                    let mut f = v.freshness();
+                    f.answered(sent, l.revision);
+                    f.delivered(l.revision);
+                }
+                continue;
+            }
+            Ok(_) => format!("answered {:?} after it was sent", sent.elapsed()),
+            Err(e) => e,
+        };
+        v.metrics.freshness_probe_failures.inc();
+        if let Some(more) = failures.hit(std::time::Instant::now()) {
+            tracing::warn!("listing etcd's followed prefixes failed: {failed}{more}");
+        }
+    }
+}
+
+impl LockView {
+    /// What a list of `prefixes`, sent at `sent`, shows: each lock a key of
+    /// it belongs to held by its least create revision, and each known lock
+    /// under the prefixes it shows no key of ended through its revision.
+    /// `false` if it is of the history left behind.
+    fn learn_listing(&self, prefixes: &[String], listing: &Listing, sent: Instant) -> bool {
+        let mirror = Mirror::new(listing.keys.iter().cloned());
+        let under = |name: &str| prefixes.iter().any(|p| format!("{name}/").starts_with(p.as_str()));
+        let mut locks: HashSet<String> = mirror.locks().map(str::to_string).collect();
+        locks.extend(self.keys.iter().map(|k| k.key().clone()).filter(|k| under(k)));
+        locks.into_iter().all(|lock| {
+            let holder = mirror.holder(&lock);
+            let info = LockInfo {
+                key: lock.clone(),
+                held: holder.is_some(),
+                token: holder.unwrap_or(0),
+                holder: None,
+                expires_in_ms: None,
+                compacted_below: holder.is_none().then_some(listing.revision),
+                cluster: Some(listing.cluster.clone()),
+            };
+            self.learn_read(&lock, &info, sent)
+        })
+    }
+}
+
+/// Keep a watch of `prefix` open until the view is dropped (or the prefix
+/// no longer followed: `follow_forever` aborts this task).
+async fn watch_forever(view: Weak<LockView>, prefix: String) {
+    let mut backoff = fencegate_client::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
+        .with_floor(Duration::from_millis(20));
+    let mut failures = Window::new(EVERY);
+    loop {
+        let Some(etcd) = etcd_of(&view) else { return };
+        let mut changes = 0u64;
+        match follow(&view, &etcd, &prefix, &mut changes).await {
+            Ok(()) => tracing::debug!(prefix, "etcd's watch ended; listing again"),
+            Err(e) => {
+                if let Some(more) = failures.hit(std::time::Instant::now()) {
+                    tracing::warn!(prefix, "etcd watch: {e}{more}");
+                }
+            }
+        }
+        if changes > 0 {
+            backoff.reset();
+            failures.reset();
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// List `prefix`, learn it, and follow its changes from the next revision
+/// on: each line's changes applied to the list's keys, then each lock they
+/// touched learnt as the keys now say. `changes` counts what was applied.
+async fn follow(view: &Weak<LockView>, etcd: &Etcd, prefix: &str, changes: &mut u64) -> Result<(), String> {
+    let gone = || "the sidecar is stopping".to_string();
+    let sent = Instant::now();
+    let listing = etcd.list(&[prefix.to_string()]).await?;
+    if !view.upgrade().ok_or_else(gone)?.learn_listing(&[prefix.to_string()], &listing, sent) {
+        return Err("listed a history left behind".into());
+    }
+    let mut mirror = Mirror::new(listing.keys);
+    let resp = etcd.watch(prefix, listing.revision + 1).await?;
+    let mut lines = LineReader::new(resp.into_body());
+    while let Some(line) = lines.next_line(MAX_WATCH_LINE).await.map_err(|e| e.to_string())? {
+        let (cluster, batch) = match watch_line(&line)? {
+            WatchLine::Canceled { why, .. } => return Err(format!("etcd ended the watch: {why}")),
+            WatchLine::Events { cluster, changes } => (cluster, changes),
+        };
+        let Some(last) = batch.last().map(|c| c.revision) else { continue };
+        let v = view.upgrade().ok_or_else(gone)?;
+        let Some(_history) = v.of_history(Some(&cluster), sent) else {
+            return Err("the watch is of a history left behind".into());
+        };
+        // The whole line first: a revision's changes come together, and a
+        // lock is judged by the keys after all of them.
+        let mut touched = HashSet::new();
+        for change in &batch {
+            touched.extend(mirror.apply(change, |name| v.keys.contains_key(name)));
+        }
+        for lock in touched {
+            match mirror.holder(&lock) {
+                Some(token) => v.learn(&lock, token, true),
+                None => v.learn_absent(&lock, last),
+            }
+        }
+        if mirror.len() > MAX_KEYS {
+            return Err(format!("more than {MAX_KEYS} keys under {prefix:?}: too many to follow"));
+        }
+        *changes += batch.len() as u64;
+    }
+    Ok(())
+}
