@@ -4,6 +4,8 @@
 //! sidecar process. The token is the holder key's `create_revision`, which
 //! the holder's command reads with `etcdctl get "$ETCD_LOCK_KEY" -w fields`.
 
+mod torture;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -25,7 +27,7 @@ fn error_of(v: &Value) -> &str {
 /// A route that reads etcd per request.
 const LINEARIZABLE: &str = "{ mode: strict, consistency: linearizable }";
 /// A route that trusts what the sidecar follows of etcd: a list of `rack/`
-/// every third of `max_staleness` (10 s here), a watch between them.
+/// every third of `max_staleness` (10 s in `setup`), a watch between them.
 const CACHED: &str = "{ mode: strict, consistency: cached }";
 
 /// The cluster, an upstream and a sidecar fencing `/racks/{rack}` with
@@ -34,7 +36,7 @@ async fn setup(dir: &Path, fence: &str) -> (Etcd, Upstream, Sidecar) {
     let etcd = Etcd::start(dir);
     etcd.ready().await;
     let up = Upstream::start().await;
-    let sc = sidecar_with(&etcd, &up, &dir.join("sc"), "", fence).await;
+    let sc = sidecar_with(&etcd, &up, &dir.join("sc"), "  max_staleness: 10s\n", fence).await;
     (etcd, up, sc)
 }
 
@@ -47,7 +49,7 @@ async fn sidecar(etcd: &Etcd, up: &Upstream, dir: &Path, more: &str) -> Sidecar 
 async fn sidecar_with(etcd: &Etcd, up: &Upstream, dir: &Path, more: &str, fence: &str) -> Sidecar {
     let o = SidecarOptions {
         lock_service: etcd.urls.values().cloned().collect(),
-        lock_service_yaml: format!("  kind: etcd\n  max_staleness: 10s\n{more}"),
+        lock_service_yaml: format!("  kind: etcd\n{more}"),
         yaml: table(&[rack_writes(fence)]),
         ..Default::default()
     };
@@ -70,7 +72,7 @@ fn create_revisions(etcd: &Etcd, prefix: &str) -> Vec<u64> {
 
 /// A holder: `etcdctl lock NAME` running a command that writes what it was
 /// given (`ETCD_LOCK_KEY`'s fields, `ETCD_LOCK_REV`) under `dir/who`, then
-/// holds the lock until killed.
+/// holds the lock until killed, or until its command is ended (`release`).
 struct Holder {
     proc: Proc,
     files: PathBuf,
@@ -86,7 +88,7 @@ impl Holder {
         let files = dir.join(who);
         std::fs::create_dir_all(&files).unwrap();
         let script = format!(
-            r#"etcdctl get "$ETCD_LOCK_KEY" -w fields > {f}/fields.tmp && echo "$ETCD_LOCK_REV" > {f}/rev && mv {f}/fields.tmp {f}/fields && exec sleep 600"#,
+            r#"etcdctl get "$ETCD_LOCK_KEY" -w fields > {f}/fields.tmp && echo "$ETCD_LOCK_REV" > {f}/rev && echo $$ > {f}/pid && mv {f}/fields.tmp {f}/fields && exec sleep 600"#,
             f = files.display()
         );
         let mut cmd = etcd.etcdctl();
@@ -107,11 +109,24 @@ impl Holder {
             async move { exists }
         })
         .await;
-        let text = std::fs::read_to_string(&fields).unwrap();
+        self.held().unwrap()
+    }
+
+    /// The token and `ETCD_LOCK_REV`, once the command has written them.
+    fn held(&self) -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string(self.files.join("fields")).ok()?;
         let line = text.lines().find(|l| l.contains("\"CreateRevision\"")).unwrap_or_else(|| panic!("{text}"));
         let created = line.rsplit(':').next().unwrap().trim().parse().unwrap();
         let rev = std::fs::read_to_string(self.files.join("rev")).unwrap().trim().parse().unwrap();
-        (created, rev)
+        Some((created, rev))
+    }
+
+    /// End the command (SIGTERM to it): `etcdctl lock` then releases the
+    /// lock, if it still holds it, and exits.
+    fn release(&self) {
+        let pid = std::fs::read_to_string(self.files.join("pid")).unwrap();
+        let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+        let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
     }
 }
 
