@@ -6,19 +6,16 @@
 
 mod torture;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use fencegate_testkit::etcd::Etcd;
+use fencegate_testkit::etcd::{Etcd, Holder, LOCK_TTL_S};
 use fencegate_testkit::http::metric;
 use fencegate_testkit::routes::{rack_writes, table};
 use fencegate_testkit::sidecar::SidecarOptions;
-use fencegate_testkit::{bin, wait, Proc, Sidecar, Upstream};
+use fencegate_testkit::{bin, wait, Sidecar, Upstream};
 use nix::sys::signal::Signal;
 use serde_json::Value;
-
-/// `etcdctl lock`'s lease: a holder killed is gone this long after.
-const LOCK_TTL_S: u64 = 2;
 
 fn error_of(v: &Value) -> &str {
     v["error"].as_str().unwrap_or("")
@@ -68,66 +65,6 @@ fn create_revisions(etcd: &Etcd, prefix: &str) -> Vec<u64> {
         .collect();
     revs.sort();
     revs
-}
-
-/// A holder: `etcdctl lock NAME` running a command that writes what it was
-/// given (`ETCD_LOCK_KEY`'s fields, `ETCD_LOCK_REV`) under `dir/who`, then
-/// holds the lock until killed, or until its command is ended (`release`).
-struct Holder {
-    proc: Proc,
-    files: PathBuf,
-}
-
-impl Holder {
-    fn start(etcd: &Etcd, dir: &Path, who: &str, name: &str) -> Holder {
-        Self::start_as(etcd, dir, who, name, None)
-    }
-
-    /// The same as etcd user `user` (`name:password`).
-    fn start_as(etcd: &Etcd, dir: &Path, who: &str, name: &str, user: Option<&str>) -> Holder {
-        let files = dir.join(who);
-        std::fs::create_dir_all(&files).unwrap();
-        let script = format!(
-            r#"etcdctl get "$ETCD_LOCK_KEY" -w fields > {f}/fields.tmp && echo "$ETCD_LOCK_REV" > {f}/rev && echo $$ > {f}/pid && mv {f}/fields.tmp {f}/fields && exec sleep 600"#,
-            f = files.display()
-        );
-        let mut cmd = etcd.etcdctl();
-        if let Some(user) = user {
-            cmd.env("ETCDCTL_USER", user);
-        }
-        cmd.args(["lock", &format!("--ttl={LOCK_TTL_S}"), name, "--", "sh", "-c", &script]);
-        let proc = Proc::spawn(&format!("etcdctl-lock-{who}"), cmd, &dir.join(format!("{who}.log")));
-        Holder { proc, files }
-    }
-
-    /// Until the lock is held: the holder key's create revision (the token)
-    /// and `ETCD_LOCK_REV`.
-    async fn token(&self) -> (u64, u64) {
-        let fields = self.files.join("fields");
-        wait::until("the lock held", Duration::from_secs(30), || {
-            let exists = fields.exists();
-            async move { exists }
-        })
-        .await;
-        self.held().unwrap()
-    }
-
-    /// The token and `ETCD_LOCK_REV`, once the command has written them.
-    fn held(&self) -> Option<(u64, u64)> {
-        let text = std::fs::read_to_string(self.files.join("fields")).ok()?;
-        let line = text.lines().find(|l| l.contains("\"CreateRevision\"")).unwrap_or_else(|| panic!("{text}"));
-        let created = line.rsplit(':').next().unwrap().trim().parse().unwrap();
-        let rev = std::fs::read_to_string(self.files.join("rev")).unwrap().trim().parse().unwrap();
-        Some((created, rev))
-    }
-
-    /// End the command (SIGTERM to it): `etcdctl lock` then releases the
-    /// lock, if it still holds it, and exits.
-    fn release(&self) {
-        let pid = std::fs::read_to_string(self.files.join("pid")).unwrap();
-        let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
-        let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
-    }
 }
 
 /// The seed's picture on etcd: A holds `rack/42` and writes; A stops (its

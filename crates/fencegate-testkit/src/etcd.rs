@@ -185,3 +185,69 @@ impl Etcd {
         }
     }
 }
+
+/// `etcdctl lock`'s lease, in seconds: a holder killed or paused is gone
+/// this long after.
+pub const LOCK_TTL_S: u64 = 2;
+
+/// A holder: `etcdctl lock NAME` running a command that writes what it was
+/// given (`ETCD_LOCK_KEY`'s fields, `ETCD_LOCK_REV`) under `dir/who`, then
+/// holds the lock until killed, or until its command is ended (`release`).
+pub struct Holder {
+    pub proc: Proc,
+    /// Where its command writes what it was given.
+    pub files: PathBuf,
+}
+
+impl Holder {
+    /// `etcdctl lock --ttl=LOCK_TTL_S NAME`, its files under `dir/who`.
+    pub fn start(etcd: &Etcd, dir: &Path, who: &str, name: &str) -> Holder {
+        Self::start_as(etcd, dir, who, name, None)
+    }
+
+    /// The same as etcd user `user` (`name:password`).
+    pub fn start_as(etcd: &Etcd, dir: &Path, who: &str, name: &str, user: Option<&str>) -> Holder {
+        let files = dir.join(who);
+        std::fs::create_dir_all(&files).unwrap();
+        let script = format!(
+            r#"etcdctl get "$ETCD_LOCK_KEY" -w fields > {f}/fields.tmp && echo "$ETCD_LOCK_REV" > {f}/rev && echo $$ > {f}/pid && mv {f}/fields.tmp {f}/fields && exec sleep 600"#,
+            f = files.display()
+        );
+        let mut cmd = etcd.etcdctl();
+        if let Some(user) = user {
+            cmd.env("ETCDCTL_USER", user);
+        }
+        cmd.args(["lock", &format!("--ttl={LOCK_TTL_S}"), name, "--", "sh", "-c", &script]);
+        let proc = Proc::spawn(&format!("etcdctl-lock-{who}"), cmd, &dir.join(format!("{who}.log")));
+        Holder { proc, files }
+    }
+
+    /// Until the lock is held: the holder key's create revision (the token)
+    /// and `ETCD_LOCK_REV`.
+    pub async fn token(&self) -> (u64, u64) {
+        let fields = self.files.join("fields");
+        crate::wait::until("the lock held", Duration::from_secs(30), || {
+            let exists = fields.exists();
+            async move { exists }
+        })
+        .await;
+        self.held().unwrap()
+    }
+
+    /// The token and `ETCD_LOCK_REV`, once the command has written them.
+    pub fn held(&self) -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string(self.files.join("fields")).ok()?;
+        let line = text.lines().find(|l| l.contains("\"CreateRevision\"")).unwrap_or_else(|| panic!("{text}"));
+        let created = line.rsplit(':').next().unwrap().trim().parse().unwrap();
+        let rev = std::fs::read_to_string(self.files.join("rev")).unwrap().trim().parse().unwrap();
+        Some((created, rev))
+    }
+
+    /// End the command (SIGTERM to it): `etcdctl lock` then releases the
+    /// lock, if it still holds it, and exits.
+    pub fn release(&self) {
+        let pid = std::fs::read_to_string(self.files.join("pid")).unwrap();
+        let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+}
