@@ -248,11 +248,12 @@ async fn restored_etcd_forwards_neither_holder(fence: &str) {
 /// its watch. A is paused (SIGSTOP of its `etcdctl lock`) past its lease:
 /// its write is refused as ended; B gets the lock: A's write is refused as
 /// stale and B's forwarded, none of them after a read for want of proof.
-/// With etcd gone, nothing more is forwarded.
+/// With etcd gone, nothing more is forwarded, and a sidecar restarted then
+/// keeps its floors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cached_route_follows_etcd_and_refuses_a_paused_holder() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (mut etcd, up, sc) = setup(dir.path(), CACHED).await;
+    let (mut etcd, up, mut sc) = setup(dir.path(), CACHED).await;
     let a = Holder::start(&etcd, dir.path(), "a", "rack/9");
     let (ta, _) = a.token().await;
     assert_eq!(sc.send("PUT", "/racks/9", Some(ta), &[]).await.0, 200, "A's write");
@@ -280,6 +281,13 @@ async fn a_cached_route_follows_etcd_and_refuses_a_paused_holder() {
         etcd.kill_member(id);
     }
     sc.wait_for_metric("fencegate_sidecar_lock_service_up", 0.0, Duration::from_secs(10)).await;
+    let (status, v) = sc.send("PUT", "/racks/9", Some(tb), &[]).await;
+    assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
+    // Restarted (SIGKILL) with etcd still gone, it keeps its floors: A's
+    // token is below B's, which it forwarded, and is refused without etcd.
+    sc.restart().await;
+    let (status, v) = sc.send("PUT", "/racks/9", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(tb)), "{v}");
     let (status, v) = sc.send("PUT", "/racks/9", Some(tb), &[]).await;
     assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
     assert_eq!(up.tokens("/racks/9"), vec![Some(ta), Some(tb)]);
