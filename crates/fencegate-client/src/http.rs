@@ -139,6 +139,11 @@ impl HttpClient {
     fn build(max_body: usize, tls: HttpsConnectorBuilder<WantsProtocols1>) -> Self {
         let mut tcp = HttpConnector::new();
         tcp.set_nodelay(true);
+        // A stream that sends nothing for long (an etcd watch of a quiet
+        // prefix) still learns within ~25 s that its peer is gone.
+        tcp.set_keepalive(Some(Duration::from_secs(10)));
+        tcp.set_keepalive_interval(Some(Duration::from_secs(5)));
+        tcp.set_keepalive_retries(Some(3));
         tcp.set_connect_timeout(Some(Duration::from_secs(2)));
         // hyper-rustls hands `https://` URIs to the TCP connector, which
         // refuses them unless told not to.

@@ -45,8 +45,9 @@ pub(crate) const MAX_ANSWER: usize = 64 << 20;
 /// How many keys a followed prefix may hold: past it, a `cached` route
 /// reads per request (and says why).
 pub(crate) const MAX_KEYS: usize = 100_000;
-/// The longest key kept: a lock name is a route's key, bounded by the path.
-const MAX_KEY: usize = 512;
+/// The longest key followed: a lock name is at most 256 bytes, and
+/// `etcdctl lock` adds a lease id.
+const MAX_KEY: usize = 1024;
 /// How long a watch may take to open.
 const OPEN: Duration = Duration::from_secs(3);
 
@@ -131,7 +132,9 @@ impl Etcd {
             if range.kvs.len() > MAX_KEYS {
                 return Err(format!("more than {MAX_KEYS} keys under {prefix:?}: too many to follow"));
             }
-            keys.extend(range.kvs.iter().filter_map(KeyValue::named));
+            for kv in &range.kvs {
+                keys.push(kv.named().ok_or_else(|| unfollowable(prefix))?);
+            }
         }
         if txn.responses.len() != prefixes.len() {
             return Err(format!("etcd answered {} ranges of {}", txn.responses.len(), prefixes.len()));
@@ -342,6 +345,13 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// Why a prefix holding a key no lock name can be (another writer's) is
+/// not followed: the lock it is under would be judged without it. Its
+/// routes read per request instead, which count every key.
+fn unfollowable(prefix: &str) -> String {
+    format!("a key under {prefix} is not UTF-8 or is over {MAX_KEY} bytes: its locks are read per request instead")
+}
+
 /// The keys under the followed prefixes at one revision of one cluster.
 #[derive(Debug)]
 pub(crate) struct Listing {
@@ -436,8 +446,7 @@ pub(crate) fn watch_line(line: &[u8]) -> Result<WatchLine, String> {
             "DELETE" => true,
             other => return Err(format!("etcd's watch event of type {other:?}")),
         };
-        // A key no route can name (not UTF-8, too long) changes no lock asked of.
-        let Some((key, create_revision)) = e.kv.named() else { continue };
+        let Some((key, create_revision)) = e.kv.named() else { return Err(unfollowable("the watched prefix")) };
         changes.push(mirror::Change { key, create_revision, deleted, revision: e.kv.mod_revision });
     }
     Ok(WatchLine::Events { cluster: cluster_name(w.header.cluster_id), changes })
@@ -475,7 +484,8 @@ struct KeyValue {
 
 impl KeyValue {
     /// The key as text with its create revision; `None` for a key no lock
-    /// name can be (not base64 of UTF-8, or longer than `MAX_KEY`).
+    /// name can be (not base64 of UTF-8, or longer than `MAX_KEY`), which
+    /// fails the list or the watch it comes in.
     fn named(&self) -> Option<(String, u64)> {
         let bytes = B64.decode(&self.key).ok().filter(|b| b.len() <= MAX_KEY)?;
         Some((String::from_utf8(bytes).ok()?, self.create_revision))

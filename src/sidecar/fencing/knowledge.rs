@@ -154,6 +154,10 @@ struct History {
     /// When it was adopted: an answer of another one to a request sent
     /// before this is from the history left behind.
     since: Option<Instant>,
+    /// etcd: per followed prefix, the revision of the latest list of it
+    /// learnt. A lock under it with no knowledge had no key then: a watch
+    /// that tells of it later cannot make a grant up to there live.
+    listed: HashMap<String, u64>,
 }
 
 impl LockView {
@@ -333,6 +337,7 @@ impl LockView {
         self.compacted_below.store(0, Ordering::Relaxed);
         *self.freshness() = Freshness::default();
         h.since = Some(Instant::now());
+        h.listed.clear();
     }
 
     /// The cluster id the knowledge is of, if known.
@@ -348,13 +353,18 @@ impl LockView {
         }
     }
 
-    fn learn(&self, key: &str, token: Token, held: bool) {
+    /// What the watch says of `key`. `ended_before` holds for a key not
+    /// known yet: every grant of it up to there has ended.
+    fn learn(&self, key: &str, token: Token, held: bool, ended_before: Token) {
         if token == 0 {
             // Never granted: nothing to remember (and nothing for a client
             // inventing paths to make the sidecar remember).
             return;
         }
-        let mut k = self.keys.entry(key.to_string()).or_default();
+        let mut k = self
+            .keys
+            .entry(key.to_string())
+            .or_insert_with(|| Known { ended_through: ended_before, ..Known::default() });
         if token > k.latest {
             k.learnt_at = Some(Instant::now());
         }
@@ -366,6 +376,12 @@ impl LockView {
     /// it is of the history left behind (nothing learnt).
     fn learn_read(&self, key: &str, info: &wire::LockInfo, sent: Instant) -> bool {
         let Some(mut history) = self.of_history(info.cluster.as_deref(), sent) else { return false };
+        self.learn_read_in(&mut history, key, info, sent);
+        true
+    }
+
+    /// [`LockView::learn_read`] of the history `history` holds.
+    fn learn_read_in(&self, history: &mut History, key: &str, info: &wire::LockInfo, sent: Instant) {
         // Within one history a key's latest grant never goes back. A read
         // sent after the latest was learnt that answers less (a lower holder,
         // or nothing up to a revision below it) is of another history under
@@ -381,17 +397,17 @@ impl LockView {
                 && k.learnt_at.is_some_and(|at| sent > at)
         });
         if went_back {
-            self.start_over(&mut history, &format!("a read of {key} answered below its latest known grant"));
+            self.start_over(history, &format!("a read of {key} answered below its latest known grant"));
         }
         let mut k = match info.compacted_below {
             // Forgotten by the service: only what we knew can have ended.
             Some(below) if info.token == 0 => {
                 self.compacted_below.fetch_max(below, Ordering::Relaxed);
-                let Some(mut k) = self.keys.get_mut(key) else { return true };
+                let Some(mut k) = self.keys.get_mut(key) else { return };
                 k.merge_absent(below);
                 k
             }
-            _ if info.token == 0 => return true,
+            _ if info.token == 0 => return,
             _ => {
                 let mut k = self.keys.entry(key.to_string()).or_default();
                 if info.token > k.latest {
@@ -402,7 +418,6 @@ impl LockView {
             }
         };
         k.read_at = k.read_at.max(Some(sent));
-        true
     }
 
     /// A complete state dump of the table at revision `rev` listed only
@@ -703,14 +718,14 @@ async fn follow(
         // or a heartbeat (sent after everything before it). Not from a state
         // line: a stream cut in the middle of the state dump must resync.
         match l {
-            WatchLine::State { key, token, held, .. } => view.learn(&key, token, held),
+            WatchLine::State { key, token, held, .. } => view.learn(&key, token, held, 0),
             WatchLine::Granted { key, token, rev, .. } => {
-                view.learn(&key, token, true);
+                view.learn(&key, token, true, 0);
                 *after = Some(rev);
                 view.delivered(rev);
             }
             WatchLine::Released { key, token, rev } | WatchLine::Expired { key, token, rev } => {
-                view.learn(&key, token, false);
+                view.learn(&key, token, false, 0);
                 *after = Some(rev);
                 view.delivered(rev);
             }
@@ -880,7 +895,7 @@ pub(super) mod tests {
         let view =
             LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec!["rack/".into()]);
         for (key, token) in [("rack/gone", 30), ("rack/listed", 35), ("rack/later", 45)] {
-            view.learn(key, token, true);
+            view.learn(key, token, true, 0);
         }
         let listed = ["rack/listed".to_string()].into_iter().collect();
         view.forgotten_unless(&listed, 40);
@@ -904,7 +919,7 @@ pub(super) mod tests {
         let gone = wire::LockInfo { key: "rack/gone".into(), held: true, token: 30, ..info(30, None) };
         view.learn_read("rack/gone", &gone, Instant::now());
         assert!(known(&view, "rack/gone").live);
-        view.learn("rack/gone", 30, true);
+        view.learn("rack/gone", 30, true, 0);
         view.learn_read("rack/listed", &wire::LockInfo { held: true, ..info(35, None) }, Instant::now());
         assert!(!known(&view, "rack/listed").live, "an end a read saw stays");
     }
@@ -921,7 +936,7 @@ pub(super) mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         view.freshness().answered(t0, 0);
-        view.learn("rack/watched", 5, true);
+        view.learn("rack/watched", 5, true, 0);
         let info = wire::LockInfo {
             key: "rack/read".into(),
             held: true,
@@ -961,14 +976,14 @@ pub(super) mod tests {
             cluster: Some("c".into()),
         };
         let before = Instant::now();
-        view.learn("rack/1", 34, true);
-        view.learn("rack/2", 50, true);
+        view.learn("rack/1", 34, true, 0);
+        view.learn("rack/2", 50, true, 0);
         assert!(view.learn_read("rack/1", &info(20, None), before), "a late answer is learnt");
         assert_eq!((known(&view, "rack/1").latest, view.metrics.history_changes.get()), (34, 0));
         assert!(view.learn_read("rack/1", &info(20, None), Instant::now()));
         assert_eq!(view.metrics.history_changes.get(), 1, "a lower holder, read after");
         assert_eq!((known(&view, "rack/1").latest, known(&view, "rack/2").known), (20, false));
-        view.learn("rack/2", 50, true);
+        view.learn("rack/2", 50, true, 0);
         assert!(view.learn_read("rack/2", &info(0, Some(40)), Instant::now()));
         assert_eq!(view.metrics.history_changes.get(), 2, "nothing up to 40, read after 50 was learnt");
         assert!(view.learn_read("rack/2", &info(0, Some(60)), Instant::now()));

@@ -118,17 +118,27 @@ pub(super) async fn follow_forever(view: Weak<LockView>) {
     }
 }
 
+/// Whether every key of lock `name` is under `prefix` (so a list or watch
+/// of the prefix sees all of them): `name/` starts with it. A lock above
+/// the prefix (`locks` for `locks/job-`) has keys elsewhere too.
+fn under(name: &str, prefix: &str) -> bool {
+    format!("{name}/").starts_with(prefix)
+}
+
 impl LockView {
-    /// What a list of `prefixes`, sent at `sent`, shows: each lock a key of
-    /// it belongs to held by its least create revision, and each known lock
-    /// under the prefixes it shows no key of ended through its revision.
+    /// What a list of `prefixes`, sent at `sent`, shows: each lock under
+    /// them a key of it belongs to held by its least create revision, and
+    /// each known lock under them it shows no key of ended through its
+    /// revision. All of it under the history's lock, so that a watch line
+    /// learnt meanwhile sees either none of it or all of it (`listed`).
     /// `false` if it is of the history left behind.
     fn learn_listing(&self, prefixes: &[String], listing: &Listing, sent: Instant) -> bool {
+        let Some(mut history) = self.of_history(Some(&listing.cluster), sent) else { return false };
         let mirror = Mirror::new(listing.keys.iter().cloned());
-        let under = |name: &str| prefixes.iter().any(|p| format!("{name}/").starts_with(p.as_str()));
-        let mut locks: HashSet<String> = mirror.locks().map(str::to_string).collect();
-        locks.extend(self.keys.iter().map(|k| k.key().clone()).filter(|k| under(k)));
-        locks.into_iter().all(|lock| {
+        let followed = |name: &str| prefixes.iter().any(|p| under(name, p));
+        let mut locks: HashSet<String> = mirror.locks().filter(|l| followed(l)).map(str::to_string).collect();
+        locks.extend(self.keys.iter().map(|k| k.key().clone()).filter(|k| followed(k)));
+        for lock in locks {
             let holder = mirror.holder(&lock);
             let info = LockInfo {
                 key: lock.clone(),
@@ -139,8 +149,13 @@ impl LockView {
                 compacted_below: holder.is_none().then_some(listing.revision),
                 cluster: Some(listing.cluster.clone()),
             };
-            self.learn_read(&lock, &info, sent)
-        })
+            self.learn_read_in(&mut history, &lock, &info, sent);
+        }
+        for p in prefixes {
+            let at = history.listed.entry(p.clone()).or_default();
+            *at = (*at).max(listing.revision);
+        }
+        true
     }
 }
 
@@ -189,25 +204,125 @@ async fn follow(view: &Weak<LockView>, etcd: &Etcd, prefix: &str, changes: &mut 
         };
         let Some(last) = batch.last().map(|c| c.revision) else { continue };
         let v = view.upgrade().ok_or_else(gone)?;
-        let Some(_history) = v.of_history(Some(&cluster), sent) else {
+        let Some(history) = v.of_history(Some(&cluster), sent) else {
             return Err("the watch is of a history left behind".into());
         };
         // The whole line first: a revision's changes come together, and a
-        // lock is judged by the keys after all of them.
+        // lock is judged by the keys after all of them. Only the locks whose
+        // keys are all under the prefix: this watch sees no others whole.
         let mut touched = HashSet::new();
         for change in &batch {
             touched.extend(mirror.apply(change, |name| v.keys.contains_key(name)));
         }
-        for lock in touched {
+        // A lock not known yet had no key at the prefix's latest list.
+        let listed = history.listed.get(prefix).copied().unwrap_or(0);
+        for lock in touched.into_iter().filter(|l| under(l, prefix)) {
             match mirror.holder(&lock) {
-                Some(token) => v.learn(&lock, token, true),
+                Some(token) => v.learn(&lock, token, true, listed),
                 None => v.learn_absent(&lock, last),
             }
         }
+        drop(history);
         if mirror.len() > MAX_KEYS {
             return Err(format!("more than {MAX_KEYS} keys under {prefix:?}: too many to follow"));
         }
         *changes += batch.len() as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use fencegate_client::http::HttpClient;
+    use http_body_util::combinators::UnsyncBoxBody;
+    use http_body_util::{BodyExt, Full, StreamBody};
+    use hyper::body::{Frame, Incoming};
+    use hyper_util::rt::TokioIo;
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::metrics::SidecarMetrics;
+
+    const HEADER: &str = r#""header":{"cluster_id":"1","revision":"10"}"#;
+
+    /// A stand-in gateway: a list of nothing at revision 10; a watch that
+    /// says it was created, tells `opened`, waits for `go`, then sends the
+    /// put of `job/7/abc` at revision 12 and ends.
+    async fn lagging_gateway(opened: Arc<Notify>, go: Arc<Notify>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let (opened, go) = (opened.clone(), go.clone());
+                let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                    let (opened, go) = (opened.clone(), go.clone());
+                    async move {
+                        let resp: hyper::Response<UnsyncBoxBody<Bytes, Infallible>> = if req.uri().path() == "/v3/watch"
+                        {
+                            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+                            tokio::spawn(async move {
+                                let created = format!("{{\"result\":{{{HEADER},\"created\":true}}}}\n");
+                                let _ = tx.send(Ok(Frame::data(Bytes::from(created)))).await;
+                                opened.notify_one();
+                                go.notified().await;
+                                let put = format!(
+                                    "{{\"result\":{{{HEADER},\"events\":[{{\"kv\":{{\"key\":\"{}\",\"create_revision\":\"12\",\"mod_revision\":\"12\"}}}}]}}}}\n",
+                                    base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "job/7/abc")
+                                );
+                                let _ = tx.send(Ok(Frame::data(Bytes::from(put)))).await;
+                            });
+                            let frames =
+                                futures_util::stream::unfold(rx, |mut rx| async move { Some((rx.recv().await?, rx)) });
+                            hyper::Response::new(StreamBody::new(frames).boxed_unsync())
+                        } else {
+                            let listed = format!(
+                                "{{{HEADER},\"succeeded\":true,\"responses\":[{{\"response_range\":{{\"header\":{{}}}}}}]}}"
+                            );
+                            hyper::Response::new(Full::new(Bytes::from(listed)).boxed_unsync())
+                        };
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        url
+    }
+
+    /// A lock a list at revision 14 showed no key of, told of afterwards by
+    /// a watch still behind that list (its key created at 12, gone by 14),
+    /// is not live: `job/7`'s old holder is not forwarded.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lock_a_list_showed_free_is_not_made_live_by_a_watch_behind_it() {
+        let (opened, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let url = lagging_gateway(opened.clone(), go.clone()).await;
+        let etcd = Arc::new(Etcd::new(vec![url], HttpClient::new(1 << 20), None));
+        let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
+        let prefix = "job/".to_string();
+        let view = LockView::new(Source::Etcd(etcd.clone()), metrics, Duration::from_secs(1), vec![prefix.clone()]);
+        let weak = Arc::downgrade(&view);
+        let follower = tokio::spawn(async move { follow(&weak, &etcd, "job/", &mut 0).await });
+        opened.notified().await;
+        let listing = Listing { cluster: "etcd:1".into(), revision: 14, keys: vec![] };
+        assert!(view.learn_listing(&[prefix], &listing, Instant::now()));
+        go.notify_one();
+        follower.await.unwrap().unwrap();
+        let (known, _) = view.look("job/7", Instant::now());
+        assert_eq!((known.latest, known.live), (12, false), "created at 12, gone by the list at 14");
+    }
+
+    #[test]
+    fn a_lock_is_followed_whole_only_under_its_prefix() {
+        assert!(under("rack/42", "rack/"));
+        assert!(under("items", "items/"));
+        assert!(under("rack", "rack/"));
+        assert!(!under("locks", "locks/job-"), "locks/<lease> is not under locks/job-");
+        assert!(under("locks/job-7", "locks/job-"));
+    }
 }
