@@ -101,7 +101,10 @@ pub(super) async fn follow_forever(view: Weak<LockView>) {
             // Answered `max_staleness` or more after it was sent, it would
             // prove nothing still usable.
             Ok(l) if freshness::trusted(Some(sent), Instant::now(), max_staleness) => {
-                if v.learn_listing(&prefixes, &l, sent) && v.followed() == prefixes {
+                // A proof of these prefixes only, none of the ones a reload
+                // set meanwhile (`set_followed` holds the same lock).
+                let followed = v.followed.lock().unwrap_or_else(|p| p.into_inner());
+                if v.learn_listing(&prefixes, &l, sent) && *followed == prefixes {
                     let mut f = v.freshness();
                     f.answered(sent, l.revision);
                     f.delivered(l.revision);
