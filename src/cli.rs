@@ -126,6 +126,10 @@ enum Command {
         /// Exported as FENCE_OPERATION_ID, for CMD's idempotency keys [default: random].
         #[arg(long, env = "FENCEGATE_OPERATION_ID", value_parser = operation_id)]
         operation_id: Option<String>,
+        /// Whose lock: fencegate's, or etcd's (`etcdctl lock`'s recipe; endpoints
+        /// default to http://127.0.0.1:2379; FENCE_TOKEN is the key's create revision).
+        #[arg(long, value_enum, default_value = "fencegate")]
+        lock_service: LockService,
         #[command(flatten)]
         endpoints: Endpoints,
         /// The command to run, after `--`.
@@ -423,6 +427,16 @@ struct Endpoints {
 
 const CONNECTION: &str = "Connection (`fencegate --help` says more)";
 
+/// `fencegate lock --lock-service`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LockService {
+    Fencegate,
+    Etcd,
+}
+
+/// Where a local etcd listens for clients, by default.
+const ETCD_ENDPOINT: &str = "http://127.0.0.1:2379";
+
 impl Endpoints {
     /// The endpoints given, else the default ones. A bearer token over plain
     /// HTTP is not sent to ports nobody named: on a shared machine any user
@@ -438,7 +452,15 @@ impl Endpoints {
     }
 
     fn client(self) -> anyhow::Result<fencegate_client::Client> {
-        let urls = self.urls()?;
+        self.client_or(&fencegate_client::DEFAULT_ENDPOINTS)
+    }
+
+    /// A client of the endpoints given, else of `defaults`.
+    fn client_or(self, defaults: &[&str]) -> anyhow::Result<fencegate_client::Client> {
+        let urls = match self.endpoints {
+            None if self.token.is_none() => defaults.iter().map(|u| u.to_string()).collect(),
+            _ => self.urls()?,
+        };
         let tls = match self.ca {
             None => None,
             Some(ca) => {
@@ -626,10 +648,21 @@ pub fn run(cli: Cli) -> i32 {
             Command::Server { config } => server::run(&config).await,
             Command::Sidecar { config } => sidecar::run(&config).await,
             Command::Status { key, json, endpoints } => status::run(key, json, endpoints.client()?).await,
-            Command::Lock { key, ttl, wait, holder, grace, operation_id, endpoints, command } => {
+            Command::Lock { key, ttl, wait, holder, grace, operation_id, lock_service, endpoints, command } => {
                 let operation_id = operation_id.unwrap_or_else(fencegate_client::idempotency::operation_id);
-                let client = endpoints.client()?;
-                let args = lock::LockArgs { key, ttl, wait, holder, grace, operation_id, client, command };
+                let etcd = lock_service == LockService::Etcd;
+                if etcd && (holder.is_some() || endpoints.token.is_some()) {
+                    // A usage error (2), as clap's own: nothing was asked of etcd.
+                    let why = "--holder and --token are fencegate's: etcd's lock names no holder and takes no token";
+                    <Cli as clap::CommandFactory>::command()
+                        .error(clap::error::ErrorKind::ArgumentConflict, why)
+                        .exit();
+                }
+                let client = match etcd {
+                    true => endpoints.client_or(&[ETCD_ENDPOINT])?,
+                    false => endpoints.client()?,
+                };
+                let args = lock::LockArgs { key, ttl, wait, holder, grace, operation_id, client, etcd, command };
                 lock::run(args).await
             }
             Command::Member { action, endpoints } => {

@@ -1,5 +1,7 @@
 //! `fencegate lock KEY -- CMD`: run a command while holding a lease, and stop
-//! it the moment the lease may be lost.
+//! it the moment the lease may be lost. The lease is fencegate's, or, with
+//! `--lock-service etcd`, etcd's (`Client::acquire_etcd`: the recipe of
+//! `etcdctl lock`, the token its key's create revision).
 //!
 //! CMD runs in its own process group with `FENCE_KEY`, `FENCE_TOKEN`,
 //! `FENCE_LEASE_ID` and `FENCE_OPERATION_ID` set. The client library keeps the lease alive; when its
@@ -36,6 +38,8 @@ pub(super) struct LockArgs {
     /// Exported to CMD as `FENCE_OPERATION_ID`, for its idempotency keys.
     pub operation_id: String,
     pub client: Client,
+    /// Take etcd's lock (`Client::acquire_etcd`) rather than fencegate's.
+    pub etcd: bool,
     pub command: Vec<String>,
 }
 
@@ -50,8 +54,14 @@ pub(super) async fn run(args: LockArgs) -> anyhow::Result<i32> {
     // and leave CMD running with nobody watching the lease.
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
+    let acquire = async {
+        match args.etcd {
+            true => client.acquire_etcd(&args.key, args.ttl, args.wait).await,
+            false => client.acquire(&args.key, opts).await,
+        }
+    };
     let acquired = tokio::select! {
-        acquired = client.acquire(&args.key, opts) => acquired,
+        acquired = acquire => acquired,
         // A grant in flight is not waited for: it expires after its TTL.
         _ = interrupt.recv() => return Ok(exit::INTERRUPTED),
         _ = terminate.recv() => return Ok(exit::TERMINATED),

@@ -13,7 +13,7 @@ use fencegate_testkit::etcd::{Etcd, Holder, LOCK_TTL_S};
 use fencegate_testkit::http::metric;
 use fencegate_testkit::routes::{rack_writes, table};
 use fencegate_testkit::sidecar::SidecarOptions;
-use fencegate_testkit::{bin, wait, Sidecar, Upstream};
+use fencegate_testkit::{bin, wait, Proc, Sidecar, Upstream};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -291,4 +291,54 @@ async fn a_cached_route_follows_etcd_and_refuses_a_paused_holder() {
     let (status, v) = sc.send("PUT", "/racks/9", Some(tb), &[]).await;
     assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
     assert_eq!(up.tokens("/racks/9"), vec![Some(ta), Some(tb)]);
+}
+
+/// `fencegate lock --lock-service etcd` takes the lock `etcdctl lock`
+/// takes, by the same recipe: CMD gets the key's create revision as
+/// FENCE_TOKEN (the sidecar forwards it), an `etcdctl lock` of the same
+/// name waits behind it, and when fencegate lock is paused past the lease
+/// (SIGSTOP) the waiter takes over and CMD is stopped at once on resume
+/// (76), its old token refused. A CMD that ends releases the lock at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencegate_lock_on_etcd_queues_with_etcdctl_and_stops_its_command_on_loss() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (etcd, up, sc) = setup(dir.path(), CACHED).await;
+    let file = dir.path().join("token");
+    let script = format!("echo $FENCE_TOKEN > {f}.tmp && mv {f}.tmp {f} && exec sleep 600", f = file.display());
+    let lock = |name: &str, script: &str| {
+        let args = ["lock", "--lock-service", "etcd", "--endpoints", &etcd.endpoints(), "--ttl", "2s", name];
+        let mut cmd = bin!().command(&args);
+        cmd.args(["--", "sh", "-c", script]);
+        cmd
+    };
+    let mut a = Proc::spawn("fencegate-lock-a", lock("rack/11", &script), &dir.path().join("a.log"));
+    wait::until("A holds rack/11", Duration::from_secs(20), || {
+        let held = file.exists();
+        async move { held }
+    })
+    .await;
+    let ta: u64 = std::fs::read_to_string(&file).unwrap().trim().parse().unwrap();
+    assert_eq!(create_revisions(&etcd, "rack/11/"), vec![ta], "FENCE_TOKEN is the key's create revision");
+    assert_eq!(sc.send("PUT", "/racks/11", Some(ta), &[]).await.0, 200, "A's write");
+
+    let b = Holder::start(&etcd, dir.path(), "b", "rack/11");
+    wait::until("B waiting", Duration::from_secs(10), || {
+        let n = create_revisions(&etcd, "rack/11/").len();
+        async move { n == 2 }
+    })
+    .await;
+    assert!(b.held().is_none(), "etcdctl lock waits behind fencegate lock");
+    a.signal(Signal::SIGSTOP);
+    let (tb, _) = b.token().await;
+    assert!(tb > ta);
+    a.signal(Signal::SIGCONT);
+    assert_eq!(a.exit_within(Duration::from_secs(10)).await, Some(76), "lost: {}", a.log());
+    let (status, v) = sc.send("PUT", "/racks/11", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "stale_token"), "{v}");
+    assert_eq!(up.tokens("/racks/11"), vec![Some(ta)]);
+
+    // A CMD that ends: its status, and the lock free at once (no TTL).
+    let out = lock("rack/12", "exit 3").output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(create_revisions(&etcd, "rack/12/").is_empty(), "released on CMD's exit");
 }

@@ -313,6 +313,11 @@ impl Client {
         &self.inner.endpoints
     }
 
+    /// The HTTP client the calls go through.
+    pub(crate) fn http(&self) -> &HttpClient {
+        &self.inner.http
+    }
+
     /// Send `method path` to the cluster: the preferred node first, then the
     /// others, retrying through elections until the failover budget (plus a
     /// [`Extra::Wait`]) runs out. Answers other than 503 are returned as

@@ -61,6 +61,9 @@ struct Validity {
 
 struct Shared {
     client: Client,
+    /// An etcd lease (`Client::acquire_etcd`), kept alive and revoked
+    /// through etcd's gateway rather than fencegate's API.
+    etcd: bool,
     lease_id: String,
     ttl: Duration,
     validity: watch::Sender<Validity>,
@@ -118,8 +121,12 @@ impl Shared {
     async fn keepalive_now(&self) -> Result<(), ClientError> {
         let sent = Instant::now();
         let left = self.validity().until.saturating_duration_since(sent).max(self.client.options().request_timeout);
-        match self.client.keepalive(&self.lease_id, left).await {
-            Ok(_) => {
+        let answer = match self.etcd {
+            true => self.client.etcd_keepalive(&self.lease_id).await,
+            false => self.client.keepalive(&self.lease_id, left).await.map(drop),
+        };
+        match answer {
+            Ok(()) => {
                 self.acknowledged(sent);
                 Ok(())
             }
@@ -157,10 +164,28 @@ impl Lease {
         ttl: Duration,
         sent: Instant,
     ) -> Self {
+        Self::start_on(client, false, key, token, lease_id, ttl, sent)
+    }
+
+    /// [`Lease::start`] of a fencegate lease, or (`etcd`) of an etcd one.
+    pub(crate) fn start_on(
+        client: Client,
+        etcd: bool,
+        key: String,
+        token: Token,
+        lease_id: String,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Self {
         let (validity, _) = watch::channel(Validity { until: sent, lost: None });
-        let shared = Arc::new(Shared { client, lease_id, ttl, validity, handed_out: AtomicBool::new(false) });
+        let shared = Arc::new(Shared { client, etcd, lease_id, ttl, validity, handed_out: AtomicBool::new(false) });
         shared.acknowledged(sent);
         Lease { key, token, shared, keeper: None }
+    }
+
+    /// The token, once an etcd lock is held (its key's create revision).
+    pub(crate) fn set_token(&mut self, token: Token) {
+        self.token = token;
     }
 
     /// The lease is the caller's from now on: keepalives start in the
@@ -240,7 +265,10 @@ impl Lease {
     pub async fn release(mut self) -> Result<(), ClientError> {
         self.stop_keeping();
         self.shared.lose(LostReason::Released);
-        self.shared.client.release(&self.shared.lease_id).await
+        match self.shared.etcd {
+            true => self.shared.client.etcd_revoke(&self.shared.lease_id).await,
+            false => self.shared.client.release(&self.shared.lease_id).await,
+        }
     }
 }
 

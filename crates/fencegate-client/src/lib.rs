@@ -32,6 +32,7 @@
 
 pub mod backoff;
 mod client;
+pub mod etcd;
 pub mod http;
 pub mod idempotency;
 mod lease;

@@ -24,6 +24,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use bytes::Bytes;
+use fencegate_client::etcd::prefix_end;
 use fencegate_client::http::{HttpClient, Reply};
 use fencegate_client::wire::LockInfo;
 use http_body_util::Full;
@@ -331,20 +332,6 @@ fn refused(status: StatusCode, body: &[u8]) -> String {
     }
 }
 
-/// The end of the range of every key that starts with `prefix`: the prefix
-/// with its last byte below 0xff raised by one (etcd's `GetPrefixRangeEnd`);
-/// `[0]`, every key, for a prefix of 0xff bytes only.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
-}
-
 /// Why a prefix holding a key no lock name can be (another writer's) is
 /// not followed: the lock it is under would be judged without it. Its
 /// routes read per request instead, which count every key.
@@ -411,7 +398,7 @@ pub(crate) fn watch_line(line: &[u8]) -> Result<WatchLine, String> {
         canceled: bool,
         #[serde(default)]
         cancel_reason: String,
-        #[serde(default, with = "number")]
+        #[serde(default, with = "fencegate_client::etcd::number")]
         compact_revision: u64,
         #[serde(default)]
         events: Vec<Event>,
@@ -419,7 +406,7 @@ pub(crate) fn watch_line(line: &[u8]) -> Result<WatchLine, String> {
     /// A cancellation's header has no revision.
     #[derive(Deserialize)]
     struct WatchHeader {
-        #[serde(with = "number")]
+        #[serde(with = "fencegate_client::etcd::number")]
         cluster_id: u64,
     }
     #[derive(Deserialize)]
@@ -463,9 +450,9 @@ struct Range {
 
 #[derive(Debug, Deserialize)]
 struct Header {
-    #[serde(with = "number")]
+    #[serde(with = "fencegate_client::etcd::number")]
     cluster_id: u64,
-    #[serde(with = "number")]
+    #[serde(with = "fencegate_client::etcd::number")]
     revision: u64,
 }
 
@@ -475,10 +462,10 @@ struct KeyValue {
     #[serde(default)]
     key: String,
     /// 0 (left out) in a delete event.
-    #[serde(default, with = "number")]
+    #[serde(default, with = "fencegate_client::etcd::number")]
     create_revision: u64,
     /// The revision of the key's latest change (a watch event's own).
-    #[serde(default, with = "number")]
+    #[serde(default, with = "fencegate_client::etcd::number")]
     mod_revision: u64,
 }
 
@@ -489,24 +476,6 @@ impl KeyValue {
     fn named(&self) -> Option<(String, u64)> {
         let bytes = B64.decode(&self.key).ok().filter(|b| b.len() <= MAX_KEY)?;
         Some((String::from_utf8(bytes).ok()?, self.create_revision))
-    }
-}
-
-/// proto3's JSON writes a 64-bit integer as a string of digits.
-mod number {
-    use serde::{Deserialize, Deserializer};
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Number {
-            Text(String),
-            Plain(u64),
-        }
-        match Number::deserialize(d)? {
-            Number::Plain(n) => Ok(n),
-            Number::Text(s) => s.parse().map_err(serde::de::Error::custom),
-        }
     }
 }
 
@@ -654,13 +623,6 @@ mod tests {
         let odd = line(r#""events":[{"type":"MERGE","kv":{"key":"cmFjay80Mi9hYmM="}}]"#);
         assert!(watch_line(odd.as_bytes()).is_err());
         assert!(watch_line(b"{}").is_err());
-    }
-
-    #[test]
-    fn a_prefix_ends_where_etcd_ends_it() {
-        assert_eq!(prefix_end(b"rack/42/"), b"rack/420");
-        assert_eq!(prefix_end(b"a\xff"), b"b");
-        assert_eq!(prefix_end(b"\xff\xff"), b"\x00");
     }
 
     /// The gateway's own words, from etcd 3.4 (numbers as strings, empty
