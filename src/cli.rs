@@ -11,6 +11,7 @@ pub(crate) mod exit;
 mod healthcheck;
 mod idempotency;
 mod inventory;
+mod local_etcd;
 mod lock;
 mod logging;
 mod server;
@@ -164,6 +165,10 @@ enum Command {
         /// needs its own --data.
         #[arg(long)]
         free_ports: bool,
+        /// Whose lock service: three fencegate nodes, or a one-member etcd
+        /// (`etcd` on PATH, started on 2379/2380) that the sidecar fences.
+        #[arg(long, value_enum, default_value = "fencegate")]
+        lock_service: LockService,
     },
     /// Replay the pause problem on real components, with and without the sidecar.
     Demo {
@@ -176,6 +181,10 @@ enum Command {
         /// Also write the run as a Mermaid sequence diagram to this file.
         #[arg(long)]
         mermaid: Option<PathBuf>,
+        /// Whose locks A and B take: fencegate's, or etcd's (`etcdctl lock`'s
+        /// recipe; without --endpoints, a one-member etcd from PATH is started).
+        #[arg(long, value_enum, default_value = "fencegate")]
+        lock_service: LockService,
         /// Replay it on a running lock service (comma-separated node URLs)
         /// instead of starting one; needs --sidecar and --inventory.
         #[arg(long, value_delimiter = ',', requires_all = ["sidecar", "inventory"])]
@@ -432,6 +441,15 @@ const CONNECTION: &str = "Connection (`fencegate --help` says more)";
 enum LockService {
     Fencegate,
     Etcd,
+}
+
+impl LockService {
+    fn backend(self) -> stack::Backend {
+        match self {
+            LockService::Fencegate => stack::Backend::Fencegate,
+            LockService::Etcd => stack::Backend::Etcd,
+        }
+    }
 }
 
 /// Where a local etcd listens for clients, by default.
@@ -692,17 +710,20 @@ pub fn run(cli: Cli) -> i32 {
             Command::Idempotency { action: IdempotencyAction::Resolve { record: r, applied, .. } } => {
                 idempotency::run(&r.sidecar, &r.token_file, r.holder(), Some(applied), false).await
             }
-            Command::Demo { ttl, pause, mermaid, endpoints, sidecar, inventory } => {
+            Command::Demo { ttl, pause, mermaid, lock_service, endpoints, sidecar, inventory } => {
                 let remote = match (endpoints, sidecar, inventory) {
                     (Some(endpoints), Some(sidecar_url), Some(inventory_url)) => {
                         Some(demo::Targets { endpoints, sidecar_url, inventory_url })
                     }
                     _ => None,
                 };
-                demo::run(demo::DemoArgs { ttl, pause, mermaid, remote }).await
+                let backend = lock_service.backend();
+                demo::run(demo::DemoArgs { ttl, pause, mermaid, backend, remote }).await
             }
             Command::Inventory { listen } => inventory::run(listen).await,
-            Command::Dev { data, fresh, free_ports } => dev::run(&data, fresh, free_ports).await,
+            Command::Dev { data, fresh, free_ports, lock_service } => {
+                dev::run(&data, fresh, free_ports, lock_service.backend()).await
+            }
             Command::Healthcheck { url, timeout, ca } => healthcheck::run(&url, timeout, ca).await,
             Command::CheckConfig { file } => Ok(check_config(&file).map(|()| 0)?),
         }

@@ -11,14 +11,16 @@ use std::time::Duration;
 use hyper::Method;
 use tokio::time::Instant;
 
-use super::stack::{Stack, ANY_PORTS};
+use super::stack::{Backend, Stack, ANY_PORTS};
 use fencegate_client::http::HttpClient;
-use fencegate_client::{AcquireOptions, Client, TOKEN_HEADER};
+use fencegate_client::{AcquireOptions, Client, Lease, TOKEN_HEADER};
 
 pub(super) struct DemoArgs {
     pub ttl: Duration,
     pub pause: Duration,
     pub mermaid: Option<PathBuf>,
+    /// Whose locks A and B take.
+    pub backend: Backend,
     /// Running components to replay it on, instead of starting its own.
     pub remote: Option<Targets>,
 }
@@ -52,8 +54,12 @@ pub(super) async fn run(mut args: DemoArgs) -> anyhow::Result<i32> {
         Some(targets) => (None, targets),
         None => {
             let data = tempfile_dir()?;
-            println!("starting a 3-node lock cluster, the inventory API and the sidecar on free local ports …");
-            let stack = Stack::start(ANY_PORTS, &data, false).await?;
+            let service = match args.backend {
+                Backend::Fencegate => "a 3-node lock cluster",
+                Backend::Etcd => "a one-member etcd",
+            };
+            println!("starting {service}, the inventory API and the sidecar on free local ports …");
+            let stack = Stack::start(ANY_PORTS, &data, false, args.backend).await?;
             let targets = Targets {
                 endpoints: stack.endpoints.clone(),
                 sidecar_url: stack.sidecar_url.clone(),
@@ -112,7 +118,7 @@ async fn round(
         Via::Sidecar => (&targets.sidecar_url, "Sidecar"),
         Via::Inventory => (&targets.inventory_url, "Inventory"),
     };
-    let a = client.acquire(&key, AcquireOptions::new(args.ttl).holder("A")).await?;
+    let a = acquire(client, args.backend, &key, args.ttl, "A", Duration::ZERO).await?;
     let a_token = a.token();
     t.say("A", &format!("acquire({key}, ttl {}) -> token {a_token}", humantime::format_duration(args.ttl)));
     t.arrow("A", "Lock service", format!("acquire {key}"));
@@ -123,7 +129,7 @@ async fn round(
     t.arrow("A", "A", "paused");
     let woke_at = Instant::now() + args.pause;
 
-    let b = client.acquire(&key, AcquireOptions::new(Duration::from_secs(30)).holder("B").wait(args.pause * 2)).await?;
+    let b = acquire(client, args.backend, &key, Duration::from_secs(30), "B", args.pause * 2).await?;
     t.say("B", &format!("acquire({key}) -> token {} (A's lease {a_token} expired)", b.token()));
     t.arrow("B", "Lock service", format!("acquire {key}"));
     t.arrow("Lock service", "B", format!("token {} (lease {a_token} expired)", b.token()));
@@ -154,6 +160,21 @@ async fn round(
     t.say("", &format!("inventory: rack {rack} is {final_state:?}"));
     b.release().await?;
     Ok(RoundResult { a_token, a_answer: shown, final_state })
+}
+
+/// `key`'s lock for `holder`, from fencegate or etcd.
+async fn acquire(
+    client: &Client,
+    backend: Backend,
+    key: &str,
+    ttl: Duration,
+    holder: &str,
+    wait: Duration,
+) -> anyhow::Result<Lease> {
+    Ok(match backend {
+        Backend::Fencegate => client.acquire(key, AcquireOptions::new(ttl).holder(holder).wait(wait)).await?,
+        Backend::Etcd => client.acquire_etcd(key, ttl, wait).await?,
+    })
 }
 
 /// Which way a round's writes go.

@@ -10,10 +10,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::stack::{Stack, ANY_PORTS, DEV_PORTS};
+use super::stack::{Backend, Stack, ANY_PORTS, DEV_PORTS};
 
-pub(super) async fn run(data: &Path, fresh: bool, free_ports: bool) -> anyhow::Result<i32> {
-    let stack = Stack::start(if free_ports { ANY_PORTS } else { DEV_PORTS }, data, fresh).await?;
+pub(super) async fn run(data: &Path, fresh: bool, free_ports: bool, backend: Backend) -> anyhow::Result<i32> {
+    let stack = Stack::start(if free_ports { ANY_PORTS } else { DEV_PORTS }, data, fresh, backend).await?;
     let replay = match a_retried_write(&stack).await {
         Ok(line) => line,
         Err(e) => format!("  (the retried-write check failed: {e:#})"),
@@ -31,7 +31,11 @@ pub(super) async fn run(data: &Path, fresh: bool, free_ports: bool) -> anyhow::R
 async fn a_retried_write(s: &Stack) -> anyhow::Result<String> {
     use fencegate_client::idempotency::{operation_id, Write, REPLAYED_HEADER};
     let client = fencegate_client::Client::new(s.endpoints.clone())?;
-    let lease = client.acquire("rack/0", fencegate_client::AcquireOptions::new(Duration::from_secs(10))).await?;
+    let ttl = Duration::from_secs(10);
+    let lease = match s.backend {
+        Backend::Fencegate => client.acquire("rack/0", fencegate_client::AcquireOptions::new(ttl)).await?,
+        Backend::Etcd => client.acquire_etcd("rack/0", ttl, Duration::ZERO).await?,
+    };
     let url = format!("{}/racks/0", s.sidecar_url);
     let write = Write::new("PUT", &url, lease.token(), &operation_id(), "drain").body(r#"{"state":"drained"}"#);
     let http = fencegate_client::http::HttpClient::new(1 << 20);
@@ -71,9 +75,22 @@ fn binary() -> String {
 }
 
 fn print_banner(s: &Stack, data: &Path, replay: &str) {
+    let fg = binary();
+    // What differs on etcd: the lock's flag, and who shows a lock's state.
+    let (service, lock, status, demo) = match s.backend {
+        Backend::Fencegate => {
+            ("lock service", format!("{fg} lock"), format!("{fg} status rack/42"), format!("{fg} demo"))
+        }
+        Backend::Etcd => (
+            "etcd",
+            format!("{fg} lock --lock-service etcd"),
+            format!("etcdctl --endpoints {} get --prefix rack/42/ -w fields", s.endpoints.join(",")),
+            format!("{fg} demo --lock-service etcd"),
+        ),
+    };
     println!(
         "fencegate dev is running
-  lock service   {}
+  {service:<12}   {}
   inventory API  {}   (legacy: checks no tokens; GET /writes lists what it applied)
   sidecar        {}   (fences PUT/POST/PATCH/DELETE /racks/{{rack}} with lock key rack/{{rack}})
   metrics        {}
@@ -84,18 +101,18 @@ a retried write is applied once (idempotency on rack-writes):
 
 try, in another terminal, in this order (`cargo install --path .` puts `fencegate` on your PATH):
   export FENCEGATE_ENDPOINTS={endpoints}
-  {fg} lock rack/42 -- sh -c 'curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" {sidecar}/racks/42 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"'
+  {lock} rack/42 -- sh -c 'curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" {sidecar}/racks/42 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"'
       # {{\"rack\":\"42\",\"state\":\"drained\",\"seq\":…}}: forwarded with the lock's token, then the lock is released
-  {fg} lock rack/7 -- sh -c 'for try in 1 2; do curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" -H \"Idempotency-Key: $FENCE_OPERATION_ID-drain\" {sidecar}/racks/7 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"; done'
+  {lock} rack/7 -- sh -c 'for try in 1 2; do curl -s -X PUT -H \"X-Fence-Token: $FENCE_TOKEN\" -H \"Idempotency-Key: $FENCE_OPERATION_ID-drain\" {sidecar}/racks/7 -d \"{{\\\"state\\\":\\\"drained\\\"}}\"; done'
       # the same answer twice, seq included: the retry is replayed, the inventory applied it once
   curl -s -X PUT -H 'X-Fence-Token: {stale}' {sidecar}/racks/42 -d '{{\"state\":\"stale\"}}'
       # 409 {{\"error\":\"stale_token\",…}}: token {stale} is below rack/42's latest grant; the inventory never sees it
       # (sent before the first command: 409 unknown_token, rack/42 was never granted)
   curl -s {inventory}/writes
       # every write the inventory applied, with its token: not the stale one
-  {fg} status rack/42
-      # state: free, and the token of the first command's grant
-  {fg} demo
+  {status}
+      # state: free, and the token of the first command's grant (on etcd: no key left)
+  {demo}
 
 Ctrl-C stops everything.",
         s.endpoints.join("  "),
@@ -105,7 +122,6 @@ Ctrl-C stops everything.",
         data.display(),
         replay,
         endpoints = s.endpoints.join(","),
-        fg = binary(),
         sidecar = s.sidecar_url,
         inventory = s.inventory_url,
         stale = STALE_TOKEN,

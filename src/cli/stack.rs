@@ -1,4 +1,5 @@
-//! Everything on one machine, in one process: a 3-node lock cluster, the
+//! Everything on one machine, in one process: a 3-node lock cluster (or,
+//! with `Backend::Etcd`, a one-member etcd as a child process), the
 //! built-in inventory API and the sidecar (`config/dev.yaml`) in front of it.
 //! `fencegate dev` runs it on the well-known ports; `fencegate demo` on ports
 //! the OS picks, so both can run side by side.
@@ -13,8 +14,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::local_etcd::LocalEtcd;
 use crate::config::node::{LeaseConfig, NodeConfig, NodeLimits, RaftConfig};
-use crate::config::sidecar::{LockServiceConfig, SidecarConfig};
+use crate::config::sidecar::{LockServiceConfig, LockServiceKind, SidecarConfig};
 use crate::config::{parse_yaml, ConfigFile};
 use crate::inventory::Inventory;
 use crate::server::Node;
@@ -32,13 +34,31 @@ pub(super) struct Ports {
     pub inventory: u16,
     pub sidecar: u16,
     pub metrics: u16,
+    /// etcd's client and peer ports (`Backend::Etcd`).
+    pub etcd: [u16; 2],
 }
 
-/// The well-known local ports of docs/DESIGN.md.
-pub(super) const DEV_PORTS: Ports =
-    Ports { nodes: [7401, 7402, 7403], peers: [7501, 7502, 7503], inventory: 9000, sidecar: 8080, metrics: 9464 };
+/// The well-known local ports of docs/DESIGN.md (etcd's own for etcd).
+pub(super) const DEV_PORTS: Ports = Ports {
+    nodes: [7401, 7402, 7403],
+    peers: [7501, 7502, 7503],
+    inventory: 9000,
+    sidecar: 8080,
+    metrics: 9464,
+    etcd: [2379, 2380],
+};
 /// Any free ports.
-pub(super) const ANY_PORTS: Ports = Ports { nodes: [0; 3], peers: [0; 3], inventory: 0, sidecar: 0, metrics: 0 };
+pub(super) const ANY_PORTS: Ports =
+    Ports { nodes: [0; 3], peers: [0; 3], inventory: 0, sidecar: 0, metrics: 0, etcd: [0; 2] };
+
+/// Whose lock service the stack runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Backend {
+    /// Three fencegate nodes in this process.
+    Fencegate,
+    /// A one-member etcd (`etcd` on PATH), the sidecar with `kind: etcd`.
+    Etcd,
+}
 
 pub(super) struct Stack {
     pub endpoints: Vec<String>,
@@ -46,7 +66,9 @@ pub(super) struct Stack {
     pub sidecar_url: String,
     pub metrics_url: String,
     pub inventory: Arc<Inventory>,
+    pub backend: Backend,
     nodes: Vec<Arc<Node>>,
+    etcd: Option<LocalEtcd>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -80,10 +102,13 @@ fn peer_secret(data: &Path) -> anyhow::Result<std::path::PathBuf> {
 impl Stack {
     /// Bind every port, then start the nodes, the inventory and the sidecar;
     /// returns once the cluster has a leader.
-    pub(super) async fn start(ports: Ports, data: &Path, fresh: bool) -> anyhow::Result<Stack> {
+    pub(super) async fn start(ports: Ports, data: &Path, fresh: bool, backend: Backend) -> anyhow::Result<Stack> {
         let mut node_listeners = vec![];
-        for (port, peer_port) in ports.nodes.into_iter().zip(ports.peers) {
-            node_listeners.push((bind(port, "lock service").await?, bind(peer_port, "lock service peer plane").await?));
+        if backend == Backend::Fencegate {
+            for (port, peer_port) in ports.nodes.into_iter().zip(ports.peers) {
+                let peer = bind(peer_port, "lock service peer plane").await?;
+                node_listeners.push((bind(port, "lock service").await?, peer));
+            }
         }
         let (inv_listener, inv_addr) = bind(ports.inventory, "inventory API").await?;
         let (sc_listener, sc_addr) = bind(ports.sidecar, "sidecar").await?;
@@ -99,7 +124,14 @@ impl Stack {
         };
         let clients = url_map(&|i| node_listeners[i].0 .1);
         let peers = url_map(&|i| node_listeners[i].1 .1);
-        let endpoints: Vec<String> = clients.values().cloned().collect();
+        let etcd = match backend {
+            Backend::Etcd => Some(LocalEtcd::start(&data.join("etcd"), ports.etcd[0], ports.etcd[1]).await?),
+            Backend::Fencegate => None,
+        };
+        let endpoints: Vec<String> = match &etcd {
+            Some(etcd) => vec![etcd.url.clone()],
+            None => clients.values().cloned().collect(),
+        };
         let (stop, stopped) = watch::channel(false);
         let until_stopped = move || {
             let mut rx = stopped.clone();
@@ -143,21 +175,29 @@ impl Stack {
         sc.listen = sc_addr;
         sc.metrics_listen = Some(metrics_addr);
         sc.upstream = format!("http://{inv_addr}");
-        sc.lock_service = Some(LockServiceConfig { endpoints: endpoints.clone(), ..Default::default() });
+        let kind = match backend {
+            Backend::Fencegate => LockServiceKind::Fencegate,
+            Backend::Etcd => LockServiceKind::Etcd,
+        };
+        sc.lock_service = Some(LockServiceConfig { kind, endpoints: endpoints.clone(), ..Default::default() });
         sc.state_dir = data.join("sidecar");
         let sidecar = Sidecar::new(sc.validate()?)?;
         tasks.push(tokio::spawn(crate::sidecar::serve_metrics(metrics_listener, sidecar.clone(), until_stopped())));
         tasks.push(tokio::spawn(crate::sidecar::serve(sc_listener, sidecar, until_stopped())));
 
-        let client = fencegate_client::Client::new(endpoints.clone())?;
-        client.read("dev/ready").await.context("the lock cluster did not elect a leader")?;
+        if backend == Backend::Fencegate {
+            let client = fencegate_client::Client::new(endpoints.clone())?;
+            client.read("dev/ready").await.context("the lock cluster did not elect a leader")?;
+        }
         Ok(Stack {
             endpoints,
             inventory_url: format!("http://{inv_addr}"),
             sidecar_url: format!("http://{sc_addr}"),
             metrics_url: format!("http://{metrics_addr}/metrics"),
             inventory,
+            backend,
             nodes,
+            etcd,
             stop,
             tasks,
         })
@@ -174,6 +214,9 @@ impl Stack {
         }
         for n in self.nodes {
             n.shutdown().await;
+        }
+        if let Some(etcd) = self.etcd {
+            etcd.stop().await;
         }
     }
 }

@@ -342,3 +342,21 @@ async fn fencegate_lock_on_etcd_queues_with_etcdctl_and_stops_its_command_on_los
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert!(create_revisions(&etcd, "rack/12/").is_empty(), "released on CMD's exit");
 }
+
+/// `fencegate demo --lock-service etcd`: the pause problem on a one-member
+/// etcd the command starts (`etcd` from PATH) — A's stale write refused
+/// through the sidecar, landing without it — and no etcd left behind.
+#[test]
+fn the_demo_runs_on_an_etcd_it_starts() {
+    let out = bin!().run(&["demo", "--lock-service", "etcd"], Duration::from_secs(60));
+    let text = &out.stdout;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(text.contains("starting a one-member etcd"), "{text}");
+    assert!(text.contains("409 stale_token, upstream never sees it"), "{text}");
+    assert!(text.contains("rack 43 is \"flashed-by-A\""), "{text}");
+    let demo_etcd = std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        cmdline.windows(14).any(|w| w == b"fencegate-demo") && cmdline.starts_with(b"etcd")
+    });
+    assert!(!demo_etcd, "the demo's etcd outlived it");
+}
