@@ -65,13 +65,17 @@ impl LocalEtcd {
         let health = format!("{}/health", self.url);
         let deadline = tokio::time::Instant::now() + READY;
         loop {
-            if let Ok(r) = http.call(hyper::Method::GET, &health, None, Duration::from_secs(1)).await {
-                if r.status.is_success() && r.body.windows(6).any(|w| w == b"\"true\"") {
-                    return Ok(());
-                }
-            }
+            // Ours only while it runs: a port taken meanwhile is another's.
             if let Some(status) = self.child.try_wait()? {
                 anyhow::bail!("etcd exited ({status}): {}", self.log_tail());
+            }
+            if let Ok(r) = http.call(hyper::Method::GET, &health, None, Duration::from_secs(1)).await {
+                if r.status.is_success()
+                    && r.body.windows(6).any(|w| w == b"\"true\"")
+                    && self.child.try_wait()?.is_none()
+                {
+                    return Ok(());
+                }
             }
             if tokio::time::Instant::now() >= deadline {
                 anyhow::bail!("etcd had no leader within {READY:?}: {}", self.log_tail());
@@ -101,11 +105,10 @@ impl LocalEtcd {
     }
 }
 
-/// `port`, or one the OS had free a moment ago (etcd binds it itself).
+/// `port` if it is free now (an etcd already there would answer for ours),
+/// or one the OS had free a moment ago; etcd binds it itself.
 fn free(port: u16) -> anyhow::Result<u16> {
-    if port != 0 {
-        return Ok(port);
-    }
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for etcd")?;
+    let l = std::net::TcpListener::bind(("127.0.0.1", port))
+        .with_context(|| format!("port {port} is taken (another etcd?): stop it, or run with --free-ports"))?;
     Ok(l.local_addr()?.port())
 }

@@ -76,6 +76,12 @@ pub(super) async fn run(args: LockArgs) -> anyhow::Result<i32> {
         // Unavailable among them: `exit::for_error` gives it 69.
         Err(e) => return Err(e).with_context(|| format!("{} not obtained", args.key)),
     };
+    if !lease.is_valid() {
+        // Lost between the grant and now (this process paused): CMD must
+        // not start on a lock someone else may hold.
+        eprintln!("fencegate lock: lease on {} lost before {program} could start; not run", args.key);
+        return Ok(exit::LEASE_LOST);
+    }
     tracing::info!(key = %args.key, token = lease.token(), "lock acquired; running {program}");
 
     let mut command = Command::new(program);

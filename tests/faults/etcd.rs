@@ -360,3 +360,40 @@ fn the_demo_runs_on_an_etcd_it_starts() {
     });
     assert!(!demo_etcd, "the demo's etcd outlived it");
 }
+
+/// A `fencegate lock --lock-service etcd` waiting behind an `etcdctl lock`
+/// is paused (SIGSTOP) past its lease: its key goes with the lease, the
+/// holder leaves, a later `etcdctl lock` takes the lock. Resumed, the
+/// waiter finds nothing ahead of its gone key, and must not run CMD: it
+/// checks that its key and lease are still its own (69, CMD never ran).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_etcd_waiter_whose_key_is_gone_does_not_run_its_command() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let etcd = Etcd::start(dir.path());
+    etcd.ready().await;
+    let a = Holder::start(&etcd, dir.path(), "a", "rack/13");
+    a.token().await;
+    let ran = dir.path().join("ran");
+    let args = ["lock", "--lock-service", "etcd", "--endpoints", &etcd.endpoints(), "--ttl", "2s", "--wait", "60s"];
+    let mut cmd = bin!().command(&args);
+    cmd.args(["rack/13", "--", "touch"]).arg(&ran);
+    let mut b = Proc::spawn("fencegate-lock-b", cmd, &dir.path().join("b.log"));
+    wait::until("B waiting", Duration::from_secs(10), || {
+        let n = create_revisions(&etcd, "rack/13/").len();
+        async move { n == 2 }
+    })
+    .await;
+    b.signal(Signal::SIGSTOP);
+    wait::until("B's lease ended, its key with it", Duration::from_secs(LOCK_TTL_S * 10), || {
+        let n = create_revisions(&etcd, "rack/13/").len();
+        async move { n == 1 }
+    })
+    .await;
+    a.release();
+    let c = Holder::start(&etcd, dir.path(), "c", "rack/13");
+    c.token().await;
+    b.signal(Signal::SIGCONT);
+    assert_eq!(b.exit_within(Duration::from_secs(10)).await, Some(69), "{}", b.log());
+    assert!(!ran.exists(), "B ran its command while C held the lock");
+    assert!(b.log().contains("lost while waiting"), "{}", b.log());
+}

@@ -91,12 +91,23 @@ impl Client {
             "limit": 1,
             "keys_only": true,
         });
+        let lost = || ClientError::Unavailable(format!("the lease was lost while waiting for {name}"));
         loop {
             let ahead: Range = decode(self.etcd_call("/v3/kv/range", &before).await?)?;
-            let Some(first) = ahead.kvs.first() else { return Ok(mine) };
             if !lease.is_valid() {
-                return Err(ClientError::Unavailable(format!("the lease was lost while waiting for {name}")));
+                return Err(lost());
             }
+            let Some(first) = ahead.kvs.first() else {
+                // Nothing ahead is the lock only while the key is still
+                // ours: a lease that ran out while this waiter was paused
+                // took the key with it, and a later waiter may hold the
+                // lock now (as Go's Mutex checks after its wait).
+                let own: Range = decode(self.etcd_call("/v3/kv/range", &serde_json::json!({ "key": key })).await?)?;
+                if own.kvs.first().map(|kv| kv.create_revision) != Some(mine) || !lease.is_valid() {
+                    return Err(lost());
+                }
+                return Ok(mine);
+            };
             if Instant::now() >= deadline {
                 let token = first.create_revision;
                 return Err(ClientError::Held { key: name.to_string(), holder: None, token, lock_delay: false });
@@ -151,8 +162,11 @@ impl Client {
                     if why.contains("lease not found") {
                         return Err(ClientError::LeaseNotFound);
                     }
-                    // No leader (a member cut off, an election): the next one.
-                    if reply.status == StatusCode::SERVICE_UNAVAILABLE {
+                    // No leader (a member cut off, an election), a deadline
+                    // passed, too many requests: the next one.
+                    let transient =
+                        [StatusCode::SERVICE_UNAVAILABLE, StatusCode::GATEWAY_TIMEOUT, StatusCode::TOO_MANY_REQUESTS];
+                    if transient.contains(&reply.status) {
                         tried.push(format!("{url}: {why}"));
                         continue;
                     }
