@@ -397,3 +397,61 @@ async fn a_paused_etcd_waiter_whose_key_is_gone_does_not_run_its_command() {
     assert!(!ran.exists(), "B ran its command while C held the lock");
     assert!(b.log().contains("lost while waiting"), "{}", b.log());
 }
+
+/// `fencegate dev --lock-service etcd --free-ports`: its banner names the
+/// etcd it started; a lock taken there with `fencegate lock --lock-service
+/// etcd` writes through its sidecar, the banner's stale token is refused,
+/// and Ctrl-C stops it and its etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_runs_on_an_etcd_it_starts() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut child = bin!()
+        .tokio_command(&["dev", "--lock-service", "etcd", "--free-ports", "--data"])
+        .arg(dir.path().join("data"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut etcd, mut sidecar, mut replayed) = (None, None, false);
+    let read = async {
+        // The banner is a few dozen lines; a bound in case it never completes.
+        for _ in 0..100 {
+            let Some(line) = lines.next_line().await.unwrap() else { break };
+            let url = || line.split_whitespace().nth(1).map(str::to_string);
+            if line.starts_with("  etcd ") {
+                etcd = url();
+            } else if line.starts_with("  sidecar ") {
+                sidecar = url();
+            }
+            replayed |= line.contains("then 200 replayed, the same answer; the inventory applied it 1 time");
+            if line.starts_with("Ctrl-C stops everything") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read).await.expect("no banner within 60 s");
+    let (etcd, sidecar) = (etcd.expect("the banner names etcd"), sidecar.expect("the banner names the sidecar"));
+    assert!(replayed, "the banner's retried write");
+    let file = dir.path().join("token");
+    let script = format!("echo $FENCE_TOKEN > {}", file.display());
+    let out = bin!()
+        .command(&["lock", "--lock-service", "etcd", "--endpoints", &etcd, "rack/42", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let token: u64 = std::fs::read_to_string(&file).unwrap().trim().parse().unwrap();
+    let put = |t| fencegate_testkit::http::fenced_put(format!("{sidecar}/racks/42"), t);
+    let (status, v) = fencegate_testkit::http::send(put(token), Duration::from_secs(5)).await;
+    assert_eq!(status, 409, "released: {v}");
+    assert_eq!(error_of(&v), "lease_expired", "{v}");
+    let (status, v) = fencegate_testkit::http::send(put(1), Duration::from_secs(5)).await;
+    assert_eq!((status, error_of(&v)), (409, "stale_token"), "the banner's stale write: {v}");
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGINT).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let port = etcd.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "dev's etcd outlived it");
+}
