@@ -444,10 +444,10 @@ enum LockService {
 }
 
 impl LockService {
-    fn backend(self) -> stack::Backend {
+    fn backend(self) -> stack::LockServiceKind {
         match self {
-            LockService::Fencegate => stack::Backend::Fencegate,
-            LockService::Etcd => stack::Backend::Etcd,
+            LockService::Fencegate => stack::LockServiceKind::Fencegate,
+            LockService::Etcd => stack::LockServiceKind::Etcd,
         }
     }
 }

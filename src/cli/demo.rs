@@ -11,7 +11,7 @@ use std::time::Duration;
 use hyper::Method;
 use tokio::time::Instant;
 
-use super::stack::{Backend, Stack, ANY_PORTS};
+use super::stack::{LockServiceKind, Stack, ANY_PORTS};
 use fencegate_client::http::HttpClient;
 use fencegate_client::{AcquireOptions, Client, Lease, TOKEN_HEADER};
 
@@ -20,7 +20,7 @@ pub(super) struct DemoArgs {
     pub pause: Duration,
     pub mermaid: Option<PathBuf>,
     /// Whose locks A and B take.
-    pub backend: Backend,
+    pub backend: LockServiceKind,
     /// Running components to replay it on, instead of starting its own.
     pub remote: Option<Targets>,
 }
@@ -55,8 +55,8 @@ pub(super) async fn run(mut args: DemoArgs) -> anyhow::Result<i32> {
         None => {
             let data = tempfile_dir()?;
             let service = match args.backend {
-                Backend::Fencegate => "a 3-node lock cluster",
-                Backend::Etcd => "a one-member etcd",
+                LockServiceKind::Fencegate => "a 3-node lock cluster",
+                LockServiceKind::Etcd => "a one-member etcd",
             };
             println!("starting {service}, the inventory API and the sidecar on free local ports …");
             let stack = Stack::start(ANY_PORTS, &data, false, args.backend).await?;
@@ -165,15 +165,15 @@ async fn round(
 /// `key`'s lock for `holder`, from fencegate or etcd.
 async fn acquire(
     client: &Client,
-    backend: Backend,
+    backend: LockServiceKind,
     key: &str,
     ttl: Duration,
     holder: &str,
     wait: Duration,
 ) -> anyhow::Result<Lease> {
     Ok(match backend {
-        Backend::Fencegate => client.acquire(key, AcquireOptions::new(ttl).holder(holder).wait(wait)).await?,
-        Backend::Etcd => client.acquire_etcd(key, ttl, wait).await?,
+        LockServiceKind::Fencegate => client.acquire(key, AcquireOptions::new(ttl).holder(holder).wait(wait)).await?,
+        LockServiceKind::Etcd => client.acquire_etcd(key, ttl, wait).await?,
     })
 }
 

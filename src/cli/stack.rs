@@ -1,5 +1,5 @@
 //! Everything on one machine, in one process: a 3-node lock cluster (or,
-//! with `Backend::Etcd`, a one-member etcd as a child process), the
+//! with `LockServiceKind::Etcd`, a one-member etcd as a child process), the
 //! built-in inventory API and the sidecar (`config/dev.yaml`) in front of it.
 //! `fencegate dev` runs it on the well-known ports; `fencegate demo` on ports
 //! the OS picks, so both can run side by side.
@@ -16,7 +16,10 @@ use tokio::task::JoinHandle;
 
 use super::local_etcd::LocalEtcd;
 use crate::config::node::{LeaseConfig, NodeConfig, NodeLimits, RaftConfig};
-use crate::config::sidecar::{LockServiceConfig, LockServiceKind, SidecarConfig};
+// Whose lock service the stack runs: three fencegate nodes in this
+// process, or a one-member etcd (`etcd` on PATH) the sidecar fences.
+pub(super) use crate::config::sidecar::LockServiceKind;
+use crate::config::sidecar::{LockServiceConfig, SidecarConfig};
 use crate::config::{parse_yaml, ConfigFile};
 use crate::inventory::Inventory;
 use crate::server::Node;
@@ -34,7 +37,7 @@ pub(super) struct Ports {
     pub inventory: u16,
     pub sidecar: u16,
     pub metrics: u16,
-    /// etcd's client and peer ports (`Backend::Etcd`).
+    /// etcd's client and peer ports (`LockServiceKind::Etcd`).
     pub etcd: [u16; 2],
 }
 
@@ -51,22 +54,13 @@ pub(super) const DEV_PORTS: Ports = Ports {
 pub(super) const ANY_PORTS: Ports =
     Ports { nodes: [0; 3], peers: [0; 3], inventory: 0, sidecar: 0, metrics: 0, etcd: [0; 2] };
 
-/// Whose lock service the stack runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Backend {
-    /// Three fencegate nodes in this process.
-    Fencegate,
-    /// A one-member etcd (`etcd` on PATH), the sidecar with `kind: etcd`.
-    Etcd,
-}
-
 pub(super) struct Stack {
     pub endpoints: Vec<String>,
     pub inventory_url: String,
     pub sidecar_url: String,
     pub metrics_url: String,
     pub inventory: Arc<Inventory>,
-    pub backend: Backend,
+    pub backend: LockServiceKind,
     nodes: Vec<Arc<Node>>,
     etcd: Option<LocalEtcd>,
     stop: watch::Sender<bool>,
@@ -102,9 +96,14 @@ fn peer_secret(data: &Path) -> anyhow::Result<std::path::PathBuf> {
 impl Stack {
     /// Bind every port, then start the nodes, the inventory and the sidecar;
     /// returns once the cluster has a leader.
-    pub(super) async fn start(ports: Ports, data: &Path, fresh: bool, backend: Backend) -> anyhow::Result<Stack> {
+    pub(super) async fn start(
+        ports: Ports,
+        data: &Path,
+        fresh: bool,
+        backend: LockServiceKind,
+    ) -> anyhow::Result<Stack> {
         let mut node_listeners = vec![];
-        if backend == Backend::Fencegate {
+        if backend == LockServiceKind::Fencegate {
             for (port, peer_port) in ports.nodes.into_iter().zip(ports.peers) {
                 let peer = bind(peer_port, "lock service peer plane").await?;
                 node_listeners.push((bind(port, "lock service").await?, peer));
@@ -125,8 +124,8 @@ impl Stack {
         let clients = url_map(&|i| node_listeners[i].0 .1);
         let peers = url_map(&|i| node_listeners[i].1 .1);
         let etcd = match backend {
-            Backend::Etcd => Some(LocalEtcd::start(&data.join("etcd"), ports.etcd[0], ports.etcd[1]).await?),
-            Backend::Fencegate => None,
+            LockServiceKind::Etcd => Some(LocalEtcd::start(&data.join("etcd"), ports.etcd[0], ports.etcd[1]).await?),
+            LockServiceKind::Fencegate => None,
         };
         let endpoints: Vec<String> = match &etcd {
             Some(etcd) => vec![etcd.url.clone()],
@@ -175,17 +174,13 @@ impl Stack {
         sc.listen = sc_addr;
         sc.metrics_listen = Some(metrics_addr);
         sc.upstream = format!("http://{inv_addr}");
-        let kind = match backend {
-            Backend::Fencegate => LockServiceKind::Fencegate,
-            Backend::Etcd => LockServiceKind::Etcd,
-        };
-        sc.lock_service = Some(LockServiceConfig { kind, endpoints: endpoints.clone(), ..Default::default() });
+        sc.lock_service = Some(LockServiceConfig { kind: backend, endpoints: endpoints.clone(), ..Default::default() });
         sc.state_dir = data.join("sidecar");
         let sidecar = Sidecar::new(sc.validate()?)?;
         tasks.push(tokio::spawn(crate::sidecar::serve_metrics(metrics_listener, sidecar.clone(), until_stopped())));
         tasks.push(tokio::spawn(crate::sidecar::serve(sc_listener, sidecar, until_stopped())));
 
-        if backend == Backend::Fencegate {
+        if backend == LockServiceKind::Fencegate {
             let client = fencegate_client::Client::new(endpoints.clone())?;
             client.read("dev/ready").await.context("the lock cluster did not elect a leader")?;
         }

@@ -179,15 +179,19 @@ impl Client {
     }
 }
 
-/// etcd's refusal as the gateway words it.
-fn refusal(body: &[u8]) -> String {
+/// etcd's refusal as the gateway words it (`{"error": …, "message": …}`),
+/// else the start of the body.
+pub fn refusal(body: &[u8]) -> String {
     #[derive(Deserialize)]
     struct Refusal {
         #[serde(default)]
         error: String,
+        #[serde(default)]
+        message: String,
     }
     match serde_json::from_slice::<Refusal>(body) {
         Ok(r) if !r.error.is_empty() => r.error,
+        Ok(r) if !r.message.is_empty() => r.message,
         _ => String::from_utf8_lossy(body).chars().take(200).collect(),
     }
 }

@@ -316,20 +316,9 @@ fn healthy_answer(body: &[u8]) -> bool {
     serde_json::from_slice::<Health>(body).is_ok_and(|h| h.health == "true")
 }
 
-/// etcd's refusal, as the gateway words it (`{"error": …, "code": …}`).
+/// etcd's refusal of a call, with its status.
 fn refused(status: StatusCode, body: &[u8]) -> String {
-    #[derive(Deserialize)]
-    struct Refusal {
-        #[serde(default)]
-        error: String,
-        #[serde(default)]
-        message: String,
-    }
-    match serde_json::from_slice::<Refusal>(body) {
-        Ok(r) if !r.error.is_empty() => format!("{status}: {}", r.error),
-        Ok(r) if !r.message.is_empty() => format!("{status}: {}", r.message),
-        _ => format!("{status}"),
-    }
+    format!("{status}: {}", fencegate_client::etcd::refusal(body))
 }
 
 /// Why a prefix holding a key no lock name can be (another writer's) is
