@@ -455,3 +455,34 @@ async fn dev_runs_on_an_etcd_it_starts() {
     let port = etcd.rsplit(':').next().unwrap().parse::<u16>().unwrap();
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "dev's etcd outlived it");
 }
+
+/// A reload (SIGHUP) that makes the route `cached` has the running sidecar
+/// follow etcd from then on: a new holder is learnt from the watch (A's
+/// write refused at once, `max_staleness` at 10 s), the list proves the
+/// new prefix (no read for want of proof), and nothing stale is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_to_cached_routes_follows_etcd_from_then_on() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (etcd, up, sc) = setup(dir.path(), LINEARIZABLE).await;
+    sc.rewrite_config(&table(&[rack_writes(CACHED)]));
+    sc.signal(Signal::SIGHUP);
+    let applied = r#"fencegate_sidecar_config_reloads_total{result="applied"}"#;
+    sc.wait_for_metric(applied, 1.0, Duration::from_secs(10)).await;
+    let a = Holder::start(&etcd, dir.path(), "a", "rack/14");
+    let (ta, _) = a.token().await;
+    assert_eq!(sc.send("PUT", "/racks/14", Some(ta), &[]).await.0, 200, "A's write");
+    let b = Holder::start(&etcd, dir.path(), "b", "rack/14");
+    wait::until("B waiting", Duration::from_secs(10), || {
+        let n = create_revisions(&etcd, "rack/14/").len();
+        async move { n == 2 }
+    })
+    .await;
+    drop(a);
+    let (tb, _) = b.token().await;
+    let (status, v) = sc.send("PUT", "/racks/14", Some(ta), &[]).await;
+    assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(tb)), "{v}");
+    assert_eq!(sc.send("PUT", "/racks/14", Some(tb), &[]).await.0, 200, "B's write");
+    let stale = r#"fencegate_sidecar_stale_knowledge_reads_total{route="rack-writes"}"#;
+    assert_eq!(metric(&sc.metrics().await, stale), Some(0.0), "no read for want of proof");
+    assert_eq!(up.tokens("/racks/14"), vec![Some(ta), Some(tb)]);
+}

@@ -139,6 +139,9 @@ pub(crate) struct LockView {
     /// The prefixes of the `cached` routes' lock keys (etcd follows only
     /// them; fencegate's watch covers every key).
     followed: Mutex<Vec<String>>,
+    /// Wakes etcd's follower when `followed` changed (a reload), so that
+    /// the new prefixes are watched and proven now, not at its next tick.
+    refollow: tokio::sync::Notify,
     /// The history (cluster id) the knowledge is of. Held while an answer
     /// is learnt, so that a change of history cannot slip in between the
     /// check and the learning.
@@ -210,6 +213,7 @@ impl LockView {
             started: Instant::now(),
             probing: AtomicBool::new(!followed.is_empty()),
             followed: Mutex::new(followed),
+            refollow: tokio::sync::Notify::new(),
             history: Mutex::default(),
         })
     }
@@ -223,6 +227,7 @@ impl LockView {
         if *mine != followed && matches!(self.source, Source::Etcd(_)) {
             *self.freshness() = Freshness::default();
             self.keys.iter_mut().for_each(|mut k| k.watched = false);
+            self.refollow.notify_one();
         }
         *mine = followed;
     }

@@ -75,7 +75,14 @@ pub(super) async fn follow_forever(view: Weak<LockView>) {
     let mut failures = Window::new(EVERY);
     let stop = |watches: &mut HashMap<String, JoinHandle<()>>| watches.drain().for_each(|(_, w)| w.abort());
     loop {
-        tick.tick().await;
+        {
+            let Some(v) = view.upgrade() else { return stop(&mut watches) };
+            // A reload's new prefixes are followed at once.
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = v.refollow.notified() => {}
+            }
+        }
         let Some(v) = view.upgrade() else { return stop(&mut watches) };
         v.metrics.knowledge_age.set(v.age(Instant::now()).as_secs_f64());
         let prefixes = v.followed();
