@@ -436,7 +436,9 @@ struct Endpoints {
 
 const CONNECTION: &str = "Connection (`fencegate --help` says more)";
 
-/// `fencegate lock --lock-service`.
+/// `--lock-service` of `lock`, `dev` and `demo`: whose lock is taken, and
+/// whose lock service `dev` and `demo` run (three fencegate nodes in this
+/// process, or a one-member etcd from PATH) for their sidecar to fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum LockService {
     Fencegate,
@@ -444,10 +446,11 @@ enum LockService {
 }
 
 impl LockService {
-    fn backend(self) -> stack::LockServiceKind {
+    /// The sidecar's `lock_service.kind` for it.
+    fn kind(self) -> crate::config::sidecar::LockServiceKind {
         match self {
-            LockService::Fencegate => stack::LockServiceKind::Fencegate,
-            LockService::Etcd => stack::LockServiceKind::Etcd,
+            LockService::Fencegate => crate::config::sidecar::LockServiceKind::Fencegate,
+            LockService::Etcd => crate::config::sidecar::LockServiceKind::Etcd,
         }
     }
 }
@@ -717,12 +720,12 @@ pub fn run(cli: Cli) -> i32 {
                     }
                     _ => None,
                 };
-                let backend = lock_service.backend();
+                let backend = lock_service;
                 demo::run(demo::DemoArgs { ttl, pause, mermaid, backend, remote }).await
             }
             Command::Inventory { listen } => inventory::run(listen).await,
             Command::Dev { data, fresh, free_ports, lock_service } => {
-                dev::run(&data, fresh, free_ports, lock_service.backend()).await
+                dev::run(&data, fresh, free_ports, lock_service).await
             }
             Command::Healthcheck { url, timeout, ca } => healthcheck::run(&url, timeout, ca).await,
             Command::CheckConfig { file } => Ok(check_config(&file).map(|()| 0)?),

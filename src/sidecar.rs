@@ -123,6 +123,12 @@ impl Sidecar {
                 let followed = fencing::followed(&settings.routes);
                 Some(LockView::start_etcd(etcd, metrics.clone(), service.max_staleness, followed))
             }
+            (Some(service), _, true) if service.kind == LockServiceKind::ZooKeeper => {
+                let user = service.user.clone().zip(tls.lock_service_password);
+                let zk = fencing::zookeeper::ZooKeeper::new(&service.endpoints, user);
+                let followed = fencing::followed(&settings.routes);
+                Some(LockView::start_zookeeper(zk, metrics.clone(), service.max_staleness, followed))
+            }
             (Some(service), Some(options), true) => {
                 let client = Client::with_options(service.endpoints.clone(), options)?;
                 let followed = fencing::followed(&settings.routes);

@@ -11,7 +11,8 @@ use std::time::Duration;
 use hyper::Method;
 use tokio::time::Instant;
 
-use super::stack::{LockServiceKind, Stack, ANY_PORTS};
+use super::stack::{Stack, ANY_PORTS};
+use super::LockService;
 use fencegate_client::http::HttpClient;
 use fencegate_client::{AcquireOptions, Client, Lease, TOKEN_HEADER};
 
@@ -20,7 +21,7 @@ pub(super) struct DemoArgs {
     pub pause: Duration,
     pub mermaid: Option<PathBuf>,
     /// Whose locks A and B take.
-    pub backend: LockServiceKind,
+    pub backend: LockService,
     /// Running components to replay it on, instead of starting its own.
     pub remote: Option<Targets>,
 }
@@ -55,8 +56,8 @@ pub(super) async fn run(mut args: DemoArgs) -> anyhow::Result<i32> {
         None => {
             let data = tempfile_dir()?;
             let service = match args.backend {
-                LockServiceKind::Fencegate => "a 3-node lock cluster",
-                LockServiceKind::Etcd => "a one-member etcd",
+                LockService::Fencegate => "a 3-node lock cluster",
+                LockService::Etcd => "a one-member etcd",
             };
             println!("starting {service}, the inventory API and the sidecar on free local ports …");
             let stack = Stack::start(ANY_PORTS, &data, false, args.backend).await?;
@@ -165,15 +166,15 @@ async fn round(
 /// `key`'s lock for `holder`, from fencegate or etcd.
 async fn acquire(
     client: &Client,
-    backend: LockServiceKind,
+    backend: LockService,
     key: &str,
     ttl: Duration,
     holder: &str,
     wait: Duration,
 ) -> anyhow::Result<Lease> {
     Ok(match backend {
-        LockServiceKind::Fencegate => client.acquire(key, AcquireOptions::new(ttl).holder(holder).wait(wait)).await?,
-        LockServiceKind::Etcd => client.acquire_etcd(key, ttl, wait).await?,
+        LockService::Fencegate => client.acquire(key, AcquireOptions::new(ttl).holder(holder).wait(wait)).await?,
+        LockService::Etcd => client.acquire_etcd(key, ttl, wait).await?,
     })
 }
 

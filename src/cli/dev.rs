@@ -10,9 +10,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::stack::{LockServiceKind, Stack, ANY_PORTS, DEV_PORTS};
+use super::stack::{Stack, ANY_PORTS, DEV_PORTS};
+use super::LockService;
 
-pub(super) async fn run(data: &Path, fresh: bool, free_ports: bool, backend: LockServiceKind) -> anyhow::Result<i32> {
+pub(super) async fn run(data: &Path, fresh: bool, free_ports: bool, backend: LockService) -> anyhow::Result<i32> {
     let stack = Stack::start(if free_ports { ANY_PORTS } else { DEV_PORTS }, data, fresh, backend).await?;
     let replay = match a_retried_write(&stack).await {
         Ok(line) => line,
@@ -33,8 +34,8 @@ async fn a_retried_write(s: &Stack) -> anyhow::Result<String> {
     let client = fencegate_client::Client::new(s.endpoints.clone())?;
     let ttl = Duration::from_secs(10);
     let lease = match s.backend {
-        LockServiceKind::Fencegate => client.acquire("rack/0", fencegate_client::AcquireOptions::new(ttl)).await?,
-        LockServiceKind::Etcd => client.acquire_etcd("rack/0", ttl, Duration::ZERO).await?,
+        LockService::Fencegate => client.acquire("rack/0", fencegate_client::AcquireOptions::new(ttl)).await?,
+        LockService::Etcd => client.acquire_etcd("rack/0", ttl, Duration::ZERO).await?,
     };
     let url = format!("{}/racks/0", s.sidecar_url);
     let write = Write::new("PUT", &url, lease.token(), &operation_id(), "drain").body(r#"{"state":"drained"}"#);
@@ -78,10 +79,10 @@ fn print_banner(s: &Stack, data: &Path, replay: &str) {
     let fg = binary();
     // What differs on etcd: the lock's flag, and who shows a lock's state.
     let (service, lock, status, demo) = match s.backend {
-        LockServiceKind::Fencegate => {
+        LockService::Fencegate => {
             ("lock service", format!("{fg} lock"), format!("{fg} status rack/42"), format!("{fg} demo"))
         }
-        LockServiceKind::Etcd => (
+        LockService::Etcd => (
             "etcd",
             format!("{fg} lock --lock-service etcd"),
             format!("etcdctl --endpoints {} get --prefix rack/42/ -w fields", s.endpoints.join(",")),

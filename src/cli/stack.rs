@@ -1,5 +1,5 @@
 //! Everything on one machine, in one process: a 3-node lock cluster (or,
-//! with `LockServiceKind::Etcd`, a one-member etcd as a child process), the
+//! with `LockService::Etcd`, a one-member etcd as a child process), the
 //! built-in inventory API and the sidecar (`config/dev.yaml`) in front of it.
 //! `fencegate dev` runs it on the well-known ports; `fencegate demo` on ports
 //! the OS picks, so both can run side by side.
@@ -15,10 +15,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::local_etcd::LocalEtcd;
+use super::LockService;
 use crate::config::node::{LeaseConfig, NodeConfig, NodeLimits, RaftConfig};
-// Whose lock service the stack runs: three fencegate nodes in this
-// process, or a one-member etcd (`etcd` on PATH) the sidecar fences.
-pub(super) use crate::config::sidecar::LockServiceKind;
 use crate::config::sidecar::{LockServiceConfig, SidecarConfig};
 use crate::config::{parse_yaml, ConfigFile};
 use crate::inventory::Inventory;
@@ -37,7 +35,7 @@ pub(super) struct Ports {
     pub inventory: u16,
     pub sidecar: u16,
     pub metrics: u16,
-    /// etcd's client and peer ports (`LockServiceKind::Etcd`).
+    /// etcd's client and peer ports (`LockService::Etcd`).
     pub etcd: [u16; 2],
 }
 
@@ -60,7 +58,7 @@ pub(super) struct Stack {
     pub sidecar_url: String,
     pub metrics_url: String,
     pub inventory: Arc<Inventory>,
-    pub backend: LockServiceKind,
+    pub backend: LockService,
     nodes: Vec<Arc<Node>>,
     etcd: Option<LocalEtcd>,
     stop: watch::Sender<bool>,
@@ -96,14 +94,9 @@ fn peer_secret(data: &Path) -> anyhow::Result<std::path::PathBuf> {
 impl Stack {
     /// Bind every port, then start the nodes, the inventory and the sidecar;
     /// returns once the cluster has a leader.
-    pub(super) async fn start(
-        ports: Ports,
-        data: &Path,
-        fresh: bool,
-        backend: LockServiceKind,
-    ) -> anyhow::Result<Stack> {
+    pub(super) async fn start(ports: Ports, data: &Path, fresh: bool, backend: LockService) -> anyhow::Result<Stack> {
         let mut node_listeners = vec![];
-        if backend == LockServiceKind::Fencegate {
+        if backend == LockService::Fencegate {
             for (port, peer_port) in ports.nodes.into_iter().zip(ports.peers) {
                 let peer = bind(peer_port, "lock service peer plane").await?;
                 node_listeners.push((bind(port, "lock service").await?, peer));
@@ -124,8 +117,8 @@ impl Stack {
         let clients = url_map(&|i| node_listeners[i].0 .1);
         let peers = url_map(&|i| node_listeners[i].1 .1);
         let etcd = match backend {
-            LockServiceKind::Etcd => Some(LocalEtcd::start(&data.join("etcd"), ports.etcd[0], ports.etcd[1]).await?),
-            LockServiceKind::Fencegate => None,
+            LockService::Etcd => Some(LocalEtcd::start(&data.join("etcd"), ports.etcd[0], ports.etcd[1]).await?),
+            LockService::Fencegate => None,
         };
         let endpoints: Vec<String> = match &etcd {
             Some(etcd) => vec![etcd.url.clone()],
@@ -174,13 +167,14 @@ impl Stack {
         sc.listen = sc_addr;
         sc.metrics_listen = Some(metrics_addr);
         sc.upstream = format!("http://{inv_addr}");
-        sc.lock_service = Some(LockServiceConfig { kind: backend, endpoints: endpoints.clone(), ..Default::default() });
+        sc.lock_service =
+            Some(LockServiceConfig { kind: backend.kind(), endpoints: endpoints.clone(), ..Default::default() });
         sc.state_dir = data.join("sidecar");
         let sidecar = Sidecar::new(sc.validate()?)?;
         tasks.push(tokio::spawn(crate::sidecar::serve_metrics(metrics_listener, sidecar.clone(), until_stopped())));
         tasks.push(tokio::spawn(crate::sidecar::serve(sc_listener, sidecar, until_stopped())));
 
-        if backend == LockServiceKind::Fencegate {
+        if backend == LockService::Fencegate {
             let client = fencegate_client::Client::new(endpoints.clone())?;
             client.read("dev/ready").await.context("the lock cluster did not elect a leader")?;
         }

@@ -70,8 +70,9 @@ const MAX_MAX_STALENESS: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LockServiceConfig {
-    /// Which lock service: fencegate's own (the default), or etcd, whose
-    /// `etcdctl lock` locks the sidecar then fences (docs/decisions/0010).
+    /// Which lock service: fencegate's own (the default), etcd, whose
+    /// `etcdctl lock` locks the sidecar then fences, or ZooKeeper, whose
+    /// kazoo and Curator locks it fences (docs/decisions/0010).
     #[serde(default)]
     pub kind: LockServiceKind,
     pub endpoints: Vec<String>,
@@ -92,8 +93,8 @@ pub struct LockServiceConfig {
     /// A file whose first line is the bearer token to present.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
-    /// etcd: the user to authenticate as, with the password in
-    /// `password_file`'s first line.
+    /// etcd and ZooKeeper (`digest`): the user to authenticate as, with
+    /// the password in `password_file`'s first line.
     #[serde(default)]
     pub user: Option<String>,
     #[serde(default)]
@@ -106,6 +107,7 @@ pub enum LockServiceKind {
     #[default]
     Fencegate,
     Etcd,
+    ZooKeeper,
 }
 
 fn default_max_staleness() -> Duration {
@@ -582,6 +584,13 @@ impl SidecarConfig {
         };
         for (i, url) in endpoints.iter().enumerate() {
             let field = format!("lock_service.endpoints[{i}]");
+            if endpoints[..i].contains(url) {
+                return Err(ConfigError::invalid(field, format!("{url:?} is listed twice")));
+            }
+            if service.kind == LockServiceKind::ZooKeeper {
+                // `validate_zookeeper` checked it.
+                continue;
+            }
             let uri = endpoint_url(&field, url, service.ca.is_some())?;
             if let Some((secret, what)) = secret.filter(|_| service.ca.is_none()) {
                 if !fencegate_client::url::is_loopback(&uri) {
@@ -591,70 +600,128 @@ impl SidecarConfig {
                     ));
                 }
             }
-            if endpoints[..i].contains(url) {
-                return Err(ConfigError::invalid(field, format!("{url:?} is listed twice")));
-            }
         }
         Ok(())
     }
 }
 
 impl SidecarConfig {
-    /// What each kind of lock service takes: etcd authenticates users with
-    /// passwords, not bearer tokens, and follows a `cached` route's keys
-    /// under the fixed text its lock key starts with.
+    /// What each kind of lock service takes: etcd and ZooKeeper
+    /// authenticate users with passwords, not bearer tokens; they follow a
+    /// `cached` route's keys under the fixed text its lock key starts with;
+    /// ZooKeeper is reached over plain TCP.
     fn validate_kind(&self, service: &LockServiceConfig) -> Result<(), ConfigError> {
-        match service.kind {
+        let name = match service.kind {
             LockServiceKind::Fencegate => {
                 if service.user.is_some() || service.password_file.is_some() {
                     return Err(ConfigError::invalid(
                         "lock_service.user",
-                        "and lock_service.password_file are etcd's (kind: etcd); fencegate takes token_file",
+                        "and lock_service.password_file are etcd's and ZooKeeper's; fencegate takes token_file",
                     ));
                 }
+                return Ok(());
             }
-            LockServiceKind::Etcd => {
-                if service.token_file.is_some() {
-                    return Err(ConfigError::invalid(
-                        "lock_service.token_file",
-                        "is fencegate's: etcd takes user and password_file",
-                    ));
-                }
-                if service.user.is_some() != service.password_file.is_some() {
-                    return Err(ConfigError::invalid(
-                        "lock_service.user",
-                        "and lock_service.password_file go together",
-                    ));
-                }
-                if let Some(user) = &service.user {
-                    if user.is_empty() || user.len() > 256 || user.chars().any(char::is_control) {
-                        return Err(ConfigError::invalid(
-                            "lock_service.user",
-                            "must be 1 to 256 characters, none a control character",
-                        ));
-                    }
-                }
-                // etcd follows a cached route's keys under the fixed text
-                // its lock key starts with; one that starts with a
-                // placeholder would have it follow the whole keyspace.
-                let unfollowable = |r: &RouteConfig| {
-                    r.fence.trusts_the_watch() && r.lock_key.as_deref().is_some_and(|k| k.starts_with('{'))
-                };
-                if let Some(i) = self.routes.iter().position(unfollowable) {
-                    return Err(ConfigError::invalid(
-                        format!("routes[{i}].lock_key"),
-                        format!(
-                            "route {:?} is `cached`, and with kind: etcd its lock key must start with fixed text \
-                             (e.g. `rack/{{rack}}`): the sidecar watches the keys under it; or set \
-                             `consistency: linearizable` to read the lock per request",
-                            self.routes[i].name
-                        ),
-                    ));
-                }
+            LockServiceKind::Etcd => "etcd",
+            LockServiceKind::ZooKeeper => "ZooKeeper",
+        };
+        if service.token_file.is_some() {
+            return Err(ConfigError::invalid(
+                "lock_service.token_file",
+                format!("is fencegate's: {name} takes user and password_file"),
+            ));
+        }
+        if service.user.is_some() != service.password_file.is_some() {
+            return Err(ConfigError::invalid("lock_service.user", "and lock_service.password_file go together"));
+        }
+        if let Some(user) = &service.user {
+            // ZooKeeper's digest is `user:password`.
+            let colon = service.kind == LockServiceKind::ZooKeeper && user.contains(':');
+            if user.is_empty() || user.len() > 256 || user.chars().any(char::is_control) || colon {
+                return Err(ConfigError::invalid(
+                    "lock_service.user",
+                    "must be 1 to 256 characters, none a control character (nor, for ZooKeeper, a ':')",
+                ));
             }
+        }
+        if service.kind == LockServiceKind::ZooKeeper {
+            self.validate_zookeeper(service)?;
+        }
+        // Both follow a cached route's keys under the fixed text its lock
+        // key starts with; one that starts with a placeholder would have
+        // them follow the whole keyspace.
+        let unfollowable = |r: &RouteConfig| {
+            r.fence.trusts_the_watch() && r.lock_key.as_deref().is_some_and(|k| !followable(service.kind, k))
+        };
+        if let Some(i) = self.routes.iter().position(unfollowable) {
+            let example = match service.kind {
+                LockServiceKind::ZooKeeper => "its placeholders in its last segment only (e.g. `locks/rack-{rack}`)",
+                _ => "(e.g. `rack/{rack}`)",
+            };
+            return Err(ConfigError::invalid(
+                format!("routes[{i}].lock_key"),
+                format!(
+                    "route {:?} is `cached`, and with kind: {} its lock key must start with fixed text {example}: \
+                     the sidecar watches the keys under it; or set `consistency: linearizable` to read the lock \
+                     per request",
+                    self.routes[i].name,
+                    name.to_lowercase(),
+                ),
+            ));
         }
         Ok(())
     }
+
+    /// ZooKeeper: `host:port` endpoints, no TLS (the client this build
+    /// uses has none without a second crypto library), and lock keys that
+    /// name a znode without its leading `/`.
+    fn validate_zookeeper(&self, service: &LockServiceConfig) -> Result<(), ConfigError> {
+        if service.ca.is_some() || service.cert.is_some() {
+            return Err(ConfigError::invalid(
+                "lock_service.ca",
+                "TLS to ZooKeeper is not supported: reach it on loopback, or through a local TLS tunnel",
+            ));
+        }
+        for (i, endpoint) in service.endpoints.iter().enumerate() {
+            let field = format!("lock_service.endpoints[{i}]");
+            let uri = zookeeper_endpoint(&field, endpoint)?;
+            if service.password_file.is_some() && !fencegate_client::url::is_loopback(&uri) {
+                return Err(ConfigError::invalid(
+                    "lock_service.password_file",
+                    format!("the password would cross the network to {endpoint} in clear text"),
+                ));
+            }
+        }
+        if let Some(i) = self.routes.iter().position(|r| r.lock_key.as_deref().is_some_and(|k| k.starts_with('/'))) {
+            return Err(ConfigError::invalid(
+                format!("routes[{i}].lock_key"),
+                "names the lock's znode without its leading '/': `locks/rack-{rack}` is znode /locks/rack-42",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether etcd or ZooKeeper can follow a `cached` route's lock key `key`
+/// by watching the fixed text it starts with: there is some; for
+/// ZooKeeper, the placeholders are in its last segment, below a znode
+/// other than `/` (which is watched, with every child of it).
+fn followable(kind: LockServiceKind, key: &str) -> bool {
+    let Some((fixed, rest)) = key.split_once('{') else { return true };
+    match kind {
+        LockServiceKind::ZooKeeper => fixed.contains('/') && !rest.contains('/'),
+        _ => !fixed.is_empty(),
+    }
+}
+
+/// A ZooKeeper server as its connect strings name one: `host:port`.
+fn zookeeper_endpoint(field: &str, endpoint: &str) -> Result<hyper::Uri, ConfigError> {
+    let bad = || ConfigError::invalid(field, format!("{endpoint:?} must be host:port, as ZooKeeper's connect strings"));
+    let uri: hyper::Uri = endpoint.parse().map_err(|_| bad())?;
+    let authority = uri.authority().filter(|a| a.as_str() == endpoint && !a.host().is_empty()).ok_or_else(bad)?;
+    if uri.scheme().is_some() || endpoint.contains(['@', ',', '/']) || authority.port_u16().is_none_or(|p| p == 0) {
+        return Err(bad());
+    }
+    Ok(uri)
 }
 
 fn check_route_name(field: &str, name: &str) -> Result<(), ConfigError> {

@@ -30,6 +30,7 @@ pub(crate) mod decision;
 pub(crate) mod etcd;
 pub(crate) mod freshness;
 pub(crate) mod knowledge;
+pub(crate) mod zookeeper;
 
 use std::borrow::Cow;
 use std::sync::Arc;

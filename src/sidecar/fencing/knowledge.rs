@@ -49,6 +49,7 @@ use crate::metrics::SidecarMetrics;
 use crate::sidecar::fencing::decision::Knowledge;
 use crate::sidecar::fencing::etcd::Etcd;
 use crate::sidecar::fencing::freshness::{self, Freshness};
+use crate::sidecar::fencing::zookeeper::ZooKeeper;
 
 mod etcd;
 
@@ -194,8 +195,22 @@ impl LockView {
         followed: Vec<String>,
     ) -> Arc<Self> {
         let view = Self::new(Source::Etcd(Arc::new(etcd)), metrics, max_staleness, followed);
-        tokio::spawn(etcd::up_forever(Arc::downgrade(&view)));
+        tokio::spawn(up_forever(Arc::downgrade(&view)));
         tokio::spawn(etcd::follow_forever(Arc::downgrade(&view)));
+        view
+    }
+
+    /// Follow the locks kazoo's and Curator's recipes take in ZooKeeper
+    /// (decision 0010): read per request (`sync`, then the lock's
+    /// children). The service is up while a `sync` is answered.
+    pub(crate) fn start_zookeeper(
+        zk: ZooKeeper,
+        metrics: SidecarMetrics,
+        max_staleness: Duration,
+        followed: Vec<String>,
+    ) -> Arc<Self> {
+        let view = Self::new(Source::ZooKeeper(Arc::new(zk)), metrics, max_staleness, followed);
+        tokio::spawn(up_forever(Arc::downgrade(&view)));
         view
     }
 
@@ -516,6 +531,8 @@ enum Source {
     Fencegate(Client),
     /// etcd (`etcdctl lock`): reads.
     Etcd(Arc<Etcd>),
+    /// ZooKeeper (kazoo's and Curator's locks): reads.
+    ZooKeeper(Arc<ZooKeeper>),
 }
 
 impl Source {
@@ -524,6 +541,46 @@ impl Source {
         match self {
             Source::Fencegate(client) => client.read(key).await.map_err(|e| e.to_string()),
             Source::Etcd(etcd) => etcd.read(key).await,
+            Source::ZooKeeper(zk) => zk.read(key).await,
+        }
+    }
+
+    /// etcd and ZooKeeper: whether the service has a leader now (some etcd
+    /// member reports itself healthy; a ZooKeeper `sync` is answered).
+    /// fencegate's is up while its watch stream is.
+    async fn healthy(&self) -> Option<Result<(), String>> {
+        match self {
+            Source::Fencegate(_) => None,
+            Source::Etcd(etcd) => Some(etcd.healthy().await),
+            Source::ZooKeeper(zk) => Some(zk.healthy().await),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Source::Fencegate(_) => "fencegate",
+            Source::Etcd(_) => "etcd",
+            Source::ZooKeeper(_) => "ZooKeeper",
+        }
+    }
+}
+
+/// While the view lives, mark etcd or ZooKeeper up while it has a leader
+/// (`Source::healthy`), asked every second.
+async fn up_forever(view: std::sync::Weak<LockView>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failures = crate::log_limit::Window::new(crate::log_limit::EVERY);
+    loop {
+        tick.tick().await;
+        let Some(source) = view.upgrade().map(|v| v.source.clone()) else { return };
+        let Some(answer) = source.healthy().await else { return };
+        let Some(v) = view.upgrade() else { return };
+        v.set_up(answer.is_ok());
+        if let Err(e) = answer {
+            if let Some(more) = failures.hit(std::time::Instant::now()) {
+                tracing::warn!("{}: {e}{more}", source.name());
+            }
         }
     }
 }

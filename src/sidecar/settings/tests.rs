@@ -398,10 +398,44 @@ fn each_kind_of_lock_service_takes_its_own_credentials_and_routes() {
         ("{ kind: etcd, endpoints: [http://127.0.0.1:2379], password_file: p }", "lock_service.user"),
         ("{ endpoints: [http://127.0.0.1:7401], user: fence, password_file: p }", "lock_service.user"),
         ("{ kind: etcd, endpoints: [http://10.0.0.1:2379], user: u, password_file: p }", "lock_service.password_file"),
-        ("{ kind: zookeeper, endpoints: [http://127.0.0.1:2181] }", "kind"),
+        ("{ kind: consul, endpoints: [http://127.0.0.1:8500] }", "kind"),
     ] {
         let e = err(&linearizable(with(service)));
         assert!(e.contains(field), "{service}: {e}");
+    }
+}
+
+/// ZooKeeper: `host:port` endpoints, digest credentials kept to loopback
+/// (no TLS), lock keys without the znode's leading `/`, and a `cached`
+/// route's placeholders in its last segment, below a znode other than `/`.
+#[test]
+fn zookeeper_takes_host_port_endpoints_and_followable_znodes() {
+    let with = |service: &str| MINIMAL.replace("{ endpoints: [http://127.0.0.1:7401] }", service);
+    let key = |yaml: String, key: &str| yaml.replace("lock_key: rack/{rack}", &format!("lock_key: '{key}'"));
+    let linearizable = |yaml: String| yaml.replace("lock_key:", "fence: { consistency: linearizable }\n    lock_key:");
+    let zk = "{ kind: zookeeper, endpoints: [127.0.0.1:2181, 'zk-2.example:2181'] }";
+    let c = parsed(&with(zk));
+    assert_eq!(c.lock_service.unwrap().kind, crate::config::sidecar::LockServiceKind::ZooKeeper);
+    parsed(&key(with(zk), "locks/db"));
+    parsed(&linearizable(key(with(zk), "{rack}")));
+    parsed(&with("{ kind: zookeeper, endpoints: ['[::1]:2181'], user: fence, password_file: p }"));
+    for (yaml, field) in [
+        (key(with(zk), "rack-{rack}"), "routes[0].lock_key"),
+        (key(with(zk), "locks/{rack}/x"), "routes[0].lock_key"),
+        (key(with(zk), "/locks/rack-{rack}"), "leading '/'"),
+        (with("{ kind: zookeeper, endpoints: [http://127.0.0.1:2181] }"), "host:port"),
+        (with("{ kind: zookeeper, endpoints: ['127.0.0.1:2181/chroot'] }"), "host:port"),
+        (with("{ kind: zookeeper, endpoints: ['a:1,b:2'] }"), "host:port"),
+        (with("{ kind: zookeeper, endpoints: ['127.0.0.1'] }"), "host:port"),
+        (with("{ kind: zookeeper, endpoints: ['127.0.0.1:0'] }"), "host:port"),
+        (with("{ kind: zookeeper, endpoints: ['127.0.0.1:2181', '127.0.0.1:2181'] }"), "twice"),
+        (with("{ kind: zookeeper, endpoints: ['10.0.0.1:2181'], user: u, password_file: p }"), "clear text"),
+        (with("{ kind: zookeeper, endpoints: ['127.0.0.1:2181'], user: 'u:x', password_file: p }"), "':'"),
+        (with("{ kind: zookeeper, endpoints: ['127.0.0.1:2181'], token_file: t }"), "lock_service.token_file"),
+        (with("{ kind: zookeeper, endpoints: ['127.0.0.1:2181'], ca: ca.pem }"), "not supported"),
+    ] {
+        let e = err(&yaml);
+        assert!(e.contains(field), "{yaml}: {e}");
     }
 }
 

@@ -1,7 +1,8 @@
 //! Following etcd (`lock_service.kind: etcd`, docs/decisions/0010): whether
 //! it is up, the proof, and the watches.
 //!
-//! - **Up** while some member reports itself healthy (it has a leader).
+//! - **Up** while some member reports itself healthy (it has a leader):
+//!   `knowledge::up_forever`.
 //! - **The proof** is a list: every third of `max_staleness`, the keys
 //!   under every followed prefix, in one linearizable transaction sent at
 //!   `sent`. What it shows is the whole state of those locks at its
@@ -40,27 +41,7 @@ const MAX_WATCH_LINE: usize = 16 << 20;
 fn etcd_of(view: &Weak<LockView>) -> Option<Arc<Etcd>> {
     match &view.upgrade()?.source {
         Source::Etcd(etcd) => Some(etcd.clone()),
-        Source::Fencegate(_) => None,
-    }
-}
-
-/// While the view lives, mark etcd up while some member reports itself
-/// healthy (it has a leader), asked every second.
-pub(super) async fn up_forever(view: Weak<LockView>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failures = Window::new(EVERY);
-    loop {
-        tick.tick().await;
-        let Some(etcd) = etcd_of(&view) else { return };
-        let answer = etcd.healthy().await;
-        let Some(v) = view.upgrade() else { return };
-        v.set_up(answer.is_ok());
-        if let Err(e) = answer {
-            if let Some(more) = failures.hit(std::time::Instant::now()) {
-                tracing::warn!("etcd: {e}{more}");
-            }
-        }
+        Source::Fencegate(_) | Source::ZooKeeper(_) => None,
     }
 }
 
