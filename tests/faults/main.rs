@@ -13,3 +13,4 @@ mod partitions;
 mod power_loss;
 mod soak;
 mod torture;
+mod zookeeper;

@@ -22,6 +22,9 @@
 //!   private network of network namespaces (a member per node, sidecar,
 //!   workers) with firewall rules and packet delay; a FUSE filesystem whose
 //!   power a test cuts.
+//! - [`etcd`], [`zookeeper`]: the other lock services the sidecar fences,
+//!   as 3-member ensembles on loopback, and lock holders on them (installed
+//!   by `.ci/lockservices`).
 //! - [`ports`], [`process`], [`tls`]: free ports, child processes killed on
 //!   drop (and when the test process dies), a throw-away PKI.
 //!
@@ -47,6 +50,7 @@ pub mod upstream;
 pub mod verify;
 pub mod wait;
 pub mod watch;
+pub mod zookeeper;
 
 pub use binary::Bin;
 pub use cluster::Cluster;

@@ -52,6 +52,7 @@ use crate::sidecar::fencing::freshness::{self, Freshness};
 use crate::sidecar::fencing::zookeeper::ZooKeeper;
 
 mod etcd;
+mod zookeeper;
 
 /// A watch stream silent for this long is considered dead (the lock service
 /// sends a heartbeat every 5 s).
@@ -201,8 +202,11 @@ impl LockView {
     }
 
     /// Follow the locks kazoo's and Curator's recipes take in ZooKeeper
-    /// (decision 0010): read per request (`sync`, then the lock's
-    /// children). The service is up while a `sync` is answered.
+    /// (decision 0010): the locks under each of `followed` read after a
+    /// `sync` every third of `max_staleness` (the proof), and a lock read
+    /// again when a watch says it changed; other locks read per request
+    /// (`sync`, then the lock's children). The service is up while a
+    /// `sync` is answered.
     pub(crate) fn start_zookeeper(
         zk: ZooKeeper,
         metrics: SidecarMetrics,
@@ -211,6 +215,7 @@ impl LockView {
     ) -> Arc<Self> {
         let view = Self::new(Source::ZooKeeper(Arc::new(zk)), metrics, max_staleness, followed);
         tokio::spawn(up_forever(Arc::downgrade(&view)));
+        tokio::spawn(zookeeper::follow_forever(Arc::downgrade(&view)));
         view
     }
 
@@ -239,7 +244,7 @@ impl LockView {
     pub(crate) fn set_followed(&self, followed: Vec<String>) {
         self.probing.store(!followed.is_empty(), Ordering::Relaxed);
         let mut mine = self.followed.lock().unwrap_or_else(|p| p.into_inner());
-        if *mine != followed && matches!(self.source, Source::Etcd(_)) {
+        if *mine != followed && matches!(self.source, Source::Etcd(_) | Source::ZooKeeper(_)) {
             *self.freshness() = Freshness::default();
             self.keys.iter_mut().for_each(|mut k| k.watched = false);
             self.refollow.notify_one();
