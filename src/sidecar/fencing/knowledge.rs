@@ -203,10 +203,10 @@ impl LockView {
 
     /// Follow the locks kazoo's and Curator's recipes take in ZooKeeper
     /// (decision 0010): the locks under each of `followed` read after a
-    /// `sync` every third of `max_staleness` (the proof), and a lock read
-    /// again when a watch says it changed; other locks read per request
-    /// (`sync`, then the lock's children). The service is up while a
-    /// `sync` is answered.
+    /// quorum barrier every third of `max_staleness` (the proof), and a
+    /// lock read again when a watch says it changed; other locks read per
+    /// request (a barrier, then the lock's children). The service is up
+    /// while a `sync` is answered.
     pub(crate) fn start_zookeeper(
         zk: ZooKeeper,
         metrics: SidecarMetrics,

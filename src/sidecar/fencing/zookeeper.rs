@@ -12,12 +12,14 @@
 //! largest `pzxid` of its ancestors, read before it: its deletion changed
 //! its parent's children).
 //!
-//! `read` is ZooKeeper's strongest read, `sync` then the reads: `sync`
-//! makes the session's server catch up with the leader before it answers
-//! what follows on the session. It is not quorum-acknowledged
-//! (ZOOKEEPER-1675): a leader cut off from its quorum may answer one
-//! until it notices, within `syncLimit` ticks. docs/decisions/0010 says what
-//! that leaves open.
+//! `read` is linearizable: first a `barrier`, a write that changes nothing
+//! (a `multi` of one `check` of `/`, any version), proposed by the leader
+//! and committed by a quorum; the session's server answers what follows
+//! on the session only after it applied it, so the reads show every write
+//! acknowledged before the barrier was sent. ZooKeeper's `sync` would be
+//! cheaper, but is not quorum-acknowledged (ZOOKEEPER-1675): a leader cut
+//! off from its quorum may answer one until it notices. The barrier costs
+//! the ensemble one logged transaction per read.
 
 pub(crate) mod contenders;
 
@@ -89,14 +91,15 @@ impl ZooKeeper {
         }
     }
 
-    /// Who holds lock `name` now: `sync`, then its children, within `READ`.
+    /// Who holds lock `name` now: a `barrier`, then its children, within
+    /// `READ`.
     pub(crate) async fn read(&self, name: &str) -> Result<LockInfo, String> {
         let path = znode(name);
         let read = async {
             let zk = self.client().await?;
-            let synced = zk.sync(&path);
+            let barrier = barrier(&zk);
             let holder = self.holder(&zk, &path);
-            synced.await.map_err(|e| format!("sync of {path}: {e}"))?;
+            barrier.await?;
             holder.await
         };
         let holder = tokio::time::timeout(READ, read).await.map_err(|_| format!("no answer within {READ:?}"))??;
@@ -113,7 +116,7 @@ impl ZooKeeper {
     }
 
     /// Who holds the lock at `path` as the session's server has it, with no
-    /// `sync` of its own (a caller's, sent before, covers it).
+    /// barrier of its own (a caller's, sent before, covers it).
     pub(crate) async fn holder(&self, zk: &Client, path: &str) -> Result<Holder, String> {
         for _ in 0..HOLDER_TRIES {
             // Sent in this order, answered in it: a lock znode absent after
@@ -218,6 +221,18 @@ impl ZooKeeper {
         let zk = connector.connect(hosts).await.map_err(|e| format!("no session with ZooKeeper at {hosts}: {e}"))?;
         zk.sync("/").await.map_err(|e| format!("sync of a new session with {hosts}: {e}"))?;
         Ok(zk)
+    }
+}
+
+/// A write through the leader and a quorum that changes nothing: a `multi`
+/// of one `check` of `/`, any version. Sent when called; what the session
+/// reads after it shows every write acknowledged before then.
+pub(crate) fn barrier(zk: &Client) -> impl std::future::Future<Output = Result<(), String>> + '_ {
+    let mut multi = zk.new_multi_writer();
+    let checked = multi.add_check_version("/", -1).map(|()| multi.commit());
+    async move {
+        checked.map_err(|e| format!("barrier: {e}"))?.await.map_err(|e| format!("barrier: {e}"))?;
+        Ok(())
     }
 }
 

@@ -1,11 +1,12 @@
 //! Following ZooKeeper (`lock_service.kind: zookeeper`, docs/decisions/0010)
 //! for `cached` routes: the proof, and the watches.
 //!
-//! - **The proof**: every third of `max_staleness`, a `sync`, then every
-//!   lock under every followed prefix read (each one's children, its
-//!   holder's czxid). Each read is answered after the `sync`, so it shows
-//!   at least every change acknowledged before `sent`: learnt as a read of
-//!   each lock, it proves the knowledge current as of `sent`.
+//! - **The proof**: every third of `max_staleness`, a quorum `barrier`,
+//!   then every lock under every followed prefix read (each one's
+//!   children, its holder's czxid). Each read is answered after the
+//!   barrier, so it shows at least every change acknowledged before
+//!   `sent`: learnt as a read of each lock, it proves the knowledge
+//!   current as of `sent`.
 //! - **The watches**, one persistent recursive watch per prefix's parent
 //!   znode, only make the knowledge newer between proofs: a change under a
 //!   lock has that lock read again at once, so an old holder's writes are
@@ -29,7 +30,7 @@ use super::{LockView, Source};
 use crate::log_limit::{Window, EVERY};
 use crate::sidecar::fencing::freshness;
 use crate::sidecar::fencing::zookeeper::contenders::znode;
-use crate::sidecar::fencing::zookeeper::{lock_info, Holder, ZooKeeper};
+use crate::sidecar::fencing::zookeeper::{barrier, lock_info, Holder, ZooKeeper};
 
 /// How many locks one prefix may hold: past it, its proof fails and its
 /// `cached` routes read per request (and the log says why).
@@ -124,13 +125,13 @@ fn log(failures: &mut Window, e: &str) -> Vec<String> {
     vec![]
 }
 
-/// The proof: a `sync`, then every lock under `prefixes` read and learnt
+/// The proof: a `barrier`, then every lock under `prefixes` read and learnt
 /// as reads sent at `sent`, if all of it was answered within
 /// `max_staleness`.
 async fn prove_current(v: &LockView, zk: &ZooKeeper, prefixes: &[String]) -> Result<(), String> {
     let sent = Instant::now();
     let client = zk.client().await?;
-    client.sync("/").await.map_err(|e| format!("sync: {e}"))?;
+    barrier(&client).await?;
     let mut locks = BTreeSet::new();
     for p in prefixes {
         locks.extend(list(v, zk, p).await?);
