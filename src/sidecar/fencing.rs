@@ -80,6 +80,8 @@ pub(crate) struct Cleared<'r> {
     route: &'r str,
     /// When the latest read of the key that vouches for it was sent.
     read_at: Option<Instant>,
+    /// Every grant of the key up to this has ended, by the reads so far.
+    ended: Token,
 }
 
 pub(crate) struct Fencer {
@@ -126,6 +128,7 @@ impl Fencer {
         // The send time of a read of this key that vouches for it (it
         // started no earlier than the request arrived).
         let mut read_at = None;
+        let mut ended = 0;
         loop {
             match decide(mode, token, &known, read_at.is_some()) {
                 Verdict::Forward if read_at.is_some() || !needs_read => break,
@@ -134,9 +137,10 @@ impl Fencer {
                     if stale {
                         self.count_stale(&route.name);
                     }
-                    self.read(key, arrived).await.map_err(unavailable)?;
+                    ended = ended.max(self.read(key, arrived).await.map_err(unavailable)?);
                     read_at = Some(arrived);
                     known = self.look(mode, key, read_at).0;
+                    known.ended_through(ended);
                 }
             }
         }
@@ -149,7 +153,7 @@ impl Fencer {
             .enter(&floor, token)
             .await
             .map_err(|higher| reject(Reason::StaleToken, Some(token), Some(higher)))?;
-        let mut cleared = Cleared { permit, mode, token, key, route: &route.name, read_at };
+        let mut cleared = Cleared { permit, mode, token, key, route: &route.name, read_at, ended };
         // The wait may have outlasted the proof (or the read) the first
         // decision stood on: re-decide, reading again if it lapsed, before
         // the floor records the token as forwarded.
@@ -188,13 +192,15 @@ impl Fencer {
         if !trusted {
             self.count_stale(c.route);
             let sent = Instant::now();
-            self.read(c.key, sent).await.map_err(|_| reject(Reason::LockServiceUnavailable, None))?;
+            let ended = self.read(c.key, sent).await.map_err(|_| reject(Reason::LockServiceUnavailable, None))?;
+            c.ended = c.ended.max(ended);
             let (after, trusted) = self.look(c.mode, c.key, Some(sent));
             if !trusted {
                 return Err(reject(Reason::LockServiceUnavailable, None));
             }
             (known, c.read_at) = (after, Some(sent));
         }
+        known.ended_through(c.ended);
         match decide(c.mode, c.token, &known, true) {
             Verdict::Reject { reason, current } => Err(reject(reason, Some(current))),
             Verdict::Forward | Verdict::AskService => Ok(()),
@@ -233,7 +239,7 @@ impl Fencer {
         }
     }
 
-    async fn read(&self, key: &str, arrived: Instant) -> Result<(), String> {
+    async fn read(&self, key: &str, arrived: Instant) -> Result<Token, String> {
         match &self.view {
             Some(view) => view.read(key, arrived).await,
             None => Err("no lock service configured".into()),
@@ -266,7 +272,7 @@ mod tests {
 
     use super::*;
     use crate::metrics::SidecarMetrics;
-    use crate::sidecar::fencing::knowledge::tests::slow_reads;
+    use crate::sidecar::fencing::knowledge::tests::{learnt_late, slow_reads};
     use crate::sidecar::state::Store;
 
     /// A fencer whose lock service answers reads of `rack/1` (token 34,
@@ -299,9 +305,30 @@ mod tests {
     }
 
     async fn vouched(f: &Fencer) -> Result<(), Answer> {
+        vouched_after(f, None, 0).await
+    }
+
+    /// `vouch` for token 34 of `rack/1`, after a read sent at `read_at` that
+    /// showed every grant up to `ended` ended.
+    async fn vouched_after(f: &Fencer, read_at: Option<Instant>, ended: Token) -> Result<(), Answer> {
         let permit = f.order.enter("rack/1", 34).await.unwrap();
-        let mut c = Cleared { permit, mode: FenceMode::Strict, token: 34, key: "rack/1", route: "r", read_at: None };
+        let mut c = Cleared { permit, mode: FenceMode::Strict, token: 34, key: "rack/1", route: "r", read_at, ended };
         f.vouch(&mut c).await
+    }
+
+    /// A read showed 34 ended; an older answer that says it is held, learnt
+    /// after the read (a slower etcd member, a watch line behind it), does
+    /// not make it live again for a decision that stands on that read.
+    #[tokio::test]
+    async fn an_answer_older_than_the_read_does_not_undo_what_it_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(dir.path(), Duration::from_secs(5)).await;
+        learnt_late(f.view.as_ref().unwrap(), "rack/1", 34);
+        match vouched_after(&f, Some(Instant::now()), 40).await {
+            Err(Answer::Rejected(r)) => assert_eq!(r.reason, Reason::LeaseExpired),
+            other => panic!("34 ended by the read: {:?}", other.map_err(|a| a.to_string())),
+        }
+        assert!(vouched_after(&f, Some(Instant::now()), 33).await.is_ok(), "a read that ended only grants before 34");
     }
 
     /// A read answered `max_staleness` or more after it was sent vouches for

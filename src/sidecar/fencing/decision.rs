@@ -60,6 +60,18 @@ pub(crate) struct Knowledge {
     pub compacted_below: Token,
 }
 
+impl Knowledge {
+    /// A linearizable read showed every grant up to `through` ended: the
+    /// latest known grant stays ended whatever was learnt after the read (an
+    /// older answer, from a slower member or a watch behind it, may say it
+    /// is live).
+    pub(crate) fn ended_through(&mut self, through: Token) {
+        if self.latest <= through {
+            (self.live, self.presumed_ended) = (false, false);
+        }
+    }
+}
+
 /// The verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {

@@ -113,7 +113,9 @@ impl Known {
     }
 }
 
-type ReadResult = Result<(), String>;
+/// A read's outcome: every grant of the key up to this token has ended
+/// (`wire::LockInfo::ended_through`), or why it failed.
+type ReadResult = Result<Token, String>;
 
 /// A read in flight: when it started, and its result once done.
 struct InflightRead {
@@ -459,8 +461,12 @@ impl LockView {
     }
 
     /// Read `key` linearizably with a read that started no earlier than
-    /// `arrived`, sharing one with concurrent callers when possible.
-    pub(crate) async fn read(self: &Arc<Self>, key: &str, arrived: Instant) -> Result<(), String> {
+    /// `arrived`, sharing one with concurrent callers when possible: every
+    /// grant of it up to the token returned has ended. What is known may
+    /// learn an older answer after this one (a slower member, a watch
+    /// behind it), which can make such a grant look live again; the caller
+    /// ends it (`Knowledge::ended_through`).
+    pub(crate) async fn read(self: &Arc<Self>, key: &str, arrived: Instant) -> Result<Token, String> {
         let mut rx = {
             let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
             match reads.get(key) {
@@ -494,7 +500,7 @@ impl LockView {
                                 reads.remove(&key);
                             }
                         }
-                        tx.send_replace(Some(outcome.map(|_| ())));
+                        tx.send_replace(Some(outcome.map(|info| ended_through(&info))));
                     });
                     rx
                 }
@@ -502,6 +508,16 @@ impl LockView {
         };
         let done = rx.wait_for(Option::is_some).await.map_err(|_| "read abandoned".to_string())?;
         done.clone().expect("waited for Some")
+    }
+}
+
+/// Every grant of the key up to this has ended, by `info`: those before
+/// its holder's; or, free, its latest grant and everything up to
+/// `compacted_below`.
+fn ended_through(info: &wire::LockInfo) -> Token {
+    match info.held {
+        true => info.token.saturating_sub(1),
+        false => info.token.max(info.compacted_below.unwrap_or(0)),
     }
 }
 
@@ -830,6 +846,11 @@ pub(super) mod tests {
 
     fn trusted(view: &LockView, key: &str, now: Instant) -> bool {
         view.look(key, now).1
+    }
+
+    /// An answer older than a read, learnt after it: `key` held by `token`.
+    pub(in crate::sidecar) fn learnt_late(view: &LockView, key: &str, token: Token) {
+        view.learn(key, token, true, 0);
     }
 
     /// A stand-in lock service that answers key reads slowly and counts them.
