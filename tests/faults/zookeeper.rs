@@ -4,6 +4,8 @@
 //! real sidecar process. The token is the czxid of the holder's znode,
 //! which the holder reads after it got the lock.
 
+mod torture;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -70,7 +72,8 @@ async fn contenders(zk: &ZooKeeper, lock: &str, n: usize) -> Vec<String> {
 /// queues behind it (its znode's czxid is no token yet); A pauses past its
 /// session (SIGSTOP), ZooKeeper deletes its znode, B holds and writes; A's
 /// late write is refused, before and after it runs again. The sequence
-/// number of a contender is no token either.
+/// number of a contender is no token either, and a holder whose znode an
+/// operator deleted holds nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_paused_past_its_zookeeper_session_is_refused() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -99,6 +102,10 @@ async fn a_holder_paused_past_its_zookeeper_session_is_refused() {
     let sequence = u64::from(queued[1][queued[1].len() - 10..].parse::<u32>().unwrap());
     let (status, v) = sc.send("PUT", "/racks/42", Some(sequence), &[]).await;
     assert_eq!((status, error_of(&v)), (409, "stale_token"), "a sequence number is no token: {v}");
+    // An operator deletes B's znode by hand: B holds nothing from then on.
+    zk.kazoo(&format!("zk.delete('/rack/42/{}')", queued[1])).await;
+    let (status, v) = sc.send("PUT", "/racks/42", Some(tb), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "lease_expired"), "B's znode deleted by hand: {v}");
     assert_eq!(up.tokens("/racks/42"), vec![Some(ta), Some(ta), Some(tb)]);
 }
 

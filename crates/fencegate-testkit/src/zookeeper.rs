@@ -2,8 +2,8 @@
 //! directly with `java`), set up for the lock-service tests: data on disk,
 //! fsync on, sessions that expire within seconds; and [`Holder`]s, lock
 //! holders written as applications write them, with the Python client kazoo
-//! and its Lock recipe, whose fencing token is their lock znode's sequence
-//! number. `.ci/lockservices` installs both.
+//! and its Lock recipe, whose fencing token is the czxid of their lock
+//! znode (docs/decisions/0010). `.ci/lockservices` installs both.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -511,6 +511,26 @@ impl LockView {
     }
 }
 
+/// etcd and ZooKeeper: one watch task per followed prefix: the ones of
+/// prefixes no longer followed, or ended, are dropped; `start` one for each
+/// followed prefix without.
+fn watch_each(
+    watches: &mut HashMap<String, tokio::task::JoinHandle<()>>,
+    prefixes: &[String],
+    start: impl Fn(String) -> tokio::task::JoinHandle<()>,
+) {
+    watches.retain(|p, w| {
+        let keep = prefixes.contains(p) && !w.is_finished();
+        if !keep {
+            w.abort();
+        }
+        keep
+    });
+    for p in prefixes {
+        watches.entry(p.clone()).or_insert_with(|| start(p.clone()));
+    }
+}
+
 /// Every grant of the key up to this has ended, by `info`: those before
 /// its holder's; or, free, its latest grant and everything up to
 /// `compacted_below`.

@@ -34,7 +34,7 @@ use contenders::{ancestors, first, znode};
 
 /// One read, session set-up included: past it the answer would be too old
 /// to vouch for anything (`max_staleness` is at most 10 s, 1 s by default).
-const READ: Duration = Duration::from_secs(3);
+pub(crate) const READ: Duration = Duration::from_secs(3);
 /// The sidecar's own session: how long ZooKeeper keeps it (and the watches
 /// on it) while the sidecar cannot reach any server.
 const SESSION: Duration = Duration::from_secs(6);

@@ -6,8 +6,8 @@ recipe, which holds the lock until it is told to let go.
 
 Once it holds the lock it writes OUT_DIR/held, as JSON: its znode's name, the
 znode's sequence number, the fencing token (the zxid that created the znode:
-its czxid) and its pid. It then holds the
-lock until SIGTERM, on which it releases it and exits. SIGTERM while still
+its czxid) and its pid. It then holds the lock until SIGTERM, on which it
+releases it and exits. SIGTERM while still
 waiting ends the wait: its session is closed, so its znode goes at once.
 
 With USER:PASSWORD it authenticates by digest and creates its znodes (the

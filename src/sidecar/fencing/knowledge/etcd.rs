@@ -68,16 +68,7 @@ pub(super) async fn follow_forever(view: Weak<LockView>) {
         v.metrics.knowledge_age.set(v.age(Instant::now()).as_secs_f64());
         let prefixes = v.followed();
         drop(v);
-        watches.retain(|p, w| {
-            let keep = prefixes.contains(p) && !w.is_finished();
-            if !keep {
-                w.abort();
-            }
-            keep
-        });
-        for p in &prefixes {
-            watches.entry(p.clone()).or_insert_with(|| tokio::spawn(watch_forever(view.clone(), p.clone())));
-        }
+        super::watch_each(&mut watches, &prefixes, |p| tokio::spawn(watch_forever(view.clone(), p)));
         if prefixes.is_empty() {
             continue;
         }

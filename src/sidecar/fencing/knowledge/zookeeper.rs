@@ -29,8 +29,8 @@ use zookeeper_client::{AddWatchMode, Client, EventType, SessionState};
 use super::{LockView, Source};
 use crate::log_limit::{Window, EVERY};
 use crate::sidecar::fencing::freshness;
-use crate::sidecar::fencing::zookeeper::contenders::znode;
-use crate::sidecar::fencing::zookeeper::{barrier, lock_info, Holder, ZooKeeper};
+use crate::sidecar::fencing::zookeeper::contenders::{sequence, znode};
+use crate::sidecar::fencing::zookeeper::{barrier, lock_info, Holder, ZooKeeper, READ};
 
 /// How many locks one prefix may hold: past it, its proof fails and its
 /// `cached` routes read per request (and the log says why).
@@ -64,7 +64,7 @@ pub(super) async fn follow_forever(view: Weak<LockView>) {
     let mut watches: HashMap<String, JoinHandle<()>> = HashMap::new();
     let mut failures = Window::new(EVERY);
     loop {
-        let prove = {
+        let change = {
             let Some(v) = view.upgrade() else { break };
             tokio::select! {
                 _ = tick.tick() => None,
@@ -72,45 +72,21 @@ pub(super) async fn follow_forever(view: Weak<LockView>) {
                 Some(change) = changes.recv() => Some(change),
             }
         };
-        let Some(v) = view.upgrade() else { break };
-        let Some(zk) = zookeeper_of(&view) else { break };
+        let (Some(v), Some(zk)) = (view.upgrade(), zookeeper_of(&view)) else { break };
         let prefixes = v.followed();
-        let outcome = match prove {
-            Some(change) => {
-                let locks = match change {
-                    Touched::Lock(lock) => vec![lock],
-                    Touched::Prefix(p) if prefixes.contains(&p) => match list(&v, &zk, &p).await {
-                        Ok(locks) => locks,
-                        Err(e) => log(&mut failures, &e),
-                    },
-                    Touched::Prefix(_) => vec![],
-                };
-                match read_all(&zk, &locks).await {
-                    Ok(read) => read.into_iter().for_each(|(lock, holder)| v.learn_watched(&lock, holder)),
-                    Err(e) => drop(log(&mut failures, &e)),
-                }
-                continue;
+        if let Some(change) = change {
+            // Bounded, as the proof: a session that hangs must not stop them.
+            if let Err(e) = within(read_again(&v, &zk, change, &prefixes)).await {
+                log(&mut failures, &e);
             }
-            None => {
-                v.metrics.knowledge_age.set(v.age(Instant::now()).as_secs_f64());
-                watches.retain(|p, w| {
-                    let keep = prefixes.contains(p) && !w.is_finished();
-                    if !keep {
-                        w.abort();
-                    }
-                    keep
-                });
-                for p in &prefixes {
-                    let task = || tokio::spawn(watch_forever(view.clone(), p.clone(), touched.clone()));
-                    watches.entry(p.clone()).or_insert_with(task);
-                }
-                if prefixes.is_empty() {
-                    continue;
-                }
-                prove_current(&v, &zk, &prefixes).await
-            }
-        };
-        if let Err(e) = outcome {
+            continue;
+        }
+        v.metrics.knowledge_age.set(v.age(Instant::now()).as_secs_f64());
+        super::watch_each(&mut watches, &prefixes, |p| tokio::spawn(watch_forever(view.clone(), p, touched.clone())));
+        if prefixes.is_empty() {
+            continue;
+        }
+        if let Err(e) = within(prove_current(&v, &zk, &prefixes)).await {
             v.metrics.freshness_probe_failures.inc();
             log(&mut failures, &format!("proving what is known of ZooKeeper's locks current failed: {e}"));
         }
@@ -118,11 +94,30 @@ pub(super) async fn follow_forever(view: Weak<LockView>) {
     watches.drain().for_each(|(_, w)| w.abort());
 }
 
-fn log(failures: &mut Window, e: &str) -> Vec<String> {
+fn log(failures: &mut Window, e: &str) {
     if let Some(more) = failures.hit(std::time::Instant::now()) {
         tracing::warn!("ZooKeeper: {e}{more}");
     }
-    vec![]
+}
+
+/// `work`, given up after `READ` (with `max_staleness` at most 10 s, an
+/// answer later than that proves nothing a route may still use).
+async fn within<T>(work: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+    tokio::time::timeout(READ, work).await.map_err(|_| format!("no answer within {READ:?}"))?
+}
+
+/// What a watch told of: the lock it named, or every lock under a prefix
+/// still followed, read and learnt as newer knowledge (no proof).
+async fn read_again(v: &LockView, zk: &ZooKeeper, change: Touched, prefixes: &[String]) -> Result<(), String> {
+    let locks = match change {
+        Touched::Lock(lock) => vec![lock],
+        Touched::Prefix(p) if prefixes.contains(&p) => list(v, zk, &p).await?,
+        Touched::Prefix(_) => vec![],
+    };
+    for (lock, holder) in read_all(zk, &locks).await? {
+        v.learn_watched(&lock, holder);
+    }
+    Ok(())
 }
 
 /// The proof: a `barrier`, then every lock under `prefixes` read and learnt
@@ -155,27 +150,37 @@ async fn prove_current(v: &LockView, zk: &ZooKeeper, prefixes: &[String]) -> Res
 }
 
 /// The locks under `prefix` (lock keys): the children of its parent znode
-/// whose names start with the rest of it (or, for a prefix ending in `/`,
-/// the one lock it names), and every lock known under it.
+/// whose names start with the rest of it and are no contenders (a
+/// sequence number ends those), the parent itself when nothing follows
+/// its `/` (`rack/` is `rack/{rack}`'s prefix, and `locks/db/` that of the
+/// one lock `locks/db`), and every lock known under it.
 async fn list(v: &LockView, zk: &ZooKeeper, prefix: &str) -> Result<Vec<String>, String> {
     let mut locks: BTreeSet<String> = v.keys.iter().map(|k| k.key().clone()).filter(|k| under(k, prefix)).collect();
-    match prefix.strip_suffix('/') {
-        Some(lock) => drop(locks.insert(lock.to_string())),
-        None => {
-            let (parent, start) = prefix.rsplit_once('/').ok_or("a prefix with no parent znode")?;
-            let client = zk.client().await?;
-            let children = match client.list_children(&znode(parent)).await {
-                Ok(children) => children,
-                Err(zookeeper_client::Error::NoNode) => vec![],
-                Err(e) => return Err(format!("children of {}: {e}", znode(parent))),
-            };
-            if children.len() > MAX_LOCKS {
-                return Err(format!("more than {MAX_LOCKS} locks under {prefix:?}: too many to follow"));
-            }
-            locks.extend(children.into_iter().filter(|c| c.starts_with(start)).map(|c| format!("{parent}/{c}")));
-        }
+    let (parent, start) = parent_of(prefix)?;
+    if start.is_empty() {
+        locks.insert(parent.to_string());
     }
+    let client = zk.client().await?;
+    let children = match client.list_children(&znode(parent)).await {
+        Ok(children) => children,
+        Err(zookeeper_client::Error::NoNode) => vec![],
+        Err(e) => return Err(format!("children of {}: {e}", znode(parent))),
+    };
+    if children.len() > MAX_LOCKS {
+        return Err(format!("more than {MAX_LOCKS} znodes under {prefix:?}: too many to follow"));
+    }
+    let named = |c: &String| c.starts_with(start) && sequence(c).is_none();
+    locks.extend(children.iter().filter(|c| named(c)).map(|c| format!("{parent}/{c}")));
     Ok(locks.into_iter().collect())
+}
+
+/// The key of the znode `prefix`'s locks are children of (the one a watch
+/// follows), and the text their names start with.
+fn parent_of(prefix: &str) -> Result<(&str, &str), String> {
+    prefix
+        .rsplit_once('/')
+        .filter(|(parent, _)| !parent.is_empty())
+        .ok_or_else(|| format!("{prefix:?} has no parent znode"))
 }
 
 /// Who holds each of `locks`, asked together on the session.
@@ -192,19 +197,16 @@ fn under(key: &str, prefix: &str) -> bool {
     format!("{key}/").starts_with(prefix)
 }
 
-/// The lock a change of znode `path` under `prefix` concerns: the lock
-/// znode itself, or the lock its parent is (a contender's change).
+/// The lock a change of znode `path` under `prefix` concerns: the lock its
+/// parent is, for a contender (a name ending in a sequence number); else
+/// the znode itself.
 fn lock_of(path: &str, prefix: &str) -> Option<String> {
     let key = path.strip_prefix('/')?;
-    if under(key, prefix) && !key.ends_with('/') {
-        // A contender (`lock/child`) or the lock znode itself; a lock has
-        // no grandchildren the recipes make.
-        return match key.rsplit_once('/') {
-            Some((lock, _)) if under(lock, prefix) => Some(lock.to_string()),
-            _ => Some(key.to_string()),
-        };
-    }
-    None
+    let lock = match key.rsplit_once('/') {
+        Some((lock, name)) if sequence(name).is_some() => lock,
+        _ => key,
+    };
+    under(lock, prefix).then(|| lock.to_string())
 }
 
 impl LockView {
@@ -250,10 +252,7 @@ async fn watch_forever(view: Weak<LockView>, prefix: String, touched: mpsc::Send
 /// lock under it read, then tell of each change, until its session ends.
 async fn watch(zk: &ZooKeeper, prefix: &str, touched: &mpsc::Sender<Touched>, changes: &mut u64) -> Result<(), String> {
     let gone = || "the sidecar is stopping".to_string();
-    let parent = match prefix.strip_suffix('/') {
-        Some(lock) => znode(lock),
-        None => znode(prefix.rsplit_once('/').ok_or("a prefix with no parent znode")?.0),
-    };
+    let parent = znode(parent_of(prefix)?.0);
     let client: Client = zk.client().await?;
     let mut watcher = client.watch(&parent, AddWatchMode::PersistentRecursive).await.map_err(|e| e.to_string())?;
     touched.send(Touched::Prefix(prefix.to_string())).await.map_err(|_| gone())?;
@@ -290,9 +289,17 @@ mod tests {
         assert_eq!(lock_of("/locks/rack-42", p).as_deref(), Some("locks/rack-42"));
         assert_eq!(lock_of("/locks/db", p), None);
         assert_eq!(lock_of("/locks", p), None);
+        // `rack/{rack}`'s prefix: the locks are /rack's children.
+        let p = "rack/";
+        assert_eq!(lock_of("/rack/s0", p).as_deref(), Some("rack/s0"));
+        assert_eq!(lock_of("/rack/s0/_c_1-lock-0000000001", p).as_deref(), Some("rack/s0"));
+        // `locks/db`'s: the lock is the parent itself.
         let one = "locks/db/";
         assert_eq!(lock_of("/locks/db/_c_1-lock-0000000001", one).as_deref(), Some("locks/db"));
         assert_eq!(lock_of("/locks/db", one).as_deref(), Some("locks/db"));
         assert_eq!(lock_of("/locks/dbx", one), None);
+        assert_eq!(parent_of("rack/"), Ok(("rack", "")));
+        assert_eq!(parent_of("locks/rack-"), Ok(("locks", "rack-")));
+        assert!(parent_of("rack-").is_err() && parent_of("/x").is_err());
     }
 }
