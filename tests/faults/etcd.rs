@@ -15,11 +15,8 @@ use fencegate_testkit::routes::{rack_writes, table};
 use fencegate_testkit::sidecar::SidecarOptions;
 use fencegate_testkit::{bin, wait, Proc, Sidecar, Upstream};
 use nix::sys::signal::Signal;
-use serde_json::Value;
 
-fn error_of(v: &Value) -> &str {
-    v["error"].as_str().unwrap_or("")
-}
+use crate::lock_services::error_of;
 
 /// A route that reads etcd per request.
 const LINEARIZABLE: &str = "{ mode: strict, consistency: linearizable }";
@@ -280,17 +277,7 @@ async fn a_cached_route_follows_etcd_and_refuses_a_paused_holder() {
     for id in 1..=3 {
         etcd.kill_member(id);
     }
-    sc.wait_for_metric("fencegate_sidecar_lock_service_up", 0.0, Duration::from_secs(10)).await;
-    let (status, v) = sc.send("PUT", "/racks/9", Some(tb), &[]).await;
-    assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
-    // Restarted (SIGKILL) with etcd still gone, it keeps its floors: A's
-    // token is below B's, which it forwarded, and is refused without etcd.
-    sc.restart().await;
-    let (status, v) = sc.send("PUT", "/racks/9", Some(ta), &[]).await;
-    assert_eq!((status, error_of(&v), v["current"].as_u64()), (409, "stale_token", Some(tb)), "{v}");
-    let (status, v) = sc.send("PUT", "/racks/9", Some(tb), &[]).await;
-    assert_eq!((status, error_of(&v)), (503, "lock_service_unavailable"), "{v}");
-    assert_eq!(up.tokens("/racks/9"), vec![Some(ta), Some(tb)]);
+    crate::lock_services::floors_outlive_the_service(&mut sc, &up, "/racks/9", (ta, tb)).await;
 }
 
 /// `fencegate lock --lock-service etcd` takes the lock `etcdctl lock`

@@ -251,3 +251,17 @@ impl Holder {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     }
 }
+
+impl crate::verify::recipe::Holder for Holder {
+    fn token(&self) -> Option<u64> {
+        self.held().map(|(token, _)| token)
+    }
+
+    fn process(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
+
+    fn release(&self) {
+        Holder::release(self)
+    }
+}

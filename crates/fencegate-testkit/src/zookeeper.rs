@@ -340,6 +340,20 @@ impl Holder {
     }
 }
 
+impl crate::verify::recipe::Holder for Holder {
+    fn token(&self) -> Option<u64> {
+        self.held()
+    }
+
+    fn process(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
+
+    fn release(&self) {
+        Holder::release(self)
+    }
+}
+
 /// Needs Debian's zookeeper and kazoo (`.ci/lockservices`): the fault tier.
 #[cfg(all(test, feature = "faults"))]
 mod tests {
