@@ -65,6 +65,20 @@ async fn contenders(zk: &ZooKeeper, lock: &str, n: usize) -> Vec<String> {
     .await
 }
 
+/// Until `token`'s write to `path` is refused for `reason` (within
+/// `within`; the refusals before it are fine, a forward is not).
+async fn refused(sc: &Sidecar, path: &str, token: u64, reason: &str, within: Duration) {
+    wait::until_ok(&format!("{token} refused for {reason}"), within, || async {
+        let (status, v) = sc.send("PUT", path, Some(token), &[]).await;
+        match (status, error_of(&v)) {
+            (_, got) if got == reason => Ok(()),
+            (200, _) => panic!("{token} forwarded to {path}"),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
 /// The seed's picture on ZooKeeper: A holds `/rack/42` and writes; B
 /// queues behind it (its znode's czxid is no token yet); A pauses past its
 /// session (SIGSTOP), ZooKeeper deletes its znode, B holds and writes; A's
@@ -135,14 +149,7 @@ async fn a_cached_route_follows_zookeeper_and_refuses_a_paused_holder() {
     a.proc.freeze(false);
     b.release();
     contenders(&zk, "/rack/9", 0).await;
-    wait::until_ok("B refused once it let go", Duration::from_secs(2), || async {
-        let (status, v) = sc.send("PUT", "/racks/9", Some(tb), &[]).await;
-        match (status, error_of(&v)) {
-            (409, "lease_expired") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    refused(&sc, "/racks/9", tb, "lease_expired", Duration::from_secs(2)).await;
     let stale = r#"fencegate_sidecar_stale_knowledge_reads_total{route="rack-writes"}"#;
     assert_eq!(metric(&sc.metrics().await, stale), Some(0.0), "no read for want of proof");
     assert_eq!(up.tokens("/racks/9"), vec![Some(ta), Some(tb)]);
@@ -151,6 +158,62 @@ async fn a_cached_route_follows_zookeeper_and_refuses_a_paused_holder() {
         zk.kill_server(id);
     }
     crate::lock_services::floors_outlive_the_service(&mut sc, &up, "/racks/9", (ta, tb)).await;
+}
+
+/// An ensemble restored from a backup taken before A's lock: its zxids go
+/// back, and B, the restored history's holder, gets a czxid below A's.
+/// Neither is forwarded, on either kind of route: refused as ended and as
+/// below the floor at once, and once a read of the lock (a cached route's
+/// next proof) answers below its latest known grant, which is another
+/// history (ZooKeeper names none), as `lock_service_behind_floor`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_zookeeper_whose_zxids_went_back_forwards_neither_holder() {
+    for fence in [LINEARIZABLE, CACHED] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let (mut zk, up, sc) = setup(dir.path(), fence).await;
+        let backup = dir.path().join("backup");
+        zk.backup(&backup);
+        zk.ready().await;
+        // Its session lost with the servers, the sidecar refuses until it
+        // has a new one.
+        sc.wait_for_metric("fencegate_sidecar_lock_service_up", 1.0, Duration::from_secs(30)).await;
+        // Writes after the backup: the restored history's next zxids fall
+        // below A's.
+        zk.kazoo("[zk.create('/other-', ephemeral=True, sequence=True) for _ in range(20)]").await;
+        let a = Holder::start(&zk, dir.path(), "a", "/rack/5");
+        let ta = a.token().await;
+        assert_eq!(sc.send("PUT", "/racks/5", Some(ta), &[]).await.0, 200, "A's write");
+        // Let go, and known to have let go: a cached route trusts what it
+        // last proved for `max_staleness` (10 s here) while the ensemble is
+        // down.
+        a.release();
+        contenders(&zk, "/rack/5", 0).await;
+        refused(&sc, "/racks/5", ta, "lease_expired", Duration::from_secs(2)).await;
+        zk.restore(&backup);
+        zk.ready().await;
+        let b = Holder::start(&zk, dir.path(), "b", "/rack/5");
+        let tb = b.token().await;
+        assert!(tb < ta, "the restored zxids went back: {tb} < {ta}");
+        // The sidecar's session is of the history left behind: the
+        // servers refuse it (it saw zxids they have not), and it takes a new
+        // one once it expires (6 s), refusing everything meanwhile.
+        sc.wait_for_metric("fencegate_sidecar_lock_service_up", 1.0, Duration::from_secs(30)).await;
+        // Below the floor, or ended: refused on what is known, unread.
+        for token in [ta, tb] {
+            let (status, v) = sc.send("PUT", "/racks/5", Some(token), &[]).await;
+            assert_eq!(status, 409, "{fence}: {v}");
+        }
+        if fence == CACHED {
+            // The next proof reads the lock: another history, and neither
+            // holder's token is above the floor.
+            sc.wait_for_metric("fencegate_sidecar_lock_service_history_changes_total", 1.0, Duration::from_secs(10))
+                .await;
+            for token in [ta, tb] {
+                refused(&sc, "/racks/5", token, "lock_service_behind_floor", Duration::from_secs(2)).await;
+            }
+        }
+        assert_eq!(up.tokens("/racks/5"), vec![Some(ta)]);
+    }
 }
 
 /// Locks whose znodes only their user may read (kazoo with digest

@@ -128,6 +128,36 @@ impl ZooKeeper {
         self.servers.remove(&id);
     }
 
+    /// What an operator backs up: every server stopped (SIGKILL), its data
+    /// directory copied under `to`, and started again; returns at once
+    /// (`ready` waits).
+    pub fn backup(&mut self, to: &Path) {
+        self.with_servers_stopped(|data, id| copy_dir(&data, &to.join(format!("zk{id}"))));
+    }
+
+    /// What an operator does after losing the ensemble: every server
+    /// stopped, its data directory replaced by `backup`'s copy, and started
+    /// again (it keeps its ports and ids; its zxids go back to the
+    /// backup's); returns at once (`ready` waits).
+    pub fn restore(&mut self, from: &Path) {
+        self.with_servers_stopped(|data, id| {
+            std::fs::remove_dir_all(&data).unwrap();
+            copy_dir(&from.join(format!("zk{id}")), &data);
+        });
+    }
+
+    fn with_servers_stopped(&mut self, each: impl Fn(PathBuf, u64)) {
+        for id in 1..=3 {
+            self.kill_server(id);
+        }
+        for id in 1..=3 {
+            each(self.dir.path().join(format!("zk{id}")), id);
+        }
+        for id in 1..=3 {
+            self.start_server(id);
+        }
+    }
+
     pub fn server_pid(&self, id: u64) -> u32 {
         self.servers[&id].pid()
     }
@@ -224,6 +254,19 @@ fn write_server_files(dir: &Path, id: u64, client_port: u16, members: &str) {
         data.display()
     );
     std::fs::write(dir.join(format!("zk{id}.cfg")), config).unwrap();
+}
+
+/// `from`'s files, copied into a new directory `to` (subdirectories too).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        match entry.file_type().unwrap().is_dir() {
+            true => copy_dir(&entry.path(), &target),
+            false => drop(std::fs::copy(entry.path(), target).unwrap()),
+        }
+    }
 }
 
 /// The answer to four-letter command `word` on 127.0.0.1:`port`, if one
