@@ -1,6 +1,7 @@
-//! Two sidecars side by side in one run, the same kind of load on each,
-//! interleaved per repetition (which goes first alternates) so that drift
-//! hits both alike: closed-loop throughput, then latency at a fixed rate.
+//! Two sidecars (or more) side by side in one run, the same kind of load on
+//! each, interleaved per repetition (the order rotates, so each goes first
+//! in turn; with two, which goes first alternates) so that drift hits all
+//! alike: closed-loop throughput, then latency at a fixed rate.
 
 use std::time::Duration;
 
@@ -26,23 +27,30 @@ impl Settings {
     }
 }
 
-/// Per sidecar, per repetition.
-pub struct Pair {
-    pub names: [&'static str; 2],
-    pub rps: [Vec<f64>; 2],
-    pub p50: [Vec<f64>; 2],
-    pub p99: [Vec<f64>; 2],
+/// Per sidecar (`N` of them), per repetition.
+pub struct Pair<const N: usize> {
+    pub names: [&'static str; N],
+    pub rps: [Vec<f64>; N],
+    pub p50: [Vec<f64>; N],
+    pub p99: [Vec<f64>; N],
 }
 
-/// Warm both up, then `s.reps` repetitions of both phases on each.
-pub async fn compare(names: [&'static str; 2], ports: [u16; 2], makes: [MakeRequest; 2], s: &Settings) -> Pair {
-    for i in 0..2 {
+/// Warm each up, then `s.reps` repetitions of both phases on each, in an
+/// order that rotates by one per repetition.
+pub async fn compare<const N: usize>(
+    names: [&'static str; N],
+    ports: [u16; N],
+    makes: [MakeRequest; N],
+    s: &Settings,
+) -> Pair<N> {
+    for i in 0..N {
         let run = load::closed_loop(ports[i], 4, Duration::from_secs(1), makes[i].clone()).await;
         assert!(run.ok > 0 && run.errors == 0, "warm-up failed {}: {} errors", names[i], run.errors);
     }
-    let mut p = Pair { names, rps: [vec![], vec![]], p50: [vec![], vec![]], p99: [vec![], vec![]] };
+    let none = || std::array::from_fn(|_| vec![]);
+    let mut p = Pair { names, rps: none(), p50: none(), p99: none() };
     for rep in 1..=s.reps {
-        for i in if rep % 2 == 0 { [1, 0] } else { [0, 1] } {
+        for i in (0..N).map(|k| (rep - 1 + k) % N) {
             eprintln!("rep {rep}/{}: {}", s.reps, names[i]);
             let run = load::closed_loop(ports[i], s.connections, s.seconds, makes[i].clone()).await;
             assert_eq!(run.errors, 0, "{}", names[i]);
@@ -55,18 +63,29 @@ pub async fn compare(names: [&'static str; 2], ports: [u16; 2], makes: [MakeRequ
     p
 }
 
-impl Pair {
+impl<const N: usize> Pair<N> {
     /// Second ÷ first: by the ratio of medians, and per repetition.
     pub fn ratios(&self) -> (f64, Vec<f64>) {
+        self.ratios_to_first(1)
+    }
+
+    /// Throughput of sidecar `i` ÷ the first's: by the ratio of medians,
+    /// and per repetition.
+    pub fn ratios_to_first(&self, i: usize) -> (f64, Vec<f64>) {
         let med = |v: &[f64]| Spread::of(v).median;
-        let per_rep = self.rps[1].iter().zip(&self.rps[0]).map(|(a, b)| a / b).collect();
-        (med(&self.rps[1]) / med(&self.rps[0]), per_rep)
+        let per_rep = self.rps[i].iter().zip(&self.rps[0]).map(|(a, b)| a / b).collect();
+        (med(&self.rps[i]) / med(&self.rps[0]), per_rep)
+    }
+
+    /// p99 at the fixed rate of sidecar `i` ÷ the first's (ratio of medians).
+    pub fn p99_to_first(&self, i: usize) -> f64 {
+        Spread::of(&self.p99[i]).median / Spread::of(&self.p99[0]).median
     }
 
     pub fn table(&self, rate: u64) -> String {
         let mut t =
             Table::new(&["sidecar", "closed loop req/s", &format!("p50 µs @{rate}/s"), &format!("p99 µs @{rate}/s")]);
-        for i in 0..2 {
+        for i in 0..N {
             let row = [
                 self.names[i].to_string(),
                 Spread::of(&self.rps[i]).show(0),
@@ -78,8 +97,11 @@ impl Pair {
         t.markdown().to_string()
     }
 
+    /// The numbers per sidecar, and `ratio`, `per_rep`: the second's
+    /// throughput ÷ the first's (`ratios`).
     pub fn json(&self) -> serde_json::Value {
         let (ratio, per_rep) = self.ratios();
-        serde_json::json!({ "rps": self.rps, "p50_us": self.p50, "p99_us": self.p99, "ratio": ratio, "per_rep": per_rep })
+        let (rps, p50, p99) = (&self.rps[..], &self.p50[..], &self.p99[..]);
+        serde_json::json!({ "rps": rps, "p50_us": p50, "p99_us": p99, "ratio": ratio, "per_rep": per_rep })
     }
 }
