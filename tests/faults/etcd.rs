@@ -67,7 +67,8 @@ fn create_revisions(etcd: &Etcd, prefix: &str) -> Vec<u64> {
 /// The seed's picture on etcd: A holds `rack/42` and writes; A stops (its
 /// lease runs out, as a paused holder's would); B, waiting, gets the lock
 /// and writes; A's late write is refused. B's `ETCD_LOCK_REV`, above its
-/// key's create revision on a contended acquire, is not a token.
+/// key's create revision on a contended acquire, is not a token, and a
+/// holder whose key an operator deleted holds nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_that_lost_its_etcd_lock_is_refused() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -102,6 +103,11 @@ async fn a_holder_that_lost_its_etcd_lock_is_refused() {
     let (status, v) = sc.send("PUT", "/racks/42", Some(rev_b), &[]).await;
     assert_eq!((status, error_of(&v)), (409, "unknown_token"), "{v}");
     assert_eq!(tb, waiting, "B's token is the key it waited with");
+    // An operator deletes B's key by hand: B holds nothing from then on.
+    let out = etcd.etcdctl().args(["del", "--prefix", "rack/42/"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (status, v) = sc.send("PUT", "/racks/42", Some(tb), &[]).await;
+    assert_eq!((status, error_of(&v)), (409, "lease_expired"), "B's key deleted by hand: {v}");
     assert_eq!(up.tokens("/racks/42"), vec![Some(ta), Some(ta), Some(tb)]);
 }
 
