@@ -33,6 +33,7 @@
 //! route fenced for `PUT`.
 
 pub(crate) mod answer;
+pub(crate) mod console;
 pub(crate) mod fencing;
 pub(crate) mod head;
 pub mod idempotency;
@@ -90,6 +91,8 @@ pub(crate) struct Sidecar {
     records: Arc<idempotency::records::Records>,
     /// SHA-256 of the bearer token admin calls must carry (`state_dir/admin-token`).
     admin_token: [u8; 32],
+    /// The latest refusals and the console's open feeds.
+    refusals: console::Refusals,
     pub registry: Registry,
     pub metrics: SidecarMetrics,
 }
@@ -164,6 +167,7 @@ impl Sidecar {
             store,
             records,
             admin_token,
+            refusals: console::Refusals::default(),
             registry,
             metrics,
         };
@@ -346,6 +350,7 @@ impl Sidecar {
             Answer::Rejected(r) => {
                 let current = r.current.unwrap_or_else(|| self.fencer.current(&r.key));
                 tracing::warn!(route, key = %r.key, presented = r.token, current, reason = r.reason.as_str(), "rejected");
+                self.refusals.record(route, &r.key, r.token, current, r.reason.as_str());
             }
             other => {
                 tracing::info!(route, key, status = %other.status(), cause = other.cause().as_str(), "refused: {other}")
@@ -536,12 +541,14 @@ pub(crate) async fn serve_metrics(listener: TcpListener, sidecar: Arc<Sidecar>, 
     crate::http::serve(listener, opts, shutdown, move |req: Request<Incoming>, _| {
         let sidecar = sidecar.clone();
         async move {
-            match req.uri().path().strip_prefix("/admin/idempotency/") {
-                Some(action) => {
-                    let action = action.to_string();
-                    sidecar.admin(&action, req).await
-                }
-                None => sidecar.probe(req.uri().path()).await,
+            let path = req.uri().path();
+            if let Some(action) = path.strip_prefix("/admin/idempotency/") {
+                let action = action.to_string();
+                return sidecar.admin(&action, req).await;
+            }
+            match path == "/console" || path.starts_with("/console/") {
+                true => sidecar.console(&req).await,
+                false => sidecar.probe(path).await,
             }
         }
     })

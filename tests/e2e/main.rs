@@ -10,6 +10,7 @@ mod attacks;
 mod backup;
 mod cli;
 mod compaction;
+mod console;
 mod deploy;
 mod docs;
 mod idempotency;

@@ -48,6 +48,31 @@ struct RecordCall {
 }
 
 impl Sidecar {
+    /// Whether `req` may see what only the admin may (the admin calls, the
+    /// console's data): it carries the bearer token of
+    /// `state_dir/admin-token`, and the metrics listener is on loopback
+    /// (the token travels in clear text).
+    pub(in crate::sidecar) fn admin_allowed(&self, req: &Request<Incoming>) -> Result<(), Response<Body>> {
+        use hyper::StatusCode;
+        let refuse = |status, message: &str| {
+            crate::http::refusal(status, crate::http::Cause::Client, &serde_json::json!({ "error": message }))
+        };
+        if !self.live().settings.metrics_listen.is_some_and(|a| a.ip().is_loopback()) {
+            return Err(refuse(StatusCode::FORBIDDEN, "admin calls are served only on a loopback metrics_listen"));
+        }
+        let presented = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(crate::auth::token_hash);
+        if presented != Some(self.admin_token) {
+            let message = "admin calls need `Authorization: Bearer` with the token in state_dir/admin-token";
+            return Err(refuse(StatusCode::UNAUTHORIZED, message));
+        }
+        Ok(())
+    }
+
     /// `POST /admin/idempotency/show` and `/resolve` (JSON `RecordCall`):
     /// only with the bearer token of `state_dir/admin-token`, only when the
     /// metrics listener is on loopback (the token travels in clear text),
@@ -58,21 +83,11 @@ impl Sidecar {
         let refuse = |status, message: String| {
             crate::http::refusal(status, crate::http::Cause::Client, &serde_json::json!({ "error": message }))
         };
-        if !self.live().settings.metrics_listen.is_some_and(|a| a.ip().is_loopback()) {
-            return refuse(StatusCode::FORBIDDEN, "admin calls are served only on a loopback metrics_listen".into());
-        }
         if req.headers().contains_key(hyper::header::ORIGIN) {
             return refuse(StatusCode::FORBIDDEN, "admin calls are not taken from browsers".into());
         }
-        let presented = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(crate::auth::token_hash);
-        if presented != Some(self.admin_token) {
-            let message = "admin calls need `Authorization: Bearer` with the token in state_dir/admin-token";
-            return refuse(StatusCode::UNAUTHORIZED, message.into());
+        if let Err(refusal) = self.admin_allowed(&req) {
+            return refusal;
         }
         if req.method() != hyper::Method::POST {
             return refuse(StatusCode::METHOD_NOT_ALLOWED, "POST a JSON body".into());

@@ -1,0 +1,121 @@
+// The sidecar's console: its state once, then each refusal as it happens.
+// Read-only; the admin token stays in this tab (sessionStorage).
+"use strict";
+
+const $ = (sel) => document.querySelector(sel);
+
+function cell(row, text, label, cls) {
+  const td = row.insertCell();
+  td.textContent = text === null || text === undefined ? "none" : String(text);
+  td.dataset.label = label;
+  if (cls) td.className = cls;
+  return td;
+}
+
+function refusalRow(r, fresh) {
+  const row = document.createElement("tr");
+  row.className = fresh ? "refused fresh" : "refused";
+  cell(row, new Date(r.at_ms).toISOString(), "time");
+  cell(row, r.route, "route");
+  cell(row, r.key, "key");
+  cell(row, r.presented, "presented", "token");
+  cell(row, r.current, "current", "token");
+  cell(row, r.reason, "reason", "reason");
+  return row;
+}
+
+function status(text, down) {
+  const s = $("#status");
+  s.textContent = text;
+  s.className = down ? "down" : "";
+}
+
+function headers() {
+  return { Authorization: "Bearer " + sessionStorage.getItem("fencegate-admin-token") };
+}
+
+function show(state) {
+  const facts = $("#service-facts");
+  facts.replaceChildren();
+  const s = state.lock_service;
+  const add = (k, v) => {
+    const dt = document.createElement("dt");
+    dt.textContent = k;
+    const dd = document.createElement("dd");
+    dd.textContent = v;
+    facts.append(dt, dd);
+  };
+  if (s) {
+    add("kind", s.kind);
+    add("endpoints", s.endpoints.join(", "));
+    add("state", s.up ? "up" : "DOWN");
+    add("knowledge proven", s.knowledge_age_ms === null ? "never" : s.knowledge_age_ms + " ms ago");
+    add("max_staleness", s.max_staleness_ms + " ms");
+  } else {
+    add("kind", "none (observed routes only)");
+  }
+  const routes = $("#routes tbody");
+  routes.replaceChildren();
+  for (const r of state.routes) {
+    const row = routes.insertRow();
+    cell(row, r.name, "route");
+    cell(row, r.path, "path");
+    cell(row, r.lock_key, "lock key");
+    cell(row, r.fence, "fence");
+  }
+  const refusals = $("#refusals tbody");
+  refusals.replaceChildren(...state.refusals.map((r) => refusalRow(r, false)));
+  for (const id of ["#service", "#routes", "#refusals"]) $(id).hidden = false;
+}
+
+// Server-Sent Events read with fetch, so that the token rides in a header.
+async function follow() {
+  const resp = await fetch("/console/events", { headers: headers(), cache: "no-store" });
+  if (!resp.ok) throw new Error("events: " + resp.status);
+  status("Live.", false);
+  const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error("the feed ended");
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const event = /^event: (.*)$/m.exec(block);
+      const data = /^data: (.*)$/m.exec(block);
+      if (!event || !data) continue;
+      if (event[1] === "refusal") {
+        $("#refusals tbody").prepend(refusalRow(JSON.parse(data[1]), true));
+      } else if (event[1] === "skipped") {
+        status("Live (" + data[1] + " refusals skipped: the page fell behind).", false);
+      }
+    }
+  }
+}
+
+async function start() {
+  try {
+    const resp = await fetch("/console/state", { headers: headers(), cache: "no-store" });
+    if (resp.status === 401 || resp.status === 403) {
+      status("Refused: " + (await resp.json()).error, true);
+      return;
+    }
+    show(await resp.json());
+    await follow();
+  } catch (e) {
+    status("Disconnected (" + e.message + "); retrying in 2 s.", true);
+    setTimeout(start, 2000);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("#login").addEventListener("submit", (e) => {
+    e.preventDefault();
+    sessionStorage.setItem("fencegate-admin-token", $("#token").value.trim());
+    $("#token").value = "";
+    start();
+  });
+  if (sessionStorage.getItem("fencegate-admin-token")) start();
+});
