@@ -142,9 +142,9 @@ impl Sidecar {
         let response = match (req.method() == hyper::Method::GET, asset) {
             (false, _) => refuse(StatusCode::METHOD_NOT_ALLOWED, "the console only reads: GET"),
             (true, Some((kind, text))) => with_type(Response::new(crate::http::full(text)), kind),
-            (true, None) => match self.admin_allowed(req) {
-                Err(refusal) => refusal,
-                Ok(()) => match path {
+            (true, None) => match self.admin_refusal(req) {
+                Some(refusal) => refusal,
+                None => match path {
                     "/console/state" => self.console_state(),
                     "/console/events" => match self.refusals.feed() {
                         Some(body) => with_type(Response::new(body), "text/event-stream"),

@@ -48,17 +48,17 @@ struct RecordCall {
 }
 
 impl Sidecar {
-    /// Whether `req` may see what only the admin may (the admin calls, the
-    /// console's data): it carries the bearer token of
-    /// `state_dir/admin-token`, and the metrics listener is on loopback
+    /// Why `req` may not see what only the admin may (the admin calls, the
+    /// console's data), if it may not: it must carry the bearer token of
+    /// `state_dir/admin-token`, and the metrics listener be on loopback
     /// (the token travels in clear text).
-    pub(in crate::sidecar) fn admin_allowed(&self, req: &Request<Incoming>) -> Result<(), Response<Body>> {
+    pub(in crate::sidecar) fn admin_refusal(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
         use hyper::StatusCode;
         let refuse = |status, message: &str| {
             crate::http::refusal(status, crate::http::Cause::Client, &serde_json::json!({ "error": message }))
         };
         if !self.live().settings.metrics_listen.is_some_and(|a| a.ip().is_loopback()) {
-            return Err(refuse(StatusCode::FORBIDDEN, "admin calls are served only on a loopback metrics_listen"));
+            return Some(refuse(StatusCode::FORBIDDEN, "admin calls are served only on a loopback metrics_listen"));
         }
         let presented = req
             .headers()
@@ -68,9 +68,9 @@ impl Sidecar {
             .map(crate::auth::token_hash);
         if presented != Some(self.admin_token) {
             let message = "admin calls need `Authorization: Bearer` with the token in state_dir/admin-token";
-            return Err(refuse(StatusCode::UNAUTHORIZED, message));
+            return Some(refuse(StatusCode::UNAUTHORIZED, message));
         }
-        Ok(())
+        None
     }
 
     /// `POST /admin/idempotency/show` and `/resolve` (JSON `RecordCall`):
@@ -86,7 +86,7 @@ impl Sidecar {
         if req.headers().contains_key(hyper::header::ORIGIN) {
             return refuse(StatusCode::FORBIDDEN, "admin calls are not taken from browsers".into());
         }
-        if let Err(refusal) = self.admin_allowed(&req) {
+        if let Some(refusal) = self.admin_refusal(&req) {
             return refusal;
         }
         if req.method() != hyper::Method::POST {
