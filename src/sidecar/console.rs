@@ -1,7 +1,7 @@
 //! The sidecar's console (docs/decisions/0011): `/console` on the metrics
 //! listener, read-only. The page and its script and style hold no data;
-//! `GET /console/state` (the routes, the lock service's view, the latest
-//! refusals) and `GET /console/events` (each refusal as it happens,
+//! `GET /console/state` (the routes, the lock service's view, the floors of
+//! the first `FLOORS_SHOWN` keys, the latest refusals) and `GET /console/events` (each refusal as it happens,
 //! Server-Sent Events) need the admin token, as the admin calls do, and are
 //! served only on a loopback `metrics_listen`.
 //!
@@ -34,6 +34,8 @@ const KEPT: usize = 1000;
 const MAX_FEEDS: usize = 16;
 /// Refusals a feed may fall behind before it skips ahead.
 const BACKLOG: usize = 256;
+/// Floors shown, at most (by key).
+const FLOORS_SHOWN: usize = 500;
 /// A comment line on a quiet feed, so proxies and browsers keep it open.
 const HEARTBEAT: Duration = Duration::from_secs(15);
 /// No script but the page's own, no framing, nothing from elsewhere.
@@ -176,7 +178,15 @@ impl Sidecar {
                 "knowledge_age_ms": view.map(|v| v.age(tokio::time::Instant::now()).as_millis() as u64),
             })
         });
-        let body = serde_json::json!({ "routes": routes, "lock_service": service, "refusals": self.refusals.latest() });
+        let (floors, keys) = self.fencer.floors.first(FLOORS_SHOWN);
+        let floors: Vec<_> =
+            floors.into_iter().map(|(key, token)| serde_json::json!({ "key": key, "floor": token })).collect();
+        let body = serde_json::json!({
+            "routes": routes,
+            "lock_service": service,
+            "floors": { "keys": keys, "first": floors },
+            "refusals": self.refusals.latest(),
+        });
         let mut resp = Response::new(crate::http::full(body.to_string()));
         resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         resp

@@ -75,4 +75,10 @@ async fn a_refusal_shows_in_the_sidecar_console_with_both_tokens() {
     assert_eq!(fields(&state["refusals"][0]), fields(&event), "{state}");
     assert_eq!(state["routes"][0]["fence"], "strict, cached", "{state}");
     assert_eq!(state["lock_service"]["up"], true, "{state}");
+    assert_eq!(state["floors"]["keys"], 1, "{state}");
+    assert_eq!(
+        (state["floors"]["first"][0]["key"].as_str(), state["floors"]["first"][0]["floor"].as_u64()),
+        (Some("rack/7"), Some(tb)),
+        "{state}"
+    );
 }

@@ -63,9 +63,19 @@ function show(state) {
     cell(row, r.lock_key, "lock key");
     cell(row, r.fence, "fence");
   }
+  const floors = $("#floors tbody");
+  floors.replaceChildren();
+  for (const f of state.floors.first) {
+    const row = floors.insertRow();
+    cell(row, f.key, "lock key");
+    cell(row, f.floor, "highest token forwarded", "token");
+  }
+  const shown = state.floors.first.length;
+  $("#floors-count").textContent =
+    "(" + state.floors.keys + " keys" + (shown < state.floors.keys ? ", the first " + shown + " shown" : "") + ")";
   const refusals = $("#refusals tbody");
   refusals.replaceChildren(...state.refusals.map((r) => refusalRow(r, false)));
-  for (const id of ["#service", "#routes", "#refusals"]) $(id).hidden = false;
+  for (const id of ["#service", "#routes", "#floors", "#refusals"]) $(id).hidden = false;
 }
 
 // Server-Sent Events read with fetch, so that the token rides in a header.

@@ -34,6 +34,14 @@ impl Floors {
         self.known.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// At most `limit` keys' floors, by key, and how many keys have one.
+    pub(crate) fn first(&self, limit: usize) -> (Vec<(String, Token)>, usize) {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys: Vec<(&String, &Token)> = known.iter().collect();
+        keys.sort_unstable();
+        (keys.into_iter().take(limit).map(|(k, t)| (k.clone(), *t)).collect(), known.len())
+    }
+
     /// Make `token` the durable floor of `key` if it is higher; returns once
     /// it is on disk.
     pub(crate) async fn raise(&self, key: &str, token: Token) -> Result<(), StoreError> {
