@@ -1,7 +1,8 @@
 //! The sidecar's console (docs/decisions/0011): `/console` on the metrics
 //! listener, read-only. The page and its script and style hold no data;
 //! `GET /console/state` (the routes, the lock service's view, the floors of
-//! the first `FLOORS_SHOWN` keys, the latest refusals) and `GET /console/events` (each refusal as it happens,
+//! the first `FLOORS_SHOWN` keys, idempotency records still pending or of
+//! unknown outcome with how to settle them, the latest refusals) and `GET /console/events` (each refusal as it happens,
 //! Server-Sent Events) need the admin token, as the admin calls do, and are
 //! served only on a loopback `metrics_listen`.
 //!
@@ -36,6 +37,8 @@ const MAX_FEEDS: usize = 16;
 const BACKLOG: usize = 256;
 /// Floors shown, at most (by key).
 const FLOORS_SHOWN: usize = 500;
+/// Idempotency records not settled shown, at most.
+const OPEN_SHOWN: usize = 100;
 /// A comment line on a quiet feed, so proxies and browsers keep it open.
 const HEARTBEAT: Duration = Duration::from_secs(15);
 /// No script but the page's own, no framing, nothing from elsewhere.
@@ -139,6 +142,7 @@ impl Sidecar {
             "/console" | "/console/" => Some(("text/html; charset=utf-8", include_str!("console/index.html"))),
             "/console/app.js" => Some(("text/javascript; charset=utf-8", include_str!("console/app.js"))),
             "/console/app.css" => Some(("text/css; charset=utf-8", include_str!("console/app.css"))),
+            "/console/icon.svg" => Some(("image/svg+xml", include_str!("console/icon.svg"))),
             _ => None,
         };
         let response = match (req.method() == hyper::Method::GET, asset) {
@@ -181,16 +185,49 @@ impl Sidecar {
         let (floors, keys) = self.fencer.floors.first(FLOORS_SHOWN);
         let floors: Vec<_> =
             floors.into_iter().map(|(key, token)| serde_json::json!({ "key": key, "floor": token })).collect();
+        let open: Vec<_> =
+            self.records.open(OPEN_SHOWN).into_iter().map(|(scope, r)| open_record(&scope, &r)).collect();
         let body = serde_json::json!({
             "routes": routes,
             "lock_service": service,
             "floors": { "keys": keys, "first": floors },
+            "idempotency_open": open,
             "refusals": self.refusals.latest(),
         });
         let mut resp = Response::new(crate::http::full(body.to_string()));
         resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         resp
     }
+}
+
+/// An idempotency record not settled, and what settles it: a pending one
+/// settles itself when its request ends; an unknown outcome waits for the
+/// operator (`fencegate idempotency resolve`, docs/reference/cli.md).
+fn open_record(scope: &str, r: &crate::sidecar::idempotency::Record) -> serde_json::Value {
+    let mut parts = scope.splitn(4, '\n');
+    let (lock_key, token, key) = (parts.next(), parts.next(), parts.next());
+    let identity = parts.next();
+    let (state, why, resolve) = match &r.state {
+        crate::sidecar::idempotency::State::Unknown { why } => {
+            let mut command = format!(
+                "fencegate idempotency resolve --sidecar URL --token-file STATE_DIR/admin-token --lock-key {} \
+                 --fence-token {} --key {}",
+                lock_key.unwrap_or_default(),
+                token.unwrap_or_default(),
+                key.unwrap_or_default()
+            );
+            if let Some(identity) = identity {
+                command.push_str(&format!(" --identity {identity}"));
+            }
+            command.push_str(" (--applied STATUS | --not-applied)");
+            ("unknown", Some(why.as_str()), Some(command))
+        }
+        _ => ("pending", None, None),
+    };
+    serde_json::json!({
+        "lock_key": lock_key, "token": token, "key": key, "identity": identity, "route": r.route,
+        "created_ms": r.created_ms, "state": state, "why": why, "resolve": resolve,
+    })
 }
 
 /// A route's fence as the console names it.

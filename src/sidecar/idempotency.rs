@@ -170,6 +170,13 @@ pub enum State {
 }
 
 impl State {
+    /// Pending, or its outcome unknown: an operator may have to say.
+    pub fn is_open(&self) -> bool {
+        matches!(self, State::Pending | State::Unknown { .. })
+    }
+}
+
+impl State {
     pub fn name(&self) -> &'static str {
         match self {
             State::Pending => "pending",

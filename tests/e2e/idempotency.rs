@@ -215,6 +215,24 @@ async fn a_crash_mid_flight_leaves_an_unknown_outcome_that_is_never_retried_by_i
     assert_eq!(fencegate_testkit::http::send(req, Duration::from_secs(5)).await.0, 403);
     let out = cli(&token, "show", &[]);
     assert!(out.code == 0 && out.stdout.contains(r#""state":"unknown""#), "{}{}", out.stdout, out.stderr);
+    // The console lists it, with the command that settles it.
+    let bearer = format!("Bearer {}", std::fs::read_to_string(&token).unwrap().trim());
+    let state = fencegate_testkit::http::request(
+        "GET",
+        &format!("{admin}/console/state"),
+        None,
+        &[("authorization", &bearer)],
+        "",
+    );
+    let (status, state) = fencegate_testkit::http::send(state, Duration::from_secs(5)).await;
+    let open = &state["idempotency_open"][0];
+    assert_eq!(
+        (status, &open["key"], &open["state"]),
+        (200, &Value::from("crash"), &Value::from("unknown")),
+        "{state}"
+    );
+    let resolve = open["resolve"].as_str().unwrap_or("");
+    assert!(resolve.contains("--lock-key rack/1 --fence-token 5 --key crash"), "{resolve}");
     // The record is its holder's: under another token there is none.
     let other = ["idempotency", "show", "--sidecar", &admin, "--token-file", token.to_str().unwrap()];
     let other = [&other[..], &["--lock-key", "rack/1", "--fence-token", "6", "--key", "crash"]].concat();

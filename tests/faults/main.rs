@@ -6,6 +6,7 @@
 //! tiers, as root. Here a missing privilege or tool fails the test; nothing
 //! is skipped. `.ci/run` installs what they need and runs them.
 
+mod console;
 mod disk_full;
 mod etcd;
 mod lock_services;

@@ -12,7 +12,7 @@ use serde_json::Value;
 /// The body of every fenced write the tests and benchmarks send.
 pub const DRAINED: &[u8] = b"{\"state\":\"drained\"}";
 
-fn client() -> HttpClient {
+pub(crate) fn client() -> HttpClient {
     HttpClient::new(8 << 20)
 }
 

@@ -25,6 +25,8 @@
 //! - [`etcd`], [`zookeeper`]: the other lock services the sidecar fences,
 //!   as 3-member ensembles on loopback, and lock holders on them (installed
 //!   by `.ci/lockservices`).
+//! - [`browser`]: a headless chromium driven over WebDriver, for the
+//!   consoles' tests (installed by `.ci/browser`).
 //! - [`ports`], [`process`], [`tls`]: free ports, child processes killed on
 //!   drop (and when the test process dies), a throw-away PKI.
 //!
@@ -32,6 +34,7 @@
 //! waited for.
 
 pub mod binary;
+pub mod browser;
 pub mod cluster;
 pub mod etcd;
 pub mod http;

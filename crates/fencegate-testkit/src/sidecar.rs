@@ -113,9 +113,12 @@ impl Sidecar {
         let mut cmd = self.bin.command(&["sidecar", "--config"]);
         cmd.arg(self.config_path()).env("FENCEGATE_LOG", &self.log_filter);
         let proc = self.proc.insert(Proc::spawn("sidecar", cmd, &self.dir.join("sidecar.log")));
-        // The proxy's port is bound before the metrics port.
+        // The proxy's port is bound before the metrics port, and both before
+        // the sidecar opens its state (and writes its admin token): it
+        // serves once the metrics port answers (any status).
         let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await.is_err() {
+        let health = format!("http://127.0.0.1:{}/healthz", self.metrics_port);
+        while http::client().call(hyper::Method::GET, &health, None, Duration::from_secs(1)).await.is_err() {
             if proc.exited().is_some() {
                 let log = proc.log().get(logged..).unwrap_or_default().to_string();
                 self.proc = None;

@@ -34,7 +34,8 @@ function headers() {
   return { Authorization: "Bearer " + sessionStorage.getItem("fencegate-admin-token") };
 }
 
-function show(state) {
+function show(state, withRefusals) {
+  $("#as-of").textContent = "As of " + new Date().toISOString() + " (refreshed every 5 s).";
   const facts = $("#service-facts");
   facts.replaceChildren();
   const s = state.lock_service;
@@ -72,17 +73,29 @@ function show(state) {
   }
   const shown = state.floors.first.length;
   $("#floors-count").textContent =
-    "(" + state.floors.keys + " keys" + (shown < state.floors.keys ? ", the first " + shown + " shown" : "") + ")";
-  const refusals = $("#refusals tbody");
-  refusals.replaceChildren(...state.refusals.map((r) => refusalRow(r, false)));
-  for (const id of ["#service", "#routes", "#floors", "#refusals"]) $(id).hidden = false;
+    "(" + state.floors.keys + (state.floors.keys === 1 ? " key" : " keys") +
+    (shown < state.floors.keys ? ", the first " + shown + " shown" : "") + ")";
+  const open = $("#open tbody");
+  open.replaceChildren();
+  for (const r of state.idempotency_open) {
+    const row = open.insertRow();
+    cell(row, r.lock_key, "lock key");
+    cell(row, r.token, "token", "token");
+    cell(row, r.key, "key");
+    cell(row, r.state === "unknown" ? "outcome unknown: " + r.why : "pending (in flight)", "state");
+    cell(row, r.resolve || "settles itself when its request ends", "how to settle", "token");
+  }
+  $("#open").hidden = state.idempotency_open.length === 0;
+  if (withRefusals) {
+    $("#refusals tbody").replaceChildren(...state.refusals.map((r) => refusalRow(r, false)));
+  }
+  for (const section of ["#service", "#routes", "#floors", "#refusals"]) $(section).hidden = false;
 }
 
 // Server-Sent Events read with fetch, so that the token rides in a header.
-async function follow() {
-  const resp = await fetch("/console/events", { headers: headers(), cache: "no-store" });
-  if (!resp.ok) throw new Error("events: " + resp.status);
-  status("Live.", false);
+// Opened before the state is fetched, so that no refusal falls between
+// the two; one the state also lists is shown once.
+async function follow(resp) {
   const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -97,7 +110,11 @@ async function follow() {
       const data = /^data: (.*)$/m.exec(block);
       if (!event || !data) continue;
       if (event[1] === "refusal") {
-        $("#refusals tbody").prepend(refusalRow(JSON.parse(data[1]), true));
+        const r = JSON.parse(data[1]);
+        if (!seen.has(id(r))) {
+          seen.add(id(r));
+          $("#refusals tbody").prepend(refusalRow(r, true));
+        }
       } else if (event[1] === "skipped") {
         status("Live (" + data[1] + " refusals skipped: the page fell behind).", false);
       }
@@ -105,16 +122,38 @@ async function follow() {
   }
 }
 
+// The refusals shown, so that the feed and the state never show one twice.
+const seen = new Set();
+const id = (r) => [r.at_ms, r.route, r.key, r.presented, r.reason].join("\n");
+
+// Everything but the refusals, again every few seconds: the lock
+// service's state and age, and the floors, change.
+async function refresh() {
+  const resp = await fetch("/console/state", { headers: headers(), cache: "no-store" });
+  if (!resp.ok) throw new Error("state: " + resp.status);
+  return resp.json();
+}
+
+let refreshing = null;
+
 async function start() {
+  clearInterval(refreshing);
   try {
-    const resp = await fetch("/console/state", { headers: headers(), cache: "no-store" });
-    if (resp.status === 401 || resp.status === 403) {
-      status("Refused: " + (await resp.json()).error, true);
+    const feed = await fetch("/console/events", { headers: headers(), cache: "no-store" });
+    if (feed.status === 401 || feed.status === 403) {
+      status("Refused: " + (await feed.json()).error, true);
       return;
     }
-    show(await resp.json());
-    await follow();
+    if (!feed.ok) throw new Error("events: " + feed.status);
+    const state = await refresh();
+    seen.clear();
+    state.refusals.forEach((r) => seen.add(id(r)));
+    show(state, true);
+    status("Live.", false);
+    refreshing = setInterval(() => refresh().then((s) => show(s, false)).catch(() => {}), 5000);
+    await follow(feed);
   } catch (e) {
+    clearInterval(refreshing);
     status("Disconnected (" + e.message + "); retrying in 2 s.", true);
     setTimeout(start, 2000);
   }

@@ -195,6 +195,22 @@ impl Records {
         self.index().records.get(scope).map(|r| (**r).clone())
     }
 
+    /// At most `limit` records still pending or whose outcome is unknown,
+    /// with their scopes: looked for one shard at a time, so that a keyed
+    /// request waits at most for a 256th of the search.
+    pub fn open(&self, limit: usize) -> Vec<(String, Record)> {
+        let mut found = Vec::new();
+        for shard in 0..super::sharded::SHARDS {
+            let index = self.index();
+            let open = index.records.shard_entries(shard).filter(|(_, r)| r.state.is_open());
+            found.extend(open.take(limit - found.len()).map(|(scope, r)| (scope.clone(), (**r).clone())));
+            if found.len() == limit {
+                break;
+            }
+        }
+        found
+    }
+
     /// Judge a request under `scope`; if it is to be forwarded, its pending
     /// `record` is on disk when this returns `Ok(Verdict::Forward)`. Two
     /// requests under one scope are judged one after the other: the second

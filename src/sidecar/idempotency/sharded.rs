@@ -14,7 +14,7 @@ use std::collections::hash_map::{self, RandomState};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 
-const SHARDS: usize = 256;
+pub const SHARDS: usize = 256;
 
 pub struct Sharded<V> {
     pick: RandomState,
@@ -63,6 +63,11 @@ impl<V> Sharded<V> {
         let old = self.shards[i].remove(key);
         self.len -= usize::from(old.is_some());
         old
+    }
+
+    /// The entries of shard `i` (of `SHARDS`), in no particular order.
+    pub fn shard_entries(&self, i: usize) -> impl Iterator<Item = (&String, &V)> {
+        self.shards[i].iter()
     }
 
     /// Every entry, in no particular order.

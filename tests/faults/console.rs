@@ -1,0 +1,99 @@
+//! The sidecar's console (docs/decisions/0011) in a real browser: Debian's
+//! headless chromium (installed by `.ci/browser`; as root, hence this
+//! tier), driven by the test kit's `browser`. What tests/e2e/console.rs
+//! checks over HTTP, seen as an operator sees it: a stale write's refusal
+//! appears live, with both tokens, without a reload, under the page's
+//! Content-Security-Policy, on a wide and a narrow screen. The screenshots
+//! are kept in `target/console-screenshots/` (CI artefacts).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fencegate_client::AcquireOptions;
+use fencegate_testkit::browser::Browser;
+use fencegate_testkit::routes::{rack_writes, table};
+use fencegate_testkit::{bin, Cluster, Upstream};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+/// The first refusal row's cells as the page renders them, and whether
+/// its reason cell is on screen, unhidden, uncovered: the cell's text, its
+/// rectangle inside the viewport, and the element at its centre within it.
+const REFUSAL_ROW: &str = "const row = document.querySelector('#refusals tbody tr.refused');
+    if (!row) return null;
+    const reason = row.cells[5];
+    reason.scrollIntoView({ block: 'center' });
+    const r = reason.getBoundingClientRect();
+    const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+    return {
+      cells: Array.from(row.cells, (td) => td.innerText),
+      rows: document.querySelectorAll('#refusals tbody tr.refused.fresh').length,
+      before: getComputedStyle(reason, '::before').content,
+      on_screen: r.width > 0 && r.height > 0 && r.left >= 0 && r.top >= 0
+        && r.right <= innerWidth && r.bottom <= innerHeight && reason.contains(hit),
+    };";
+
+/// A stale write through the sidecar shows in the console open in a
+/// browser within 2 s, with the key, the token presented (A's) and the
+/// current one (B's), and says it was refused in text; the page does not
+/// reload for it, and logs no error (a blocked script or style would be
+/// one). At 390 px wide the refusal still reads as text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_console_shows_a_refusal_live_in_a_browser() {
+    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let up = Upstream::start().await;
+    let sc = c.sidecar("sc", &up.url(), &table(&[rack_writes("{ mode: strict, consistency: cached }")])).await;
+    let admin_token = std::fs::read_to_string(sc.dir.join("state/admin-token")).unwrap().trim().to_string();
+
+    let browser = Browser::start().await;
+    browser.goto(&format!("http://127.0.0.1:{}/console", sc.metrics_port)).await;
+    browser.type_into("#token", &admin_token).await;
+    browser.click("#login button[type=submit]").await;
+    browser.wait_for_text("#routes tbody", "rack-writes", Duration::from_secs(5)).await;
+    // The feed is open (the sidecar subscribed it) before the write.
+    browser.wait_for_text("#status", "Live.", Duration::from_secs(5)).await;
+    browser.js("window.__noReload = 1").await;
+
+    let a = c.client().acquire("rack/7", AcquireOptions::new(Duration::from_millis(500))).await.unwrap();
+    let ta = a.token();
+    drop(a);
+    let b = c
+        .client()
+        .acquire("rack/7", AcquireOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let tb = b.token();
+    assert_eq!(sc.send("PUT", "/racks/7", Some(tb), &[]).await.0, 200, "B's write");
+    assert_eq!(sc.send("PUT", "/racks/7", Some(ta), &[]).await.0, 409, "A's stale write");
+    let refused = Instant::now();
+
+    browser.wait_for_text("#refusals tbody tr.refused.fresh", "stale_token", Duration::from_secs(2)).await;
+    eprintln!("the refusal showed {:?} after the 409", refused.elapsed());
+    let row = browser.js(REFUSAL_ROW).await;
+    let cells = |v: &Value| v["cells"].as_array().map(|c| c[1..].to_vec()).unwrap_or_default();
+    let shown =
+        [json!("rack-writes"), json!("rack/7"), json!(ta.to_string()), json!(tb.to_string()), json!("stale_token")];
+    assert_eq!(cells(&row), shown, "route, key, presented, current, reason: {row}");
+    assert_eq!(
+        (&row["rows"], &row["before"]),
+        (&json!(1), &json!("\"refused: \"")),
+        "one fresh row, its reason styled: {row}"
+    );
+    assert_eq!(browser.js("return window.__noReload").await, json!(1), "the page reloaded");
+    browser.screenshot(shots.join("sidecar.png")).await;
+
+    browser.set_viewport(390, 844).await;
+    let narrow = browser.js(REFUSAL_ROW).await;
+    assert_eq!(cells(&narrow), shown, "at 390 px: {narrow}");
+    assert_eq!(narrow["on_screen"], true, "at 390 px the reason is on screen, uncovered: {narrow}");
+    let width = browser.js("return document.documentElement.scrollWidth").await;
+    assert!(width.as_u64().is_some_and(|w| w <= 390), "no sideways scrolling at 390 px: {width}");
+    // What else the page shows is refreshed: B's floor, raised by its write.
+    browser.wait_for_text("#floors tbody", "rack/7", Duration::from_secs(7)).await;
+    browser.screenshot(shots.join("sidecar-narrow.png")).await;
+
+    let log = browser.browser_log().await;
+    let severe: Vec<&Value> = log.iter().filter(|e| e["level"] == "SEVERE").collect();
+    assert!(severe.is_empty(), "the browser logged errors: {severe:#?}");
+}
