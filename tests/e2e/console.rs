@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use fencegate_client::http::{HttpClient, LineReader};
-use fencegate_client::AcquireOptions;
 use fencegate_testkit::http::{request, send};
 use fencegate_testkit::routes::{rack_writes, table};
 use fencegate_testkit::{bin, Cluster, Upstream};
@@ -45,17 +44,7 @@ async fn a_refusal_shows_in_the_sidecar_console_with_both_tokens() {
     assert_eq!(feed.headers()["content-type"], "text/event-stream");
     let mut lines = LineReader::new(feed.into_body());
 
-    let a = c.client().acquire("rack/7", AcquireOptions::new(Duration::from_millis(500))).await.unwrap();
-    let ta = a.token();
-    drop(a);
-    let b = c
-        .client()
-        .acquire("rack/7", AcquireOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5)))
-        .await
-        .unwrap();
-    let tb = b.token();
-    assert_eq!(sc.send("PUT", "/racks/7", Some(tb), &[]).await.0, 200, "B's write");
-    assert_eq!(sc.send("PUT", "/racks/7", Some(ta), &[]).await.0, 409, "A's stale write");
+    let (ta, tb) = c.stale_write(&sc, "rack/7", "/racks/7").await;
 
     let event = tokio::time::timeout(Duration::from_secs(2), async {
         loop {

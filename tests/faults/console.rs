@@ -9,7 +9,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fencegate_client::AcquireOptions;
 use fencegate_testkit::browser::Browser;
 use fencegate_testkit::routes::{rack_writes, table};
 use fencegate_testkit::{bin, Cluster, Upstream};
@@ -55,17 +54,7 @@ async fn the_sidecar_console_shows_a_refusal_live_in_a_browser() {
     browser.wait_for_text("#status", "Live.", Duration::from_secs(5)).await;
     browser.js("window.__noReload = 1").await;
 
-    let a = c.client().acquire("rack/7", AcquireOptions::new(Duration::from_millis(500))).await.unwrap();
-    let ta = a.token();
-    drop(a);
-    let b = c
-        .client()
-        .acquire("rack/7", AcquireOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5)))
-        .await
-        .unwrap();
-    let tb = b.token();
-    assert_eq!(sc.send("PUT", "/racks/7", Some(tb), &[]).await.0, 200, "B's write");
-    assert_eq!(sc.send("PUT", "/racks/7", Some(ta), &[]).await.0, 409, "A's stale write");
+    let (ta, tb) = c.stale_write(&sc, "rack/7", "/racks/7").await;
     let refused = Instant::now();
 
     browser.wait_for_text("#refusals tbody tr.refused.fresh", "stale_token", Duration::from_secs(2)).await;

@@ -487,6 +487,21 @@ impl Cluster {
     }
 
     /// A client that can only talk to node `id` (which forwards leader calls).
+    /// The seed's picture on `key` through `sc` (which fences `path` with
+    /// lock key `key`): A's lease lapses unreleased, B takes the lock and
+    /// writes; A's late write is refused (409). A's and B's tokens.
+    pub async fn stale_write(&self, sc: &crate::Sidecar, key: &str, path: &str) -> (u64, u64) {
+        use fencegate_client::AcquireOptions;
+        let a = self.client().acquire(key, AcquireOptions::new(Duration::from_millis(500))).await.unwrap();
+        let ta = a.token();
+        drop(a);
+        let waits = AcquireOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5));
+        let tb = self.client().acquire(key, waits).await.unwrap().token();
+        assert_eq!(sc.send("PUT", path, Some(tb), &[]).await.0, 200, "B's write");
+        assert_eq!(sc.send("PUT", path, Some(ta), &[]).await.0, 409, "A's stale write");
+        (ta, tb)
+    }
+
     pub fn client_of(&self, id: u64) -> Client {
         Client::with_options(vec![self.url(id)], self.options.clone()).unwrap()
     }
