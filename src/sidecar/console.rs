@@ -2,9 +2,10 @@
 //! listener, read-only. The page and its script and style hold no data;
 //! `GET /console/state` (the routes, the lock service's view, the floors of
 //! the first `FLOORS_SHOWN` keys, idempotency records still pending or of
-//! unknown outcome with how to settle them, the latest refusals) and `GET /console/events` (each refusal as it happens,
-//! Server-Sent Events) need the admin token, as the admin calls do, and are
-//! served only on a loopback `metrics_listen`.
+//! unknown outcome with how to settle them, the latest refusals) and
+//! `GET /console/events` (each refusal as it happens, Server-Sent Events)
+//! need the admin token, as the admin calls do, and are served only on a
+//! loopback `metrics_listen`.
 //!
 //! Refusals are recorded where they are logged: a ring of the latest
 //! `KEPT`, and a broadcast to the open feeds (at most `MAX_FEEDS`; a feed

@@ -239,3 +239,28 @@ async fn the_sidecar_reads_zookeeper_as_a_digest_user() {
     }
     assert_eq!(up.tokens("/racks/5"), vec![Some(ta)]);
 }
+
+/// A running sidecar reloaded (SIGHUP) from `linearizable` to `cached`
+/// routes follows ZooKeeper at once: its watch tells of B, and A's late
+/// write is refused without a read for want of proof.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_to_cached_routes_follows_zookeeper_from_then_on() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (zk, up, sc) = setup(dir.path(), LINEARIZABLE).await;
+    sc.rewrite_config(&table(&[rack_writes(CACHED)]));
+    sc.signal(nix::sys::signal::Signal::SIGHUP);
+    let applied = r#"fencegate_sidecar_config_reloads_total{result="applied"}"#;
+    sc.wait_for_metric(applied, 1.0, Duration::from_secs(10)).await;
+    let a = Holder::start(&zk, dir.path(), "a", "/rack/14");
+    let ta = a.token().await;
+    assert_eq!(sc.send("PUT", "/racks/14", Some(ta), &[]).await.0, 200, "A's write");
+    let b = Holder::start(&zk, dir.path(), "b", "/rack/14");
+    contenders(&zk, "/rack/14", 2).await;
+    a.release();
+    let tb = b.token().await;
+    refused(&sc, "/racks/14", ta, "stale_token", Duration::from_secs(2)).await;
+    assert_eq!(sc.send("PUT", "/racks/14", Some(tb), &[]).await.0, 200, "B's write");
+    let stale = r#"fencegate_sidecar_stale_knowledge_reads_total{route="rack-writes"}"#;
+    assert_eq!(metric(&sc.metrics().await, stale), Some(0.0), "no read for want of proof");
+    assert_eq!(up.tokens("/racks/14"), vec![Some(ta), Some(tb)]);
+}

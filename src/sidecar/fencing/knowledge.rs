@@ -143,8 +143,9 @@ pub(crate) struct LockView {
     /// The prefixes of the `cached` routes' lock keys (etcd follows only
     /// them; fencegate's watch covers every key).
     followed: Mutex<Vec<String>>,
-    /// Wakes etcd's follower when `followed` changed (a reload), so that
-    /// the new prefixes are watched and proven now, not at its next tick.
+    /// Wakes etcd's or ZooKeeper's follower when `followed` changed (a
+    /// reload), so that the new prefixes are watched and proven now, not at
+    /// its next tick.
     refollow: tokio::sync::Notify,
     /// The history (cluster id) the knowledge is of. Held while an answer
     /// is learnt, so that a change of history cannot slip in between the

@@ -35,11 +35,17 @@ impl Floors {
     }
 
     /// At most `limit` keys' floors, by key, and how many keys have one.
+    /// Under the lock every fenced request takes: one linear pass, and only
+    /// the `limit` keys shown are sorted and copied.
     pub(crate) fn first(&self, limit: usize) -> (Vec<(String, Token)>, usize) {
         let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let mut keys: Vec<(&String, &Token)> = known.iter().collect();
+        if keys.len() > limit && limit > 0 {
+            keys.select_nth_unstable(limit - 1);
+        }
+        keys.truncate(limit);
         keys.sort_unstable();
-        (keys.into_iter().take(limit).map(|(k, t)| (k.clone(), *t)).collect(), known.len())
+        (keys.into_iter().map(|(k, t)| (k.clone(), *t)).collect(), known.len())
     }
 
     /// Make `token` the durable floor of `key` if it is higher; returns once
@@ -76,5 +82,18 @@ mod tests {
         let (store, loaded) = Store::open(dir.path()).unwrap();
         let f = Floors::new(Arc::new(store), loaded.floors);
         assert_eq!((f.get("rack/42"), f.get("rack/7"), f.get("other")), (34, 5, 0));
+    }
+
+    #[test]
+    fn the_first_keys_are_the_least_by_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let loaded = (0..50u64).map(|i| (format!("rack/{:02}", (i * 37) % 50), i)).collect();
+        let f = Floors::new(Arc::new(store), loaded);
+        let (first, keys) = f.first(3);
+        let names: Vec<&str> = first.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!((names, keys), (vec!["rack/00", "rack/01", "rack/02"], 50));
+        assert_eq!(f.first(80).0.len(), 50);
+        assert!(f.first(0).0.is_empty());
     }
 }
