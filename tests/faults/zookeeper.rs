@@ -206,7 +206,7 @@ async fn a_restored_zookeeper_whose_zxids_went_back_forwards_neither_holder() {
         if fence == CACHED {
             // The next proof reads the lock: another history, and neither
             // holder's token is above the floor.
-            sc.wait_for_metric("fencegate_sidecar_lock_service_history_changes_total", 1.0, Duration::from_secs(10))
+            sc.wait_for_metric("fencegate_sidecar_lock_service_history_changes_total", 1.0, Duration::from_secs(30))
                 .await;
             for token in [ta, tb] {
                 refused(&sc, "/racks/5", token, "lock_service_behind_floor", Duration::from_secs(2)).await;
