@@ -142,13 +142,13 @@ impl Acl {
             .any(|r| r.matches(identity) && r.grants(right) && r.prefixes.iter().any(|p| AclRule::covers(p, key)))
     }
 
-    /// Whether `identity` may open a watch of `prefix`: it may watch some key
-    /// under it (the stream then shows it only those keys).
-    pub fn may_watch(&self, identity: &str, prefix: &str) -> bool {
+    /// Whether `identity` has `right` on some key under `prefix`: it may
+    /// open a watch of it, or list it (and is then shown only those keys).
+    pub fn reaches(&self, identity: &str, right: Right, prefix: &str) -> bool {
         let Some(rules) = &self.rules else { return true };
         rules.iter().any(|r| {
             r.matches(identity)
-                && r.grants(Right::Watch)
+                && r.grants(right)
                 && r.prefixes.iter().any(|p| p.starts_with(prefix) || AclRule::covers(p, prefix))
         })
     }
@@ -347,10 +347,10 @@ mod tests {
     #[test]
     fn a_watch_may_open_where_some_key_under_it_may_be_watched() {
         let acl = Acl::rules(vec![rule("s", &["rack/"], &[Right::Watch]), rule("r", &["rack/"], &[Right::Read])]);
-        assert!(acl.may_watch("s", ""), "the whole table, filtered to rack/");
-        assert!(acl.may_watch("s", "rack/4"));
-        assert!(!acl.may_watch("s", "fw/"));
-        assert!(!acl.may_watch("r", "rack/"), "read is not watch");
+        assert!(acl.reaches("s", Right::Watch, ""), "the whole table, filtered to rack/");
+        assert!(acl.reaches("s", Right::Watch, "rack/4"));
+        assert!(!acl.reaches("s", Right::Watch, "fw/"));
+        assert!(!acl.reaches("r", Right::Watch, "rack/"), "read is not watch");
     }
 
     #[test]

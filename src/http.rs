@@ -9,6 +9,7 @@
 
 mod deadline;
 mod listen;
+pub(crate) mod page;
 mod refusals;
 mod serve;
 mod stall;

@@ -23,6 +23,8 @@ mod openapi;
 mod proposer;
 mod raft_rpc;
 mod reload;
+mod table;
+mod ui;
 mod waitlist;
 mod watch;
 

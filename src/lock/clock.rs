@@ -104,6 +104,12 @@ impl LeaseClock {
         self.leases.get(lease_id).map(|d| d.at.saturating_duration_since(now))
     }
 
+    /// Time left on `key`'s lock-delay by this node's clock (meaningful on
+    /// the leader).
+    pub(crate) fn delay_remaining(&self, key: &str, now: Instant) -> Option<Duration> {
+        self.delays.get(key).map(|(at, _)| at.saturating_duration_since(now))
+    }
+
     /// Commands whose time has come. Each returned lease is marked expiring and
     /// re-armed at `now + RETRY`, in case the proposal is lost.
     pub(crate) fn due(&mut self, now: Instant) -> Vec<Command> {

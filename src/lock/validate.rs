@@ -49,6 +49,18 @@ pub fn key(k: &str) -> Result<(), InvalidInput> {
     Ok(())
 }
 
+/// A key prefix (a watch's, a listing's): empty (every key), a key, or the
+/// start of one whose last segment may be empty (`rack/`).
+pub fn prefix(p: &str) -> Result<(), InvalidInput> {
+    if p.is_empty() {
+        return Ok(());
+    }
+    if p.len() > MAX_KEY_LEN {
+        return Err(InvalidInput::Key(p.chars().take(MAX_KEY_LEN).collect()));
+    }
+    key(p.strip_suffix('/').unwrap_or(p))
+}
+
 pub fn holder(h: &str) -> Result<(), InvalidInput> {
     if h.is_empty() || h.len() > MAX_HOLDER_LEN || !h.bytes().all(|b| (0x20..0x7f).contains(&b)) {
         return Err(InvalidInput::Holder);

@@ -48,7 +48,7 @@ use tokio::time::Instant;
 use super::credentials::Credential;
 use super::error::ApiError;
 use super::proposer::RaftCallError;
-use super::{forward, members, openapi, raft_rpc, watch, Node};
+use super::{forward, members, openapi, raft_rpc, table, ui, watch, Node};
 use crate::audit;
 use crate::auth::{Acl, Right};
 use crate::backup;
@@ -107,6 +107,12 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
         }
         "/metrics" => return only(req.method(), "GET").map(|_| crate::metrics::exposition(&node.registry)),
         wire::OPENAPI_PATH => return only(req.method(), "GET").map(|_| text(openapi::DOCUMENT, openapi::CONTENT_TYPE)),
+        // The console's page and scripts hold no data: they read the API
+        // with the browser's credentials (`ui`).
+        path if ui::under(path) => {
+            only(req.method(), "GET")?;
+            return ui::asset(path).ok_or(ApiError::NotFound);
+        }
         _ => {}
     }
     let (identity, credential) = node.credentials.identify(req.headers(), conn).inspect_err(|e| {
@@ -273,7 +279,7 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
         wire::WATCH_PATH => {
             only(&method, "GET")?;
             let (rules, identity) = (node.clone(), caller.identity.clone());
-            let may_open = |prefix: &str| match node.acl.load().may_watch(&caller.identity, prefix) {
+            let may_open = |prefix: &str| match node.acl.load().reaches(&caller.identity, Right::Watch, prefix) {
                 true => Ok(()),
                 false => caller.may(&node, Right::Watch, prefix),
             };
@@ -284,7 +290,7 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
             // nothing under its prefix any more, ends.
             let ends = |prefix: &str| {
                 let prefix = prefix.to_string();
-                caller.lost(node.clone(), move |acl, identity| acl.may_watch(identity, &prefix))
+                caller.lost(node.clone(), move |acl, identity| acl.reaches(identity, Right::Watch, &prefix))
             };
             return watch::stream(node.clone(), req.uri().query(), may_open, visible, ends).await;
         }
@@ -296,9 +302,15 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     match &call {
         Call::Acquire(key) => caller.may(&node, Right::Acquire, key)?,
         Call::Read(key) => caller.may(&node, Right::Read, key)?,
+        // Listed then are only the keys it may read.
+        Call::List { prefix, .. } => {
+            if !node.acl.load().reaches(&caller.identity, Right::Read, prefix) {
+                caller.may(&node, Right::Read, prefix)?
+            }
+        }
         // What every watch stream's heartbeat shows: for whoever may watch something.
         Call::Revision => {
-            if !node.acl.load().may_watch(&caller.identity, "") {
+            if !node.acl.load().reaches(&caller.identity, Right::Watch, "") {
                 caller.may(&node, Right::Watch, "")?
             }
         }
@@ -329,6 +341,10 @@ async fn route(node: Arc<Node>, req: Request<Incoming>, caller: Caller) -> Resul
     match call {
         Call::Acquire(key) => acquire(&node, &caller, key, parse_json(&body)?, received).await,
         Call::Read(key) => read(&node, &key).await,
+        Call::List { prefix, limit } => {
+            linearizable(&node).await?;
+            Ok(json(StatusCode::OK, &table::list(&node, &caller.identity, &prefix, limit)))
+        }
         Call::Revision => revision(&node).await,
         Call::Keepalive(id) => keepalive(&node, &caller, &id, received).await,
         Call::Release(id) => release(&node, &caller, &id).await,
@@ -372,6 +388,11 @@ pub fn call(method: &Method, path: &str, query: Option<&str>) -> Result<Call, Ap
             (_, None) => Err(ApiError::MethodNotAllowed("DELETE")),
         };
     }
+    if path == wire::LOCK_TABLE_PATH {
+        only(method, "GET")?;
+        let (prefix, limit) = table::params(query)?;
+        return Ok(Call::List { prefix, limit });
+    }
     if path == wire::SNAPSHOT_PATH {
         return only(method, "GET").map(|()| Call::Snapshot);
     }
@@ -413,6 +434,7 @@ async fn body_within(node: &Node, body: Incoming, limit: usize) -> Result<bytes:
 pub enum Call {
     Acquire(String),
     Read(String),
+    List { prefix: String, limit: usize },
     Revision,
     Keepalive(String),
     Release(String),

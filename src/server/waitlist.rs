@@ -42,6 +42,12 @@ impl WaitList {
         Ticket { list: self, key: key.to_string(), id }
     }
 
+    /// How many wait on `key`.
+    pub(super) fn waiting(&self, key: &str) -> u64 {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues.get(key).map_or(0, |q| q.len() as u64)
+    }
+
     pub(super) fn is_head(&self, t: &Ticket<'_>) -> bool {
         let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         queues.get(&t.key).and_then(|q| q.front()) == Some(&t.id)
@@ -77,6 +83,7 @@ mod tests {
         let other = w.join("other");
         assert!(w.is_head(&a) && !w.is_head(&b) && !w.is_head(&c));
         assert!(w.is_head(&other), "queues are per key");
+        assert_eq!((w.waiting("k"), w.waiting("other"), w.waiting("none")), (3, 1, 0));
         drop(b); // a waiter that gave up leaves without disturbing the order
         assert!(w.is_head(&a) && !w.is_head(&c));
         drop(a);

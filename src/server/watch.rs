@@ -110,15 +110,7 @@ pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
             _ => return Err(ApiError::BadRequest(format!("unknown watch parameter {pair:?}"))),
         }
     }
-    if !prefix.is_empty() {
-        // A prefix is a key or the start of one; the last segment may be
-        // empty (`rack/`). At most as long as a key, with its `/` or not.
-        let probe = prefix.strip_suffix('/').unwrap_or(&prefix);
-        if prefix.len() > crate::lock::validate::MAX_KEY_LEN {
-            return Err(crate::lock::validate::InvalidInput::Key(prefix).into());
-        }
-        crate::lock::validate::key(probe)?;
-    }
+    crate::lock::validate::prefix(&prefix)?;
     Ok(WatchParams { prefix, after, progress, cluster })
 }
 

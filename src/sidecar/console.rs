@@ -21,12 +21,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use crate::http::Body;
+use crate::http::{page, Body};
 use crate::lock::state::Token;
 use crate::sidecar::Sidecar;
 
@@ -42,10 +42,6 @@ const FLOORS_SHOWN: usize = 500;
 const OPEN_SHOWN: usize = 100;
 /// A comment line on a quiet feed, so proxies and browsers keep it open.
 const HEARTBEAT: Duration = Duration::from_secs(15);
-/// No script but the page's own, no framing, nothing from elsewhere.
-const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; \
-                      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
-
 /// One refusal, as the console shows it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Refusal {
@@ -138,30 +134,26 @@ impl Drop for Closing {
 impl Sidecar {
     /// `GET /console…` on the metrics listener.
     pub(in crate::sidecar) async fn console(&self, req: &Request<Incoming>) -> Response<Body> {
+        const PAGE: page::Page = page::Page { html: include_str!("console/index.html"), script: include_str!("console/app.js") };
         let path = req.uri().path();
-        let asset = match path {
-            "/console" | "/console/" => Some(("text/html; charset=utf-8", include_str!("console/index.html"))),
-            "/console/app.js" => Some(("text/javascript; charset=utf-8", include_str!("console/app.js"))),
-            "/console/app.css" => Some(("text/css; charset=utf-8", include_str!("console/app.css"))),
-            "/console/icon.svg" => Some(("image/svg+xml", include_str!("console/icon.svg"))),
-            _ => None,
-        };
-        let response = match (req.method() == hyper::Method::GET, asset) {
-            (false, _) => refuse(StatusCode::METHOD_NOT_ALLOWED, "the console only reads: GET"),
-            (true, Some((kind, text))) => with_type(Response::new(crate::http::full(text)), kind),
-            (true, None) => match self.admin_refusal(req) {
-                Some(refusal) => refusal,
-                None => match path {
-                    "/console/state" => self.console_state(),
-                    "/console/events" => match self.refusals.feed() {
-                        Some(body) => with_type(Response::new(body), "text/event-stream"),
-                        None => refuse(StatusCode::SERVICE_UNAVAILABLE, "too many console feeds open"),
-                    },
-                    _ => refuse(StatusCode::NOT_FOUND, "not_found"),
+        if req.method() != hyper::Method::GET {
+            return page::secured(refuse(StatusCode::METHOD_NOT_ALLOWED, "the console only reads: GET"));
+        }
+        if let Some(asset) = page::asset("/console", &PAGE, path) {
+            return asset;
+        }
+        let response = match self.admin_refusal(req) {
+            Some(refusal) => refusal,
+            None => match path {
+                "/console/state" => self.console_state(),
+                "/console/events" => match self.refusals.feed() {
+                    Some(body) => with_type(Response::new(body), "text/event-stream"),
+                    None => refuse(StatusCode::SERVICE_UNAVAILABLE, "too many console feeds open"),
                 },
+                _ => refuse(StatusCode::NOT_FOUND, "not_found"),
             },
         };
-        secured(response)
+        page::secured(response)
     }
 
     /// The routes, the lock service's view, the latest refusals.
@@ -247,16 +239,6 @@ fn refuse(status: StatusCode, message: &str) -> Response<Body> {
 
 fn with_type(mut resp: Response<Body>, kind: &'static str) -> Response<Body> {
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
-    resp
-}
-
-/// Every console answer: the policy, and nothing kept or sniffed.
-fn secured(mut resp: Response<Body>) -> Response<Body> {
-    let h = resp.headers_mut();
-    h.insert("content-security-policy", HeaderValue::from_static(POLICY));
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
-    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
 

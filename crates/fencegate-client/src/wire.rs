@@ -28,6 +28,9 @@ pub const CLUSTER_HEADER: &str = "fencegate-cluster";
 
 /// The path prefix of the Lock API's key calls: `POST|GET /v1/locks/{key}`.
 pub const LOCKS_PATH: &str = "/v1/locks/";
+/// `GET /v1/locks?prefix=P[&limit=N]`: the lock table under a prefix
+/// ([`LockTable`]), the keys the caller may `read`.
+pub const LOCK_TABLE_PATH: &str = "/v1/locks";
 /// `POST /v1/leases/{lease_id}/keepalive`, `DELETE /v1/leases/{lease_id}`.
 pub const LEASES_PATH: &str = "/v1/leases/";
 /// `GET /v1/cluster`.
@@ -146,6 +149,50 @@ pub struct LockInfo {
     /// is of. Absent from a leader without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+}
+
+/// 200 to `GET /v1/locks?prefix=P[&limit=N]`: the keys under `P` the
+/// caller may `read`, in key order, as the leader holds them after a
+/// quorum confirmed its leadership (what an operator's console lists).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockTable {
+    /// The revision the table is at.
+    pub rev: u64,
+    /// The leader's cluster id ([`CLUSTER_HEADER`]); absent from a leader
+    /// without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The first `limit` keys.
+    pub locks: Vec<LockRow>,
+    /// More keys the caller may read lie under the prefix: narrow it.
+    pub truncated: bool,
+}
+
+/// One key of a [`LockTable`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockRow {
+    /// The key.
+    pub key: String,
+    /// Whether a live lease holds it.
+    pub held: bool,
+    /// Its latest grant.
+    pub token: Token,
+    /// The holder's name; `None` when not held.
+    pub holder: Option<String>,
+    /// The identity that acquired the live lease; `None` when not held.
+    pub owner: Option<String>,
+    /// The leader's time left before it expires the lease, in
+    /// milliseconds; `None` when not held.
+    pub expires_in_ms: Option<u64>,
+    /// The live lease's TTL, in milliseconds; `None` when not held.
+    pub ttl_ms: Option<u64>,
+    /// The live lease's lock-delay (L6), in milliseconds; `None` when not held.
+    pub lock_delay_ms: Option<u64>,
+    /// A lock-delay in force after an expiry: time left before the key can
+    /// be granted again, in milliseconds; `None` when there is none.
+    pub delay_left_ms: Option<u64>,
+    /// Acquires waiting on the leader for this key.
+    pub waiters: u64,
 }
 
 /// 200 to `GET /v1/cluster`: the cluster as the answering node sees it.

@@ -137,6 +137,30 @@ fn every_schema_has_the_fields_of_its_wire_type() {
         ..free.clone()
     };
     same_shape(d, "LockInfo", object(&free), object(&held));
+    let row = LockRow {
+        key: "k".into(),
+        held: false,
+        token: 0,
+        holder: None,
+        owner: None,
+        expires_in_ms: None,
+        ttl_ms: None,
+        lock_delay_ms: None,
+        delay_left_ms: None,
+        waiters: 0,
+    };
+    let held_row = LockRow {
+        holder: Some("h".into()),
+        owner: Some("o".into()),
+        expires_in_ms: Some(1),
+        ttl_ms: Some(1),
+        lock_delay_ms: Some(1),
+        delay_left_ms: Some(1),
+        ..row.clone()
+    };
+    same_shape(d, "LockRow", object(&row), object(&held_row));
+    let table = LockTable { rev: 1, cluster: None, locks: vec![], truncated: false };
+    same_shape(d, "LockTable", object(&table), object(&LockTable { cluster: Some("c".into()), ..table.clone() }));
     let member = Member { id: 1, url: Some("http://127.0.0.1:7401".into()) };
     same_shape(d, "Member", object(&Member { url: None, ..member.clone() }), object(&member));
     let cluster = ClusterInfo {
@@ -326,6 +350,7 @@ fn every_route_is_documented_and_the_peer_plane_is_not() {
     let keepalive = format!("{lease}/keepalive");
     let member = format!("{}/{{id}}", wire::MEMBERS_PATH);
     let routes = [
+        wire::LOCK_TABLE_PATH,
         locks.as_str(),
         &lease,
         &keepalive,

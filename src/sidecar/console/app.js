@@ -1,16 +1,8 @@
 // The sidecar's console: its state once, then each refusal as it happens.
-// Read-only; the admin token stays in this tab (sessionStorage).
+// Read-only; the admin token stays in this tab (common.js).
 "use strict";
 
-const $ = (sel) => document.querySelector(sel);
-
-function cell(row, text, label, cls) {
-  const td = row.insertCell();
-  td.textContent = text === null || text === undefined ? "none" : String(text);
-  td.dataset.label = label;
-  if (cls) td.className = cls;
-  return td;
-}
+const TOKEN = "fencegate-admin-token";
 
 function refusalRow(r, fresh) {
   const row = document.createElement("tr");
@@ -22,16 +14,6 @@ function refusalRow(r, fresh) {
   cell(row, r.current, "current", "token");
   cell(row, r.reason, "reason", "reason");
   return row;
-}
-
-function status(text, down) {
-  const s = $("#status");
-  s.textContent = text;
-  s.className = down ? "down" : "";
-}
-
-function headers() {
-  return { Authorization: "Bearer " + sessionStorage.getItem("fencegate-admin-token") };
 }
 
 function show(state, withRefusals) {
@@ -95,31 +77,21 @@ function show(state, withRefusals) {
 // Server-Sent Events read with fetch, so that the token rides in a header.
 // Opened before the state is fetched, so that no refusal falls between
 // the two; one the state also lists is shown once.
-async function follow(resp) {
-  const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error("the feed ended");
-    buffer += value;
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, end);
-      buffer = buffer.slice(end + 2);
-      const event = /^event: (.*)$/m.exec(block);
-      const data = /^data: (.*)$/m.exec(block);
-      if (!event || !data) continue;
-      if (event[1] === "refusal") {
-        const r = JSON.parse(data[1]);
-        if (!seen.has(id(r))) {
-          seen.add(id(r));
-          $("#refusals tbody").prepend(refusalRow(r, true));
-        }
-      } else if (event[1] === "skipped") {
-        status("Live (" + data[1] + " refusals skipped: the page fell behind).", false);
+function follow(resp) {
+  return pieces(resp, "\n\n", (block) => {
+    const event = /^event: (.*)$/m.exec(block);
+    const data = /^data: (.*)$/m.exec(block);
+    if (!event || !data) return;
+    if (event[1] === "refusal") {
+      const r = JSON.parse(data[1]);
+      if (!seen.has(id(r))) {
+        seen.add(id(r));
+        $("#refusals tbody").prepend(refusalRow(r, true));
       }
+    } else if (event[1] === "skipped") {
+      status("Live (" + data[1] + " refusals skipped: the page fell behind).", false);
     }
-  }
+  });
 }
 
 // The refusals shown, so that the feed and the state never show one twice.
@@ -129,7 +101,7 @@ const id = (r) => [r.at_ms, r.route, r.key, r.presented, r.reason].join("\n");
 // Everything but the refusals, again every few seconds: the lock
 // service's state and age, and the floors, change.
 async function refresh() {
-  const resp = await fetch("/console/state", { headers: headers(), cache: "no-store" });
+  const resp = await fetch("/console/state", { headers: bearer(TOKEN), cache: "no-store" });
   if (!resp.ok) throw new Error("state: " + resp.status);
   return resp.json();
 }
@@ -139,7 +111,7 @@ let refreshing = null;
 async function start() {
   clearInterval(refreshing);
   try {
-    const feed = await fetch("/console/events", { headers: headers(), cache: "no-store" });
+    const feed = await fetch("/console/events", { headers: bearer(TOKEN), cache: "no-store" });
     if (feed.status === 401 || feed.status === 403) {
       status("Refused: " + (await feed.json()).error, true);
       return;
@@ -160,11 +132,6 @@ async function start() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  $("#login").addEventListener("submit", (e) => {
-    e.preventDefault();
-    sessionStorage.setItem("fencegate-admin-token", $("#token").value.trim());
-    $("#token").value = "";
-    start();
-  });
-  if (sessionStorage.getItem("fencegate-admin-token")) start();
+  login("#login", "#token", TOKEN, start);
+  if (sessionStorage.getItem(TOKEN)) start();
 });

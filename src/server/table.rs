@@ -1,0 +1,91 @@
+//! `GET /v1/locks?prefix=P[&limit=N]`: the lock table under a prefix, as
+//! the leader holds it (what the node's console lists; `wire::LockTable`).
+//!
+//! A leader call, answered after a quorum confirmed the leadership (so the
+//! lease clock's time left is the leader's, reset for its term), listing
+//! only the keys the caller may `read`: a key it may not read is neither
+//! shown nor counted. At most `MAX_LIMIT` keys per answer; `truncated`
+//! says more lie under the prefix, to be narrowed.
+
+use fencegate_client::wire::{LockRow, LockTable};
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::Node;
+use crate::auth::Right;
+
+/// Keys listed when the query names no `limit`.
+pub(super) const DEFAULT_LIMIT: usize = 500;
+/// Keys listed at most.
+pub(super) const MAX_LIMIT: usize = 1000;
+
+/// Read `prefix=P[&limit=N]`, each value percent-decoded once and checked.
+pub(super) fn params(query: Option<&str>) -> Result<(String, usize), ApiError> {
+    let (mut prefix, mut limit) = (String::new(), DEFAULT_LIMIT);
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let decoded = |v: &str| {
+            String::from_utf8(crate::percent::decode(v))
+                .map_err(|_| ApiError::BadRequest(format!("{pair:?} is not UTF-8 once decoded")))
+        };
+        match pair.split_once('=') {
+            Some(("prefix", p)) => prefix = decoded(p)?,
+            Some(("limit", n)) => {
+                let n = decoded(n)?;
+                limit = match n.parse::<usize>() {
+                    Ok(l @ 1..=MAX_LIMIT) => l,
+                    _ => return Err(ApiError::BadRequest(format!("limit={n:?} is not a number in 1..={MAX_LIMIT}"))),
+                }
+            }
+            _ => return Err(ApiError::BadRequest(format!("unknown parameter {pair:?} (prefix, limit)"))),
+        }
+    }
+    crate::lock::validate::prefix(&prefix)?;
+    Ok((prefix, limit))
+}
+
+/// The first `limit` keys under `prefix` that `identity` may read, now.
+pub(super) fn list(node: &Node, identity: &str, prefix: &str, limit: usize) -> LockTable {
+    let acl = node.acl.load();
+    let s = node.applied.lock();
+    let now = Instant::now();
+    let millis = |d: std::time::Duration| d.as_millis() as u64;
+    let mut readable = s.locks.keys_with_prefix(prefix).filter(|(key, _)| acl.allows(identity, Right::Read, key));
+    let locks = readable
+        .by_ref()
+        .take(limit)
+        .map(|(key, k)| {
+            let lease = s.locks.holder_of(key);
+            LockRow {
+                key: key.clone(),
+                held: lease.is_some(),
+                token: k.token,
+                holder: lease.map(|(_, l)| l.holder.clone()),
+                owner: lease.map(|(_, l)| l.owner.clone()),
+                expires_in_ms: lease.and_then(|(id, _)| s.clock.remaining(id, now)).map(millis),
+                ttl_ms: lease.map(|(_, l)| l.ttl_ms),
+                lock_delay_ms: lease.map(|(_, l)| l.lock_delay_ms),
+                delay_left_ms: k.delay.as_ref().and_then(|_| s.clock.delay_remaining(key, now)).map(millis),
+                waiters: node.waitlist.waiting(key),
+            }
+        })
+        .collect();
+    let truncated = readable.next().is_some();
+    LockTable { rev: s.locks.revision(), cluster: s.locks.cluster().map(str::to_string), locks, truncated }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_checked() {
+        assert_eq!(params(None).unwrap(), (String::new(), DEFAULT_LIMIT));
+        assert_eq!(params(Some("prefix=rack%2F&limit=7")).unwrap(), ("rack/".into(), 7));
+        for bad in ["limit=0", "limit=1001", "limit=x", "after=3", "prefix=%ff"] {
+            assert!(matches!(params(Some(bad)), Err(ApiError::BadRequest(_))), "{bad}");
+        }
+        for bad in ["prefix=..", "prefix=a//b", "prefix=a%20b"] {
+            assert!(matches!(params(Some(bad)), Err(ApiError::Invalid(_))), "{bad}");
+        }
+    }
+}
