@@ -134,7 +134,8 @@ impl Drop for Closing {
 impl Sidecar {
     /// `GET /console…` on the metrics listener.
     pub(in crate::sidecar) async fn console(&self, req: &Request<Incoming>) -> Response<Body> {
-        const PAGE: page::Page = page::Page { html: include_str!("console/index.html"), script: include_str!("console/app.js") };
+        const PAGE: page::Page =
+            page::Page { html: include_str!("console/index.html"), script: include_str!("console/app.js") };
         let path = req.uri().path();
         if req.method() != hyper::Method::GET {
             return page::secured(refuse(StatusCode::METHOD_NOT_ALLOWED, "the console only reads: GET"));

@@ -1,11 +1,15 @@
-//! The sidecar's console (docs/decisions/0011) over HTTP: its page under a
-//! strict Content-Security-Policy, its data only with the admin token, and
-//! a stale write's refusal in its live feed with both tokens. (A real
-//! browser is not driven yet: docs/decisions/0011.)
+//! The consoles (docs/decisions/0011) over HTTP (tests/faults/console.rs
+//! drives them in a real browser). The sidecar's: its page under a strict
+//! Content-Security-Policy, its data only with the admin token, a stale
+//! write's refusal in its live feed with both tokens. The node's: its page
+//! for anyone, its data the Lock API's, so that the ACL filters it — the
+//! lock table (`GET /v1/locks`) lists only the keys an identity may read.
 
 use std::time::Duration;
 
 use fencegate_client::http::{HttpClient, LineReader};
+use fencegate_client::AcquireOptions;
+use fencegate_testkit::cluster::{ClusterOptions, Security};
 use fencegate_testkit::http::{request, send};
 use fencegate_testkit::routes::{rack_writes, table};
 use fencegate_testkit::{bin, Cluster, Upstream};
@@ -70,4 +74,112 @@ async fn a_refusal_shows_in_the_sidecar_console_with_both_tokens() {
         (Some("rack/7"), Some(tb)),
         "{state}"
     );
+}
+
+/// An identity with rights on `rack/` only, and one with rights on every key.
+pub(crate) fn console_security() -> Security {
+    Security {
+        plain: true,
+        acl: r#"
+  - { identity: ops, prefixes: ["rack/"], rights: [read, watch] }
+  - { identity: all, prefixes: [""], rights: [read, watch] }
+"#
+        .into(),
+        tokens: vec![("ops".into(), "ops-token".into()), ("all".into(), "all-token".into())],
+    }
+}
+
+/// The lock table a console lists: every key an identity may read, with
+/// its holder, owner, token, time left, TTL, lock-delay and waiters, from
+/// any node (a follower forwards it with the identity); none it may not
+/// read, not even counted; a prefix it may read nothing under is refused,
+/// as is a caller without credentials. The page itself needs none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_table_lists_only_the_keys_an_identity_may_read() {
+    let o = ClusterOptions { security: Some(console_security()), ..Default::default() };
+    let c = Cluster::start_with(&bin!(), o).await;
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let client = c.client();
+    let ttl = Duration::from_secs(30);
+    let rack =
+        client.acquire("rack/1", AcquireOptions::new(ttl).holder("drain-1").lock_delay(Duration::ZERO)).await.unwrap();
+    let secret = client.acquire("secret/db", AcquireOptions::new(ttl)).await.unwrap();
+    // A waiter on rack/1, parked on the leader.
+    let waiter = tokio::spawn({
+        let client = c.client();
+        async move { client.acquire("rack/1", AcquireOptions::new(ttl).wait(Duration::from_secs(20))).await }
+    });
+    c.wait_for_waiters(1, Duration::from_secs(5)).await;
+
+    let list = |node: u64, token: Option<&'static str>, query: &'static str| {
+        let url = format!("{}/v1/locks{query}", c.url(node));
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        async move {
+            let headers: Vec<(&str, &str)> = bearer.iter().map(|b| ("authorization", b.as_str())).collect();
+            let mut req = request("GET", &url, None, &headers, "");
+            req.headers_mut().remove("x-fence-token");
+            send(req, Duration::from_secs(5)).await
+        }
+    };
+    let follower = c.ids().into_iter().find(|id| *id != leader).unwrap();
+    for node in [leader, follower] {
+        let (status, all) = list(node, Some("all-token"), "").await;
+        assert_eq!(status, 200, "node {node}: {all}");
+        let keys: Vec<&str> = all["locks"].as_array().unwrap().iter().map(|l| l["key"].as_str().unwrap()).collect();
+        assert_eq!(keys, ["rack/1", "secret/db"], "node {node}: {all}");
+        let row = &all["locks"][0];
+        assert_eq!(
+            (&row["held"], &row["holder"], &row["owner"], row["token"].as_u64(), &row["waiters"]),
+            (
+                &true.into(),
+                &"drain-1".into(),
+                &fencegate_testkit::cluster::KIT_IDENTITY.into(),
+                Some(rack.token()),
+                &1.into()
+            ),
+            "node {node}: {row}"
+        );
+        let left = row["expires_in_ms"].as_u64().unwrap();
+        assert!(left > 20_000 && left <= 30_000, "node {node}: time left {left} ms");
+        assert_eq!(
+            (&row["ttl_ms"], &row["lock_delay_ms"], &row["delay_left_ms"]),
+            (&30_000.into(), &0.into(), &Value::Null)
+        );
+        assert_eq!(all["locks"][1]["token"].as_u64(), Some(secret.token()), "{all}");
+
+        let (status, ops) = list(node, Some("ops-token"), "").await;
+        assert_eq!(status, 200, "node {node}: {ops}");
+        assert_eq!(ops["locks"].as_array().unwrap().len(), 1, "secret/db is not ops': {ops}");
+        assert_eq!((&ops["locks"][0]["key"], &ops["truncated"]), (&"rack/1".into(), &false.into()), "{ops}");
+        assert!(!ops.to_string().contains("secret"), "{ops}");
+        let (status, refused) = list(node, Some("ops-token"), "?prefix=secret%2F").await;
+        assert_eq!((status, &refused["error"]), (403, &"forbidden".into()), "{refused}");
+        let (status, refused) = list(node, None, "").await;
+        assert_eq!((status, &refused["error"]), (401, &"unauthorized".into()), "{refused}");
+        let (status, first) = list(node, Some("all-token"), "?limit=1").await;
+        assert_eq!(
+            (status, first["locks"].as_array().unwrap().len(), &first["truncated"]),
+            (200, 1, &true.into()),
+            "{first}"
+        );
+        let (status, bad) = list(node, Some("all-token"), "?limit=0").await;
+        assert_eq!((status, &bad["error"]), (400, &"bad_request".into()), "{bad}");
+    }
+
+    // The page and its scripts hold no data: served without credentials,
+    // under the policy; nothing else is under /ui.
+    let http = HttpClient::new(1 << 20);
+    let page =
+        http.call(hyper::Method::GET, &format!("{}/ui", c.url(leader)), None, Duration::from_secs(5)).await.unwrap();
+    let policy = page.headers.get("content-security-policy").and_then(|v| v.to_str().ok()).unwrap_or("");
+    assert!(page.status == 200 && policy.starts_with("default-src 'none'; script-src 'self';"), "{policy}");
+    assert!(String::from_utf8_lossy(&page.body).contains("/ui/app.js"));
+    for (method, path, status) in [("GET", "/ui/app.js", 200), ("GET", "/ui/secret", 404), ("POST", "/ui", 405)] {
+        let mut req = request(method, &format!("{}{path}", c.url(leader)), None, &[], "");
+        req.headers_mut().remove("x-fence-token");
+        let got = HttpClient::new(1 << 20).send(req, Duration::from_secs(5)).await.unwrap().status;
+        assert_eq!(got.as_u16(), status, "{method} {path}");
+    }
+    rack.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
 }
