@@ -76,19 +76,6 @@ async fn a_refusal_shows_in_the_sidecar_console_with_both_tokens() {
     );
 }
 
-/// An identity with rights on `rack/` only, and one with rights on every key.
-pub(crate) fn console_security() -> Security {
-    Security {
-        plain: true,
-        acl: r#"
-  - { identity: ops, prefixes: ["rack/"], rights: [read, watch] }
-  - { identity: all, prefixes: [""], rights: [read, watch] }
-"#
-        .into(),
-        tokens: vec![("ops".into(), "ops-token".into()), ("all".into(), "all-token".into())],
-    }
-}
-
 /// The lock table a console lists: every key an identity may read, with
 /// its holder, owner, token, time left, TTL, lock-delay and waiters, from
 /// any node (a follower forwards it with the identity); none it may not
@@ -96,7 +83,7 @@ pub(crate) fn console_security() -> Security {
 /// as is a caller without credentials. The page itself needs none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_table_lists_only_the_keys_an_identity_may_read() {
-    let o = ClusterOptions { security: Some(console_security()), ..Default::default() };
+    let o = ClusterOptions { security: Some(Security::rack_and_every_key()), ..Default::default() };
     let c = Cluster::start_with(&bin!(), o).await;
     let leader = c.wait_for_leader(Duration::from_secs(10)).await;
     let client = c.client();

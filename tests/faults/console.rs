@@ -1,15 +1,19 @@
-//! The sidecar's console (docs/decisions/0011) in a real browser: Debian's
-//! headless chromium (installed by `.ci/browser`; as root, hence this
-//! tier), driven by the test kit's `browser`. What tests/e2e/console.rs
-//! checks over HTTP, seen as an operator sees it: a stale write's refusal
-//! appears live, with both tokens, without a reload, under the page's
-//! Content-Security-Policy, on a wide and a narrow screen. The screenshots
-//! are kept in `target/console-screenshots/` (CI artefacts).
+//! The consoles (docs/decisions/0011) in a real browser: Debian's headless
+//! chromium (installed by `.ci/browser`; as root, hence this tier), driven
+//! by the test kit's `browser`. What tests/e2e/console.rs checks over HTTP,
+//! seen as an operator sees it, under each page's Content-Security-Policy,
+//! on a wide and a narrow screen: the sidecar's shows a stale write's
+//! refusal live, with both tokens, without a reload; the node's lists a
+//! held key with its token and shows an identity none of the keys it may
+//! not read. The screenshots are kept in `target/console-screenshots/`
+//! (CI artefacts).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use fencegate_client::AcquireOptions;
 use fencegate_testkit::browser::Browser;
+use fencegate_testkit::cluster::{ClusterOptions, Security};
 use fencegate_testkit::routes::{rack_writes, table};
 use fencegate_testkit::{bin, Cluster, Upstream};
 use serde_json::{json, Value};
@@ -32,6 +36,85 @@ const REFUSAL_ROW: &str = "const row = document.querySelector('#refusals tbody t
         && r.right <= innerWidth && r.bottom <= innerHeight && reason.contains(hit),
     };";
 
+fn screenshots() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots")
+}
+
+/// No error in the browser's log (a script or style the policy blocked
+/// would be one) but the answers with a status in `expected` (a refusal
+/// the test provoked).
+async fn no_errors(browser: &Browser, expected: &[u16]) {
+    let log = browser.browser_log().await;
+    let provoked = |e: &&Value| {
+        let message = e["message"].as_str().unwrap_or("");
+        e["source"] == "network" && expected.iter().any(|s| message.contains(&format!("status of {s} ")))
+    };
+    let severe: Vec<&Value> = log.iter().filter(|e| e["level"] == "SEVERE").filter(|e| !provoked(e)).collect();
+    assert!(severe.is_empty(), "the browser logged errors: {severe:#?}");
+}
+
+/// The node's console as `ops`, who may read and watch `rack/` only: it
+/// asks for a token, then lists the held `rack/1` with its holder and
+/// token, shows grants live on its timeline (a key's own when picked), and
+/// never shows `secret/`'s keys, held before or granted while it is open.
+/// The same page as `all` lists `secret/db`: the control that the page
+/// would show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_console_lists_held_keys_and_hides_what_the_identity_may_not_read() {
+    let o = ClusterOptions { security: Some(Security::rack_and_every_key()), ..Default::default() };
+    let c = Cluster::start_with(&bin!(), o).await;
+    c.wait_for_leader(Duration::from_secs(10)).await;
+    let client = c.client();
+    let ttl = Duration::from_secs(60);
+    let rack = client.acquire("rack/1", AcquireOptions::new(ttl).holder("drain-1")).await.unwrap();
+    let _secret = client.acquire("secret/db", AcquireOptions::new(ttl).holder("db-rotation")).await.unwrap();
+
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/ui", c.url(c.ids()[0]))).await;
+    browser.wait_for_text("#status", "Refused: unauthorized", Duration::from_secs(5)).await;
+    browser.type_into("#token", "ops-token").await;
+    browser.click("#login button[type=submit]").await;
+    browser.wait_for_text("#status", "Live.", Duration::from_secs(5)).await;
+    let row = browser
+        .js("const row = document.querySelector('#locks tbody tr');
+         return row && Array.from(row.cells, (td) => td.innerText);")
+        .await;
+    let row: Vec<String> = serde_json::from_value(row.clone()).unwrap_or_else(|_| panic!("no lock row: {row}"));
+    assert_eq!(
+        (row[0].as_str(), row[1].as_str(), row[2].as_str(), row[4].clone()),
+        ("rack/1", "held", "drain-1", rack.token().to_string()),
+        "key, state, holder, token: {row:?}"
+    );
+    browser.wait_for_text("#cluster-facts", "ready: a leader is known", Duration::from_secs(5)).await;
+
+    // Granted while the page is open: rack/2 on its timeline, secret/new not.
+    client.acquire("secret/new", AcquireOptions::new(ttl)).await.unwrap();
+    let rack2 = client.acquire("rack/2", AcquireOptions::new(ttl).holder("drain-2")).await.unwrap();
+    browser.wait_for_text("#timeline tbody", "rack/2", Duration::from_secs(2)).await;
+    browser.wait_for_text("#locks tbody", "drain-2", Duration::from_secs(3)).await;
+    let text = browser.js("return document.body.innerText").await;
+    assert!(!text.as_str().unwrap().contains("secret"), "ops sees a secret/ key: {text}");
+    // One key's timeline.
+    browser.click("#locks tbody tr:nth-child(2) button.key").await;
+    browser.wait_for_text("#timeline-of", "rack/2", Duration::from_secs(2)).await;
+    let shown = browser
+        .js("return Array.from(document.querySelectorAll('#timeline tbody tr'), (r) => r.cells[1].innerText)")
+        .await;
+    assert_eq!(shown, json!(["rack/2"]), "rack/2's timeline: {shown}");
+    let granted = browser.js("return document.querySelector('#timeline tbody tr').cells[3].innerText").await;
+    assert_eq!(granted, json!(rack2.token().to_string()));
+    browser.screenshot(screenshots().join("node.png")).await;
+    browser.set_viewport(390, 844).await;
+    let width = browser.js("return document.documentElement.scrollWidth").await;
+    assert!(width.as_u64().is_some_and(|w| w <= 390), "no sideways scrolling at 390 px: {width}");
+    browser.screenshot(screenshots().join("node-narrow.png")).await;
+    no_errors(&browser, &[401]).await;
+
+    // The control: an identity that may read secret/ sees it on the same page.
+    browser.js("sessionStorage.setItem('fencegate-token', 'all-token'); location.reload()").await;
+    browser.wait_for_text("#locks tbody", "secret/db", Duration::from_secs(5)).await;
+}
+
 /// A stale write through the sidecar shows in the console open in a
 /// browser within 2 s, with the key, the token presented (A's) and the
 /// current one (B's), and says it was refused in text; the page does not
@@ -39,7 +122,7 @@ const REFUSAL_ROW: &str = "const row = document.querySelector('#refusals tbody t
 /// one). At 390 px wide the refusal still reads as text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sidecar_console_shows_a_refusal_live_in_a_browser() {
-    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
+    let shots = screenshots();
     let c = Cluster::start(&bin!(), 3, "").await;
     let up = Upstream::start().await;
     let sc = c.sidecar("sc", &up.url(), &table(&[rack_writes("{ mode: strict, consistency: cached }")])).await;
@@ -81,8 +164,5 @@ async fn the_sidecar_console_shows_a_refusal_live_in_a_browser() {
     // What else the page shows is refreshed: B's floor, raised by its write.
     browser.wait_for_text("#floors tbody", "rack/7", Duration::from_secs(7)).await;
     browser.screenshot(shots.join("sidecar-narrow.png")).await;
-
-    let log = browser.browser_log().await;
-    let severe: Vec<&Value> = log.iter().filter(|e| e["level"] == "SEVERE").collect();
-    assert!(severe.is_empty(), "the browser logged errors: {severe:#?}");
+    no_errors(&browser, &[]).await;
 }

@@ -71,6 +71,22 @@ pub struct Security {
     pub tokens: Vec<(String, String)>,
 }
 
+impl Security {
+    /// Plain HTTP, two reading identities: `ops` (token `ops-token`) may
+    /// read and watch `rack/` only, `all` (`all-token`) every key.
+    pub fn rack_and_every_key() -> Security {
+        Security {
+            plain: true,
+            acl: r#"
+  - { identity: ops, prefixes: ["rack/"], rights: [read, watch] }
+  - { identity: all, prefixes: [""], rights: [read, watch] }
+"#
+            .into(),
+            tokens: vec![("ops".into(), "ops-token".into()), ("all".into(), "all-token".into())],
+        }
+    }
+}
+
 /// Why a cluster did not come up.
 enum Startup {
     Exited(u64),
