@@ -91,8 +91,8 @@ pub(crate) struct Sidecar {
     records: Arc<idempotency::records::Records>,
     /// SHA-256 of the bearer token admin calls must carry (`state_dir/admin-token`).
     admin_token: [u8; 32],
-    /// The latest refusals and the console's open feeds.
-    refusals: console::Refusals,
+    /// What happened to each key, for the console (and its open feeds).
+    timeline: Arc<console::Timeline>,
     pub registry: Registry,
     pub metrics: SidecarMetrics,
 }
@@ -117,6 +117,7 @@ impl Sidecar {
         crate::metrics::process(&registry)?;
         start_at_zero(&metrics, &settings);
         let needs_service = settings.routes.iter().any(|r| r.fence.needs_lock_service());
+        let timeline = Arc::new(console::Timeline::default());
         let view = match (&settings.lock_service, tls.lock_service, needs_service) {
             (Some(service), Some(options), true) if service.kind == LockServiceKind::Etcd => {
                 let http = options.http_client(fencing::etcd::MAX_ANSWER)?;
@@ -124,18 +125,18 @@ impl Sidecar {
                 let user = user.map(|(name, password)| fencing::etcd::User::new(name, password));
                 let etcd = fencing::etcd::Etcd::new(service.endpoints.clone(), http, user);
                 let followed = fencing::followed(&settings.routes);
-                Some(LockView::start_etcd(etcd, metrics.clone(), service.max_staleness, followed))
+                Some(LockView::start_etcd(etcd, metrics.clone(), service.max_staleness, followed, timeline.clone()))
             }
             (Some(service), _, true) if service.kind == LockServiceKind::ZooKeeper => {
                 let user = service.user.clone().zip(tls.lock_service_password);
                 let zk = fencing::zookeeper::ZooKeeper::new(&service.endpoints, user);
                 let followed = fencing::followed(&settings.routes);
-                Some(LockView::start_zookeeper(zk, metrics.clone(), service.max_staleness, followed))
+                Some(LockView::start_zookeeper(zk, metrics.clone(), service.max_staleness, followed, timeline.clone()))
             }
             (Some(service), Some(options), true) => {
                 let client = Client::with_options(service.endpoints.clone(), options)?;
                 let followed = fencing::followed(&settings.routes);
-                Some(LockView::start(client, metrics.clone(), service.max_staleness, followed))
+                Some(LockView::start(client, metrics.clone(), service.max_staleness, followed, timeline.clone()))
             }
             _ => None,
         };
@@ -154,7 +155,7 @@ impl Sidecar {
         // Always: a reload may add a route with idempotency.
         tokio::spawn(sweep(Arc::downgrade(&records), metrics.clone()));
         let admin_token = crate::auth::token_hash(&idempotency::admin::token(&settings.state_dir)?);
-        let fencer = Fencer { view, floors, order: Arc::default() };
+        let fencer = Fencer { view, floors, order: Arc::default(), timeline: timeline.clone() };
         let listener = Arc::new(ArcSwap::from_pointee(listener_options(&settings, acceptor, &metrics)));
         let workers = Workers::start("sidecar", settings.workers)?;
         let upstream = Upstream::new(tls.upstream, settings.workers);
@@ -167,7 +168,7 @@ impl Sidecar {
             store,
             records,
             admin_token,
-            refusals: console::Refusals::default(),
+            timeline,
             registry,
             metrics,
         };
@@ -350,7 +351,9 @@ impl Sidecar {
             Answer::Rejected(r) => {
                 let current = r.current.unwrap_or_else(|| self.fencer.current(&r.key));
                 tracing::warn!(route, key = %r.key, presented = r.token, current, reason = r.reason.as_str(), "rejected");
-                self.refusals.record(route, &r.key, r.token, current, r.reason.as_str());
+                let reason = r.reason.as_str();
+                let refused = console::Happened::Refused { route: route.into(), presented: r.token, current, reason };
+                self.timeline.record(&r.key, refused);
             }
             other => {
                 tracing::info!(route, key, status = %other.status(), cause = other.cause().as_str(), "refused: {other}")

@@ -41,6 +41,7 @@ use tokio::time::Instant;
 use crate::config::sidecar::{Consistency, Fence, FenceMode, MissingToken};
 use crate::lock::state::Token;
 use crate::sidecar::answer::{Answer, Rejection};
+use crate::sidecar::console::{Happened, Timeline};
 use crate::sidecar::fencing::barrier::{Order, Permit};
 use crate::sidecar::fencing::decision::{decide, parse_token, Knowledge, Reason, Verdict};
 use crate::sidecar::fencing::knowledge::LockView;
@@ -89,6 +90,8 @@ pub(crate) struct Fencer {
     pub view: Option<Arc<LockView>>,
     pub floors: Floors,
     pub order: Arc<Order>,
+    /// Told the first forward of each token (its floor raised).
+    pub timeline: Arc<Timeline>,
 }
 
 impl Fencer {
@@ -158,7 +161,9 @@ impl Fencer {
         // decision stood on: re-decide, reading again if it lapsed, before
         // the floor records the token as forwarded.
         self.vouch(&mut cleared).await?;
-        self.floors.raise(&floor, token).await.map_err(|e| Answer::Internal(e.to_string()))?;
+        if self.floors.raise(&floor, token).await.map_err(|e| Answer::Internal(e.to_string()))? {
+            self.timeline.record(key, Happened::Forwarded { token });
+        }
         Ok(Some(cleared))
     }
 
@@ -283,9 +288,10 @@ mod tests {
         let client = Client::new(vec![slow_reads(Arc::default()).await]).unwrap();
         let (store, loaded) = Store::open(dir).unwrap();
         Fencer {
-            view: Some(LockView::start(client, metrics, max_staleness, vec![])),
+            view: Some(LockView::start(client, metrics, max_staleness, vec![], Arc::default())),
             floors: Floors::new(Arc::new(store), loaded.floors),
             order: Arc::default(),
+            timeline: Arc::default(),
         }
     }
 

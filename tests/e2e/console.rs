@@ -50,22 +50,41 @@ async fn a_refusal_shows_in_the_sidecar_console_with_both_tokens() {
 
     let (ta, tb) = c.stale_write(&sc, "rack/7", "/racks/7").await;
 
-    let event = tokio::time::timeout(Duration::from_secs(2), async {
+    // The seed's sequence as the sidecar lived it: A's grant and its end,
+    // learnt from the lock service; B's grant; B's first write forwarded;
+    // A's write refused. All in the feed as they happen, the refusal
+    // within 2 s. (Had B's write been read about before the watch told of
+    // A, A's grant was never learnt: the sequence starts at B's.)
+    let mut fed = vec![];
+    tokio::time::timeout(Duration::from_secs(2), async {
         loop {
             let line = lines.next_line(64 << 10).await.unwrap().expect("the feed stays open");
             if let Some(data) = line.strip_prefix(b"data: ") {
-                return serde_json::from_slice::<Value>(data).unwrap();
+                fed.push(serde_json::from_slice::<Value>(data).unwrap());
+                if fed.last().unwrap()["event"] == "refused" {
+                    return;
+                }
             }
         }
     })
     .await
-    .expect("the refusal in the feed within 2 s");
+    .unwrap_or_else(|_| panic!("the refusal in the feed within 2 s: {fed:?}"));
+    let event = fed.last().unwrap().clone();
     let fields = |v: &Value| (v["key"].clone(), v["presented"].as_u64(), v["current"].as_u64(), v["reason"].clone());
     assert_eq!(fields(&event), ("rack/7".into(), Some(ta), Some(tb), "stale_token".into()), "{event}");
+    let seed = [("granted", ta), ("ended", ta), ("granted", tb), ("forwarded", tb), ("refused", ta)];
+    let told: Vec<(&str, u64)> = fed
+        .iter()
+        .map(|e| (e["event"].as_str().unwrap(), e["token"].as_u64().or(e["presented"].as_u64()).unwrap()))
+        .collect();
+    assert!(told == seed || told == seed[2..], "{fed:?}");
+    assert!(fed.iter().all(|e| e["key"] == "rack/7"), "{fed:?}");
     let (status, state) =
         send(request("GET", &format!("{console}/state"), None, &admin, ""), Duration::from_secs(5)).await;
     assert_eq!(status, 200, "{state}");
-    assert_eq!(fields(&state["refusals"][0]), fields(&event), "{state}");
+    let mut kept: Vec<Value> = state["timeline"].as_array().unwrap().clone();
+    kept.reverse();
+    assert_eq!(kept, fed, "the state keeps what the feed told, latest first");
     assert_eq!(state["routes"][0]["fence"], "strict, cached", "{state}");
     assert_eq!(state["lock_service"]["up"], true, "{state}");
     assert_eq!(state["floors"]["keys"], 1, "{state}");

@@ -153,6 +153,19 @@ async fn the_sidecar_console_shows_a_refusal_live_in_a_browser() {
         "one fresh row, its reason styled: {row}"
     );
     assert_eq!(browser.js("return window.__noReload").await, json!(1), "the page reloaded");
+    // The key's timeline, drawn from what the sidecar lived: B's first
+    // write forwarded, then A's refused, each in its lane and in words.
+    browser.click("#refusals tbody tr.refused button.key").await;
+    browser.wait_for_text("#timeline-of", "rack/7", Duration::from_secs(2)).await;
+    let lanes = browser
+        .js("return Array.from(document.querySelectorAll('#timeline tbody tr'), (r) => r.cells[2].innerText).filter((t) => t)")
+        .await;
+    let sidecar = [
+        format!("first write with token {tb} forwarded"),
+        format!("write with token {ta} REFUSED: stale_token (current {tb})"),
+    ];
+    assert_eq!(lanes, json!(sidecar), "the sidecar's lane: {lanes}");
+    browser.wait_for_text("#timeline tbody", &format!("grants token {tb}"), Duration::from_secs(1)).await;
     browser.screenshot(shots.join("sidecar.png")).await;
 
     browser.set_viewport(390, 844).await;

@@ -1,23 +1,73 @@
-// The sidecar's console: its state once, then each refusal as it happens.
-// Read-only; the admin token stays in this tab (common.js).
+// The sidecar's console: its state once, then each event of its timeline
+// as it happens (grants and ends as the sidecar learns them, the first
+// write forwarded with each token, refusals). Read-only; the admin token
+// stays in this tab (common.js).
 "use strict";
 
 const TOKEN = "fencegate-admin-token";
+// Events kept in the page (the latest), as the sidecar keeps them.
+const KEPT = 2000;
+
+const events = []; // latest first
+let focus = null; // the key whose timeline is drawn
+
+// A lock key that opens its timeline when clicked.
+function keyCell(row, key, label) {
+  const td = cell(row, "", label);
+  const pick = document.createElement("button");
+  pick.type = "button";
+  pick.className = "key";
+  pick.textContent = key;
+  pick.title = "Draw this key's timeline";
+  pick.addEventListener("click", () => draw(key));
+  td.append(pick);
+}
 
 function refusalRow(r, fresh) {
   const row = document.createElement("tr");
   row.className = fresh ? "refused fresh" : "refused";
-  cell(row, new Date(r.at_ms).toISOString(), "time");
+  cell(row, when(r.at_ms), "time");
   cell(row, r.route, "route");
-  cell(row, r.key, "key");
+  keyCell(row, r.key, "key");
   cell(row, r.presented, "presented", "token");
   cell(row, r.current, "current", "token");
   cell(row, r.reason, "reason", "reason");
   return row;
 }
 
-function show(state, withRefusals) {
-  $("#as-of").textContent = "As of " + new Date().toISOString() + " (refreshed every 5 s).";
+// One event of a key's timeline, in the lane of who acted: the lock
+// service, the sidecar, the upstream. Each says what happened in words.
+function laneRow(e) {
+  const row = document.createElement("tr");
+  row.className = e.event;
+  const lanes = {
+    granted: ["grants token " + e.token, "", ""],
+    ended: ["the lease of token " + e.token + " is over", "", ""],
+    forwarded: ["", "first write with token " + e.token + " forwarded", "receives token " + e.token],
+    refused: [
+      "",
+      "write with token " + (e.presented ?? "none") + " REFUSED: " + e.reason + " (current " + e.current + ")",
+      "never sees it",
+    ],
+  }[e.event];
+  cell(row, when(e.at_ms), "time");
+  cell(row, lanes[0], "lock service");
+  cell(row, lanes[1], "sidecar", "sidecar");
+  cell(row, lanes[2], "upstream");
+  return row;
+}
+
+// The seed's sequence diagram for `key`, oldest first, from what the page has.
+function draw(key) {
+  focus = key;
+  const mine = events.filter((e) => e.key === key).reverse();
+  $("#timeline tbody").replaceChildren(...mine.map(laneRow));
+  $("#timeline-of").textContent = key;
+  $("#timeline").hidden = false;
+}
+
+function show(state, withTimeline) {
+  $("#as-of").textContent = "As of " + when(Date.now()) + " (refreshed every 5 s).";
   const facts = $("#service-facts");
   facts.replaceChildren();
   const s = state.lock_service;
@@ -50,7 +100,7 @@ function show(state, withRefusals) {
   floors.replaceChildren();
   for (const f of state.floors.first) {
     const row = floors.insertRow();
-    cell(row, f.key, "lock key");
+    keyCell(row, f.key, "lock key");
     cell(row, f.floor, "highest token forwarded", "token");
   }
   const shown = state.floors.first.length;
@@ -68,37 +118,46 @@ function show(state, withRefusals) {
     cell(row, r.resolve || "settles itself when its request ends", "how to settle", "token");
   }
   $("#open").hidden = state.idempotency_open.length === 0;
-  if (withRefusals) {
-    $("#refusals tbody").replaceChildren(...state.refusals.map((r) => refusalRow(r, false)));
+  if (withTimeline) {
+    events.splice(0, events.length, ...state.timeline);
+    const refusals = events.filter((e) => e.event === "refused");
+    $("#refusals tbody").replaceChildren(...refusals.map((r) => refusalRow(r, false)));
   }
   for (const section of ["#service", "#routes", "#floors", "#refusals"]) $(section).hidden = false;
 }
 
+// One event from the feed: kept, listed if a refusal, drawn if of the key
+// whose timeline is shown.
+function happened(e) {
+  if (seen.has(id(e))) return;
+  seen.add(id(e));
+  events.unshift(e);
+  if (events.length > KEPT) seen.delete(id(events.pop()));
+  if (e.event === "refused") $("#refusals tbody").prepend(refusalRow(e, true));
+  if (e.key === focus) $("#timeline tbody").append(laneRow(e));
+}
+
 // Server-Sent Events read with fetch, so that the token rides in a header.
-// Opened before the state is fetched, so that no refusal falls between
-// the two; one the state also lists is shown once.
+// Opened before the state is fetched, so that no event falls between the
+// two; one the state also lists is shown once.
 function follow(resp) {
   return pieces(resp, "\n\n", (block) => {
     const event = /^event: (.*)$/m.exec(block);
     const data = /^data: (.*)$/m.exec(block);
     if (!event || !data) return;
-    if (event[1] === "refusal") {
-      const r = JSON.parse(data[1]);
-      if (!seen.has(id(r))) {
-        seen.add(id(r));
-        $("#refusals tbody").prepend(refusalRow(r, true));
-      }
-    } else if (event[1] === "skipped") {
-      status("Live (" + data[1] + " refusals skipped: the page fell behind).", false);
+    if (event[1] === "skipped") {
+      status("Live (" + data[1] + " events skipped: the page fell behind).", false);
+    } else {
+      happened(JSON.parse(data[1]));
     }
   });
 }
 
-// The refusals shown, so that the feed and the state never show one twice.
+// The events shown, so that the feed and the state never show one twice.
 const seen = new Set();
-const id = (r) => [r.at_ms, r.route, r.key, r.presented, r.reason].join("\n");
+const id = (e) => JSON.stringify(e);
 
-// Everything but the refusals, again every few seconds: the lock
+// Everything but the timeline, again every few seconds: the lock
 // service's state and age, and the floors, change.
 async function refresh() {
   const resp = await fetch("/console/state", { headers: bearer(TOKEN), cache: "no-store" });
@@ -119,8 +178,10 @@ async function start() {
     if (!feed.ok) throw new Error("events: " + feed.status);
     const state = await refresh();
     seen.clear();
-    state.refusals.forEach((r) => seen.add(id(r)));
+    state.timeline.forEach((e) => seen.add(id(e)));
     show(state, true);
+    if (focus !== null) draw(focus);
+    $("#login").hidden = true;
     status("Live.", false);
     refreshing = setInterval(() => refresh().then((s) => show(s, false)).catch(() => {}), 5000);
     await follow(feed);

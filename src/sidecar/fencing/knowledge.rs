@@ -46,6 +46,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::metrics::SidecarMetrics;
+use crate::sidecar::console::Timeline;
 use crate::sidecar::fencing::decision::Knowledge;
 use crate::sidecar::fencing::etcd::Etcd;
 use crate::sidecar::fencing::freshness::{self, Freshness};
@@ -84,6 +85,12 @@ struct Known {
 }
 
 impl Known {
+    /// What the console's timeline tells of: the latest grant, and whether
+    /// its lease is live.
+    fn view(&self) -> (Token, bool) {
+        (self.latest, self.live)
+    }
+
     fn merge(&mut self, token: Token, held: bool) {
         let held = held && token > self.ended_through;
         if token > self.latest {
@@ -151,6 +158,8 @@ pub(crate) struct LockView {
     /// is learnt, so that a change of history cannot slip in between the
     /// check and the learning.
     history: Mutex<History>,
+    /// Told each change of a key's latest grant or its lease's end.
+    timeline: Arc<Timeline>,
 }
 
 /// The lock service's history the knowledge is of.
@@ -178,11 +187,12 @@ impl LockView {
         metrics: SidecarMetrics,
         max_staleness: Duration,
         followed: Vec<String>,
+        timeline: Arc<Timeline>,
     ) -> Arc<Self> {
         let endpoints = client.endpoints().to_vec();
         // The stream's own client: same TLS and token, but lines, not bodies, are bounded.
         let http = client.options().http_client(MAX_LINE).expect("the client was built from these options");
-        let view = Self::new(Source::Fencegate(client.clone()), metrics, max_staleness, followed);
+        let view = Self::new(Source::Fencegate(client.clone()), metrics, max_staleness, followed, timeline);
         tokio::spawn(watch_forever(Arc::downgrade(&view), endpoints, http));
         tokio::spawn(probe_forever(Arc::downgrade(&view), client));
         view
@@ -197,8 +207,9 @@ impl LockView {
         metrics: SidecarMetrics,
         max_staleness: Duration,
         followed: Vec<String>,
+        timeline: Arc<Timeline>,
     ) -> Arc<Self> {
-        let view = Self::new(Source::Etcd(Arc::new(etcd)), metrics, max_staleness, followed);
+        let view = Self::new(Source::Etcd(Arc::new(etcd)), metrics, max_staleness, followed, timeline);
         tokio::spawn(up_forever(Arc::downgrade(&view)));
         tokio::spawn(etcd::follow_forever(Arc::downgrade(&view)));
         view
@@ -215,14 +226,21 @@ impl LockView {
         metrics: SidecarMetrics,
         max_staleness: Duration,
         followed: Vec<String>,
+        timeline: Arc<Timeline>,
     ) -> Arc<Self> {
-        let view = Self::new(Source::ZooKeeper(Arc::new(zk)), metrics, max_staleness, followed);
+        let view = Self::new(Source::ZooKeeper(Arc::new(zk)), metrics, max_staleness, followed, timeline);
         tokio::spawn(up_forever(Arc::downgrade(&view)));
         tokio::spawn(zookeeper::follow_forever(Arc::downgrade(&view)));
         view
     }
 
-    fn new(source: Source, metrics: SidecarMetrics, max_staleness: Duration, followed: Vec<String>) -> Arc<Self> {
+    fn new(
+        source: Source,
+        metrics: SidecarMetrics,
+        max_staleness: Duration,
+        followed: Vec<String>,
+        timeline: Arc<Timeline>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             keys: DashMap::new(),
             compacted_below: Default::default(),
@@ -238,6 +256,7 @@ impl LockView {
             followed: Mutex::new(followed),
             refollow: tokio::sync::Notify::new(),
             history: Mutex::default(),
+            timeline,
         })
     }
 
@@ -376,8 +395,10 @@ impl LockView {
     /// The watch: nothing is held under `key` as of revision `through`.
     fn learn_absent(&self, key: &str, through: Token) {
         if let Some(mut k) = self.keys.get_mut(key) {
+            let before = k.view();
             k.merge_absent(through);
             k.watched = true;
+            self.timeline.learnt(key, before, k.view());
         }
     }
 
@@ -396,8 +417,10 @@ impl LockView {
         if token > k.latest {
             k.learnt_at = Some(Instant::now());
         }
+        let before = k.view();
         k.merge(token, held);
         k.watched = true;
+        self.timeline.learnt(key, before, k.view());
     }
 
     /// What a linearizable read of `key`, sent at `sent`, said; `false` if
@@ -432,7 +455,9 @@ impl LockView {
             Some(below) if info.token == 0 => {
                 self.compacted_below.fetch_max(below, Ordering::Relaxed);
                 let Some(mut k) = self.keys.get_mut(key) else { return };
+                let before = k.view();
                 k.merge_absent(below);
+                self.timeline.learnt(key, before, k.view());
                 k
             }
             _ if info.token == 0 => return,
@@ -441,7 +466,9 @@ impl LockView {
                 if info.token > k.latest {
                     k.learnt_at = Some(Instant::now());
                 }
+                let before = k.view();
                 k.merge_read(info.token, info.held);
+                self.timeline.learnt(key, before, k.view());
                 k
             }
         };
@@ -457,6 +484,7 @@ impl LockView {
             if k.latest <= rev && k.live && !listed.contains(k.key()) {
                 let known = k.value_mut();
                 (known.live, known.presumed_ended) = (false, true);
+                self.timeline.learnt(k.key(), (k.latest, true), k.view());
             }
         }
     }
@@ -956,8 +984,13 @@ pub(super) mod tests {
         let (with, without) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let url = a_node_without_progress(with.clone(), without.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view =
-            LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec!["rack/".into()]);
+        let view = LockView::start(
+            Client::new(vec![url]).unwrap(),
+            metrics,
+            Duration::from_millis(250),
+            vec!["rack/".into()],
+            Arc::default(),
+        );
         let deadline = Instant::now() + Duration::from_secs(5);
         while without.load(Ordering::SeqCst) < 2 {
             assert!(Instant::now() < deadline, "no watch without progress=1");
@@ -973,8 +1006,13 @@ pub(super) mod tests {
         let count = Arc::new(AtomicUsize::new(0));
         let url = slow_reads(count.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view =
-            LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec!["rack/".into()]);
+        let view = LockView::start(
+            Client::new(vec![url]).unwrap(),
+            metrics,
+            Duration::from_millis(250),
+            vec!["rack/".into()],
+            Arc::default(),
+        );
         let arrived = Instant::now();
         let readers: Vec<_> = (0..10)
             .map(|_| {
@@ -1001,8 +1039,13 @@ pub(super) mod tests {
     async fn a_state_dump_ends_the_keys_it_no_longer_lists() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view =
-            LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec!["rack/".into()]);
+        let view = LockView::start(
+            Client::new(vec![url]).unwrap(),
+            metrics,
+            Duration::from_millis(250),
+            vec!["rack/".into()],
+            Arc::default(),
+        );
         for (key, token) in [("rack/gone", 30), ("rack/listed", 35), ("rack/later", 45)] {
             view.learn(key, token, true, 0);
         }
@@ -1041,7 +1084,13 @@ pub(super) mod tests {
     async fn a_key_only_reads_told_of_is_trusted_no_longer_than_its_read() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec![]);
+        let view = LockView::start(
+            Client::new(vec![url]).unwrap(),
+            metrics,
+            Duration::from_millis(250),
+            vec![],
+            Arc::default(),
+        );
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         view.freshness().answered(t0, 0);
@@ -1074,7 +1123,13 @@ pub(super) mod tests {
     async fn a_read_below_what_is_known_is_another_history() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(Client::new(vec![url]).unwrap(), metrics, Duration::from_millis(250), vec![]);
+        let view = LockView::start(
+            Client::new(vec![url]).unwrap(),
+            metrics,
+            Duration::from_millis(250),
+            vec![],
+            Arc::default(),
+        );
         let info = |token, compacted_below| wire::LockInfo {
             key: "rack/1".into(),
             held: token != 0,

@@ -49,16 +49,16 @@ impl Floors {
     }
 
     /// Make `token` the durable floor of `key` if it is higher; returns once
-    /// it is on disk.
-    pub(crate) async fn raise(&self, key: &str, token: Token) -> Result<(), StoreError> {
+    /// it is on disk, whether it rose.
+    pub(crate) async fn raise(&self, key: &str, token: Token) -> Result<bool, StoreError> {
         if self.get(key) >= token {
-            return Ok(());
+            return Ok(false);
         }
         self.store.write(Write::Floor(key.to_string(), token)).await?;
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let floor = known.entry(key.to_string()).or_default();
         *floor = (*floor).max(token);
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -72,8 +72,8 @@ mod tests {
         {
             let (store, loaded) = Store::open(dir.path()).unwrap();
             let f = Floors::new(Arc::new(store), loaded.floors);
-            f.raise("rack/42", 34).await.unwrap();
-            f.raise("rack/42", 33).await.unwrap();
+            assert!(f.raise("rack/42", 34).await.unwrap());
+            assert!(!f.raise("rack/42", 33).await.unwrap(), "never down");
             f.raise("rack/7", 5).await.unwrap();
             assert_eq!(f.get("rack/42"), 34);
         }

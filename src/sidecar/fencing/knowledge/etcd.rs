@@ -287,7 +287,13 @@ mod tests {
         let etcd = Arc::new(Etcd::new(vec![url], HttpClient::new(1 << 20), None));
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let prefix = "job/".to_string();
-        let view = LockView::new(Source::Etcd(etcd.clone()), metrics, Duration::from_secs(1), vec![prefix.clone()]);
+        let view = LockView::new(
+            Source::Etcd(etcd.clone()),
+            metrics,
+            Duration::from_secs(1),
+            vec![prefix.clone()],
+            Arc::default(),
+        );
         let weak = Arc::downgrade(&view);
         let follower = tokio::spawn(async move { follow(&weak, &etcd, "job/", &mut 0).await });
         opened.notified().await;
