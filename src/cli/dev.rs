@@ -95,7 +95,8 @@ fn print_banner(s: &Stack, data: &Path, replay: &str) {
   inventory API  {}   (legacy: checks no tokens; GET /writes lists what it applied)
   sidecar        {}   (fences PUT/POST/PATCH/DELETE /racks/{{rack}} with lock key rack/{{rack}})
   metrics        {}
-  data           {} (kept between runs; --fresh wipes it)
+{node_console}  sidecar's      {sidecar_console}   (its console: refusals and each key's timeline; the admin token is in {data}/sidecar/admin-token)
+  data           {data} (kept between runs; --fresh wipes it)
 
 a retried write is applied once (idempotency on rack-writes):
 {}
@@ -113,15 +114,24 @@ try, in another terminal, in this order (`cargo install --path .` puts `fencegat
       # every write the inventory applied, with its token: not the stale one
   {status}
       # state: free, and the token of the first command's grant (on etcd: no key left)
-  {demo}
+  {demo} --endpoints {endpoints} --sidecar {sidecar} --inventory {inventory}
+      # the pause story on these components: A's write after its lease expired is refused; watch rack/42 in the consoles
 
 Ctrl-C stops everything.",
         s.endpoints.join("  "),
         s.inventory_url,
         s.sidecar_url,
         s.metrics_url,
-        data.display(),
         replay,
+        node_console = match s.backend {
+            LockService::Fencegate => format!(
+                "  node console   {}/ui   (in a browser: the lock table and its timeline, live; every node has one)\n",
+                s.endpoints[0]
+            ),
+            LockService::Etcd => String::new(),
+        },
+        sidecar_console = s.metrics_url.strip_suffix("/metrics").unwrap_or(&s.metrics_url).to_string() + "/console",
+        data = data.display(),
         endpoints = s.endpoints.join(","),
         sidecar = s.sidecar_url,
         inventory = s.inventory_url,

@@ -206,6 +206,10 @@ struct Banner {
     inventory: String,
     sidecar: String,
     metrics: String,
+    /// The node's console and the sidecar's.
+    consoles: Vec<String>,
+    /// The arguments of the demo on these components.
+    demo: Vec<String>,
     /// The token of the stale-write snippet, and the error its comment says it gets.
     stale_token: Option<u64>,
     stale_answer: String,
@@ -231,17 +235,24 @@ impl Banner {
             self.sidecar = first(rest);
         } else if let Some(rest) = line.strip_prefix("metrics ") {
             self.metrics = first(rest);
+        } else if let Some(rest) = line.strip_prefix("node console ").or(line.strip_prefix("sidecar's ")) {
+            self.consoles.push(first(rest));
+        } else if let Some((_, args)) = line.split_once(" demo --endpoints ") {
+            self.demo = ["demo", "--endpoints"].into_iter().chain(args.split_whitespace()).map(String::from).collect();
         }
     }
 
     fn complete(&self) -> bool {
         self.lock_service.len() == 3
+            && self.consoles.len() == 2
+            && !self.demo.is_empty()
             && ![&self.inventory, &self.sidecar, &self.metrics, &self.stale_answer].iter().any(|u| u.is_empty())
     }
 }
 
 /// `fencegate dev --free-ports`, on the ports its banner names: acquire,
-/// write through the sidecar, read the inventory's log, stop. Its terminal
+/// write through the sidecar, read the inventory's log, open the consoles,
+/// run the banner's demo on its components and find it there, stop. Its terminal
 /// shows the banner and one line per change: no start-up INFO lines, each
 /// grant once (not once per node), nothing about the watch on Ctrl-C.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,6 +314,32 @@ async fn dev_smoke() {
         http::send(http::fenced_put(format!("{}/racks/42", banner.sidecar), stale), Duration::from_secs(5)).await;
     assert_eq!((status, body["error"].as_str()), (409, Some(banner.stale_answer.as_str())), "{body}");
     assert_eq!(banner.stale_answer, "stale_token");
+
+    // The consoles it names answer, under their policy.
+    for url in &banner.consoles {
+        let page = fencegate_client::http::HttpClient::new(1 << 20)
+            .call(hyper::Method::GET, url, None, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(page.status == 200 && page.headers.contains_key("content-security-policy"), "{url}");
+    }
+    // The demo beside it, as the banner says: it shows up there.
+    let demo = bin!().tokio_command(&banner.demo.iter().map(String::as_str).collect::<Vec<_>>()).output();
+    let demo = tokio::time::timeout(Duration::from_secs(60), demo).await.expect("the demo within 60 s").unwrap();
+    let said = String::from_utf8_lossy(&demo.stdout);
+    assert_eq!(demo.status.code(), Some(0), "{said}\n{}", String::from_utf8_lossy(&demo.stderr));
+    let admin = std::fs::read_to_string(dir.path().join("data/sidecar/admin-token")).unwrap();
+    let state = format!("{}/state", banner.consoles[1]);
+    let mut req = http::request("GET", &state, None, &[("authorization", &format!("Bearer {}", admin.trim()))], "");
+    req.headers_mut().remove("x-fence-token");
+    let (status, state) = http::send(req, Duration::from_secs(5)).await;
+    assert_eq!(status, 200, "{state}");
+    let refused =
+        state["timeline"].as_array().unwrap().iter().find(|e| e["event"] == "refused" && e["presented"] != stale);
+    let refused = refused.unwrap_or_else(|| panic!("the demo's refusal in the sidecar's console: {state}"));
+    assert!(said.contains(&format!("(token {})", refused["presented"])), "A's token: {refused}\n{said}");
+    assert_eq!(refused["key"], "rack/42");
+
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGINT)
         .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
