@@ -179,3 +179,117 @@ async fn the_sidecar_console_shows_a_refusal_live_in_a_browser() {
     browser.screenshot(shots.join("sidecar-narrow.png")).await;
     no_errors(&browser, &[]).await;
 }
+
+/// A process's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap();
+    rss.trim().trim_end_matches(" kB").trim().parse().unwrap()
+}
+
+/// Both consoles left open with a steady load, each beside a twin without
+/// one: a follower with the node's page open against the other follower
+/// (both apply the same log), a sidecar with its page open against a
+/// second sidecar taking the same writes. Memory sampled every 30 s; the
+/// pages' rows counted (the node page's timeline keeps its latest 500: it
+/// grew by a row per event, ~1,260 after a minute, before it was bounded). The cost of an open page is the
+/// difference between the twins' growth. Run by hand:
+/// `CONSOLE_SOAK_SECONDS=600 cargo test --features faults --test faults -- --ignored --nocapture console::soak`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a 10-minute measurement, run by hand"]
+async fn soak_an_open_page_keeps_memory_flat() {
+    let seconds: u64 = std::env::var("CONSOLE_SOAK_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(600);
+    let c = Cluster::start(&bin!(), 3, "").await;
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let followers: Vec<u64> = c.ids().into_iter().filter(|id| *id != leader).collect();
+    let (watched, twin) = (followers[0], followers[1]);
+    let up = Upstream::start().await;
+    let routes = table(&[rack_writes("{ mode: strict, consistency: cached }")]);
+    let (sc, sc_twin) = (c.sidecar("sc", &up.url(), &routes).await, c.sidecar("twin", &up.url(), &routes).await);
+    let admin_token = std::fs::read_to_string(sc.dir.join("state/admin-token")).unwrap().trim().to_string();
+
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/ui", c.url(watched))).await;
+    browser.wait_for_text("#status", "Live.", Duration::from_secs(5)).await;
+    let node_tab = browser.tab().await;
+    let sidecar_tab = browser.new_tab().await;
+    browser.goto(&format!("http://127.0.0.1:{}/console", sc.metrics_port)).await;
+    browser.type_into("#token", &admin_token).await;
+    browser.click("#login button[type=submit]").await;
+    browser.wait_for_text("#status", "Live.", Duration::from_secs(5)).await;
+
+    // The load: every 100 ms a grant and its release on one of 50 keys;
+    // every second a write forwarded and a stale one refused, through both
+    // sidecars (B's token, then A's).
+    let load = tokio::spawn({
+        let (client, sidecars) = (c.client(), [sc.port, sc_twin.port]);
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            for i in 0u64.. {
+                tick.tick().await;
+                let key = format!("rack/{}", i % 50);
+                let lease = client.acquire(&key, AcquireOptions::new(Duration::from_secs(5))).await.unwrap();
+                if i % 10 == 0 {
+                    for port in sidecars {
+                        for token in [lease.token(), lease.token() - 1] {
+                            let url = format!("http://127.0.0.1:{port}/racks/{}", i % 50);
+                            fencegate_testkit::http::send(
+                                fencegate_testkit::http::fenced_put(url, token),
+                                Duration::from_secs(5),
+                            )
+                            .await;
+                        }
+                    }
+                }
+                lease.release().await.unwrap();
+            }
+        }
+    });
+    let pids = [("node, page open", c.pid(watched)), ("node, no page", c.pid(twin))];
+    let pids = pids
+        .into_iter()
+        .chain([("sidecar, page open", sc.pid().unwrap()), ("sidecar, no page", sc_twin.pid().unwrap())]);
+    let pids: Vec<(&str, u32)> = pids.collect();
+    let rows = "return document.querySelectorAll('tr').length";
+    let mut samples = vec![];
+    let mut node_rows = Value::Null;
+    let start = Instant::now();
+    loop {
+        browser.switch_to(&node_tab).await;
+        node_rows = browser.js(rows).await;
+        browser.switch_to(&sidecar_tab).await;
+        let sidecar_rows = browser.js(rows).await;
+        let rss: Vec<u64> = pids.iter().map(|(_, pid)| rss_kib(*pid)).collect();
+        eprintln!(
+            "[{:>4} s] RSS KiB {rss:?}; rows: node page {node_rows}, sidecar page {sidecar_rows}",
+            start.elapsed().as_secs()
+        );
+        samples.push(rss);
+        if start.elapsed() >= Duration::from_secs(seconds) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
+    load.abort();
+    // From the first minute on (allocators and rings warm up first).
+    let from = samples.len().min(3) - 1;
+    for (i, (name, _)) in pids.iter().enumerate() {
+        let grew = samples.last().unwrap()[i] as i64 - samples[from][i] as i64;
+        eprintln!(
+            "{name}: {} KiB at {} s, {} KiB at the end ({grew:+} KiB)",
+            samples[from][i],
+            from * 30,
+            samples.last().unwrap()[i]
+        );
+    }
+    let growth = |i: usize| samples.last().unwrap()[i] as i64 - samples[from][i] as i64;
+    for (open, closed) in [(0, 1), (2, 3)] {
+        let cost = growth(open) - growth(closed);
+        assert!(cost < 8 << 10, "{}: grew {cost} KiB more than its twin", pids[open].0);
+    }
+    // The node page keeps 500 events and lists 50 keys (and headers).
+    assert!(node_rows.as_u64().is_some_and(|n| n <= 560), "the node page's rows grew: {node_rows}");
+    // The node page keeps 500 events and lists 50 keys (and headers).
+    assert!(node_rows.as_u64().is_some_and(|n| n <= 560), "the node page's rows grew: {node_rows}");
+    no_errors(&browser, &[]).await;
+}

@@ -125,6 +125,24 @@ impl Browser {
         self.cmd("POST", "/url", json!({"url": url})).await;
     }
 
+    /// Open a new tab and make it the current one; its handle.
+    pub async fn new_tab(&self) -> String {
+        let v = self.cmd("POST", "/window/new", json!({"type": "tab"})).await;
+        let handle = v["handle"].as_str().expect("a window handle").to_string();
+        self.switch_to(&handle).await;
+        handle
+    }
+
+    /// Make the tab or window `handle` the current one.
+    pub async fn switch_to(&self, handle: &str) {
+        self.cmd("POST", "/window", json!({"handle": handle})).await;
+    }
+
+    /// The current tab's handle.
+    pub async fn tab(&self) -> String {
+        self.cmd("GET", "/window", Value::Null).await.as_str().expect("a window handle").to_string()
+    }
+
     /// Make the viewport itself `width`×`height` CSS pixels (the window's
     /// size is not the viewport's): what media queries and screenshots see.
     pub async fn set_viewport(&self, width: u32, height: u32) {

@@ -53,4 +53,10 @@ function login(form, input, name, start) {
   });
 }
 
+// Put `row` first in `body`, keeping at most `most` rows there.
+function prepend(body, row, most) {
+  body.prepend(row);
+  while (body.rows.length > most) body.deleteRow(-1);
+}
+
 const when = (ms) => new Date(ms).toISOString().replace("T", " ").replace("Z", "");

@@ -126,7 +126,7 @@ function watchLine(text, refreshTable) {
     const e = { seen: Date.now(), key: l.key, event: l.event, token: l.token, holder: holders.get(l.token) ?? null };
     events.unshift(e);
     if (events.length > KEPT) events.pop();
-    if (focus === null || focus === l.key) $("#timeline tbody").prepend(eventRow(e, true));
+    if (focus === null || focus === l.key) prepend($("#timeline tbody"), eventRow(e, true), KEPT);
     refreshTable();
   } else if (l.event === "heartbeat") {
     $("#as-of").textContent = "Watching from revision " + l.rev + " (" + when(Date.now()) + ").";

@@ -133,8 +133,12 @@ function happened(e) {
   seen.add(id(e));
   events.unshift(e);
   if (events.length > KEPT) seen.delete(id(events.pop()));
-  if (e.event === "refused") $("#refusals tbody").prepend(refusalRow(e, true));
-  if (e.key === focus) $("#timeline tbody").append(laneRow(e));
+  if (e.event === "refused") prepend($("#refusals tbody"), refusalRow(e, true), KEPT);
+  if (e.key === focus) {
+    const lanes = $("#timeline tbody");
+    lanes.append(laneRow(e));
+    while (lanes.rows.length > KEPT) lanes.deleteRow(0);
+  }
 }
 
 // Server-Sent Events read with fetch, so that the token rides in a header.
