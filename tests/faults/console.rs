@@ -252,11 +252,10 @@ async fn soak_an_open_page_keeps_memory_flat() {
     let pids: Vec<(&str, u32)> = pids.collect();
     let rows = "return document.querySelectorAll('tr').length";
     let mut samples = vec![];
-    let mut node_rows = Value::Null;
     let start = Instant::now();
-    loop {
+    let node_rows = loop {
         browser.switch_to(&node_tab).await;
-        node_rows = browser.js(rows).await;
+        let node_rows = browser.js(rows).await;
         browser.switch_to(&sidecar_tab).await;
         let sidecar_rows = browser.js(rows).await;
         let rss: Vec<u64> = pids.iter().map(|(_, pid)| rss_kib(*pid)).collect();
@@ -266,10 +265,10 @@ async fn soak_an_open_page_keeps_memory_flat() {
         );
         samples.push(rss);
         if start.elapsed() >= Duration::from_secs(seconds) {
-            break;
+            break node_rows;
         }
         tokio::time::sleep(Duration::from_secs(30)).await;
-    }
+    };
     load.abort();
     // From the first minute on (allocators and rings warm up first).
     let from = samples.len().min(3) - 1;
