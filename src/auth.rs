@@ -145,12 +145,35 @@ impl Acl {
     /// Whether `identity` has `right` on some key under `prefix`: it may
     /// open a watch of it, or list it (and is then shown only those keys).
     pub fn reaches(&self, identity: &str, right: Right, prefix: &str) -> bool {
-        let Some(rules) = &self.rules else { return true };
-        rules.iter().any(|r| {
-            r.matches(identity)
-                && r.grants(right)
-                && r.prefixes.iter().any(|p| p.starts_with(prefix) || AclRule::covers(p, prefix))
-        })
+        !self.scans(identity, right, prefix).is_empty()
+    }
+
+    /// The prefixes to walk, in order, to find every key under `prefix` on
+    /// which `identity` has `right`: none of them a prefix of another, so
+    /// their keys come in key order, one prefix after the other. What lies
+    /// outside them is never looked at. (A rule naming a whole key walks
+    /// the keys that start with it: each key is still checked.)
+    pub fn scans(&self, identity: &str, right: Right, prefix: &str) -> Vec<String> {
+        let Some(rules) = &self.rules else { return vec![prefix.to_string()] };
+        let mut walks: Vec<&str> = rules
+            .iter()
+            .filter(|r| r.matches(identity) && r.grants(right))
+            .flat_map(|r| r.prefixes.iter())
+            .filter_map(|p| match (p.starts_with(prefix), AclRule::covers(p, prefix)) {
+                (true, _) => Some(p.as_str()),
+                (false, true) => Some(prefix),
+                (false, false) => None,
+            })
+            .collect();
+        walks.sort_unstable();
+        // Sorted, the prefixes a kept one covers come right after it.
+        let mut kept: Vec<String> = Vec::with_capacity(walks.len());
+        for p in walks {
+            if !kept.last().is_some_and(|k| p.starts_with(k.as_str())) {
+                kept.push(p.to_string());
+            }
+        }
+        kept
     }
 }
 
@@ -351,6 +374,26 @@ mod tests {
         assert!(acl.reaches("s", Right::Watch, "rack/4"));
         assert!(!acl.reaches("s", Right::Watch, "fw/"));
         assert!(!acl.reaches("r", Right::Watch, "rack/"), "read is not watch");
+    }
+
+    /// A listing walks only where the identity may read: each rule's
+    /// prefix under the one asked, or the one asked where a rule covers it;
+    /// none inside another, in key order.
+    #[test]
+    fn a_listing_walks_only_where_the_identity_may_read() {
+        let acl = Acl::rules(vec![
+            rule("o", &["rack/", "fw/1", "rack/4/", "zone/"], &[Right::Read]),
+            rule("o", &["secret/"], &[Right::Watch]),
+            rule("other", &[""], &[Right::Read]),
+        ]);
+        let scans = |prefix: &str| acl.scans("o", Right::Read, prefix);
+        assert_eq!(scans(""), ["fw/1", "rack/", "zone/"], "rack/4/ lies inside rack/");
+        assert_eq!(scans("rack/4"), ["rack/4"], "under rack/, as asked");
+        assert_eq!(scans("fw/"), ["fw/1"], "a whole key under the prefix");
+        assert_eq!(scans("fw/1/"), Vec::<String>::new(), "a whole key covers nothing under it");
+        assert!(scans("secret/").is_empty(), "watch is not read");
+        assert_eq!(acl.scans("other", Right::Read, "x/"), ["x/"]);
+        assert_eq!(Acl::open().scans("anyone", Right::Read, "p/"), ["p/"]);
     }
 
     #[test]

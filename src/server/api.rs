@@ -115,10 +115,31 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
         }
         _ => {}
     }
+    if let Some(why) = from_another_site(&req) {
+        audit::unauthenticated(conn.addr, why);
+        return Err(ApiError::Forbidden(format!("the Lock API refuses {why}")));
+    }
     let (identity, credential) = node.credentials.identify(req.headers(), conn).inspect_err(|e| {
         audit::unauthenticated(conn.addr, &e.to_string());
     })?;
     route(node, req, Caller { identity, credential, forwarded: false }).await
+}
+
+/// Why a request is a browser's on behalf of another site, if it is. The
+/// console (`/ui`) only reads, from its own origin; but a browser holding
+/// a client certificate presents it to whichever page makes it ask, so a
+/// page elsewhere could take a lock as the operator (a form's POST needs
+/// no script). Browsers say where a request comes from: `Origin` on every
+/// POST and DELETE (no other client sends it), `Sec-Fetch-Site` on all.
+fn from_another_site(req: &Request<Incoming>) -> Option<&'static str> {
+    let headers = req.headers();
+    if req.method() != Method::GET && headers.contains_key(hyper::header::ORIGIN) {
+        return Some("a write from a browser (an Origin header): the console only reads");
+    }
+    match headers.get("sec-fetch-site").map(|v| v.as_bytes()) {
+        Some(b"cross-site" | b"same-site") => Some("a browser's request made by another site (Sec-Fetch-Site)"),
+        _ => None,
+    }
 }
 
 async fn peer(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<Response<Body>, ApiError> {

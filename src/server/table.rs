@@ -4,8 +4,9 @@
 //! A leader call, answered after a quorum confirmed the leadership (so the
 //! lease clock's time left is the leader's, reset for its term), listing
 //! only the keys the caller may `read`: a key it may not read is neither
-//! shown nor counted. At most `MAX_LIMIT` keys per answer; `truncated`
-//! says more lie under the prefix, to be narrowed.
+//! shown nor counted, and only where its rules reach is walked. At most
+//! `MAX_LIMIT` keys per answer; `truncated` says more lie under the
+//! prefix, to be narrowed.
 
 use fencegate_client::wire::{LockRow, LockTable};
 use tokio::time::Instant;
@@ -18,6 +19,9 @@ use crate::auth::Right;
 pub(super) const DEFAULT_LIMIT: usize = 500;
 /// Keys listed at most.
 pub(super) const MAX_LIMIT: usize = 1000;
+/// Keys looked at per listing, at most (those a rule naming a whole key
+/// walks past are looked at too).
+const MAX_SCANNED: usize = 4 * MAX_LIMIT;
 
 /// Read `prefix=P[&limit=N]`, each value percent-decoded once and checked.
 pub(super) fn params(query: Option<&str>) -> Result<(String, usize), ApiError> {
@@ -44,15 +48,18 @@ pub(super) fn params(query: Option<&str>) -> Result<(String, usize), ApiError> {
 }
 
 /// The first `limit` keys under `prefix` that `identity` may read, now.
+/// Only the prefixes its rules reach are walked, and at most `MAX_SCANNED`
+/// keys of them (the applied state is held meanwhile: applying waits).
 pub(super) fn list(node: &Node, identity: &str, prefix: &str, limit: usize) -> LockTable {
     let acl = node.acl.load();
+    let walks = acl.scans(identity, Right::Read, prefix);
     let s = node.applied.lock();
     let now = Instant::now();
     let millis = |d: std::time::Duration| d.as_millis() as u64;
-    let mut readable = s.locks.keys_with_prefix(prefix).filter(|(key, _)| acl.allows(identity, Right::Read, key));
-    let locks = readable
-        .by_ref()
-        .take(limit)
+    let keys = walks.iter().flat_map(|walk| s.locks.keys_with_prefix(walk));
+    let (shown, truncated) = first(keys, |(key, _)| acl.allows(identity, Right::Read, key), limit, MAX_SCANNED);
+    let locks = shown
+        .into_iter()
         .map(|(key, k)| {
             let lease = s.locks.holder_of(key);
             LockRow {
@@ -69,13 +76,48 @@ pub(super) fn list(node: &Node, identity: &str, prefix: &str, limit: usize) -> L
             }
         })
         .collect();
-    let truncated = readable.next().is_some();
     LockTable { rev: s.locks.revision(), cluster: s.locks.cluster().map(str::to_string), locks, truncated }
+}
+
+/// The first `limit` items `allowed` lets through, looking at `max_seen`
+/// items at most; and whether more were left (allowed, or not looked at).
+fn first<T>(
+    items: impl Iterator<Item = T>,
+    allowed: impl Fn(&T) -> bool,
+    limit: usize,
+    max_seen: usize,
+) -> (Vec<T>, bool) {
+    let mut items = items.fuse();
+    let mut shown = Vec::new();
+    for item in items.by_ref().take(max_seen) {
+        if !allowed(&item) {
+            continue;
+        }
+        if shown.len() == limit {
+            return (shown, true);
+        }
+        shown.push(item);
+    }
+    let more = items.next().is_some();
+    (shown, more)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// At most `limit` shown, at most `max_seen` looked at; `truncated`
+    /// when an allowed one was left, or any was not looked at.
+    #[test]
+    fn the_first_allowed_within_the_bounds() {
+        let even = |n: &u32| n % 2 == 0;
+        assert_eq!(first(0..10, even, 3, 100), (vec![0, 2, 4], true));
+        assert_eq!(first(0..10, even, 5, 100), (vec![0, 2, 4, 6, 8], false), "all shown");
+        assert_eq!(first(0..9, even, 5, 100), (vec![0, 2, 4, 6, 8], false));
+        assert_eq!(first(0..10, even, 100, 4), (vec![0, 2], true), "4 looked at, 6 not");
+        assert_eq!(first(0..4, even, 100, 4), (vec![0, 2], false), "4 looked at, none left");
+        assert_eq!(first(0..10, |_: &u32| false, 5, 100), (vec![], false), "none allowed: none counted");
+    }
 
     #[test]
     fn params_are_checked() {

@@ -161,7 +161,9 @@ impl Fencer {
         // decision stood on: re-decide, reading again if it lapsed, before
         // the floor records the token as forwarded.
         self.vouch(&mut cleared).await?;
-        if self.floors.raise(&floor, token).await.map_err(|e| Answer::Internal(e.to_string()))? {
+        let rose = self.floors.raise(&floor, token).await.map_err(|e| Answer::Internal(e.to_string()))?;
+        // An observed route's floor is of tokens nobody vouched for.
+        if rose && mode != FenceMode::Observed {
             self.timeline.record(key, Happened::Forwarded { token });
         }
         Ok(Some(cleared))

@@ -99,7 +99,8 @@ async fn a_refusal_shows_in_the_sidecar_console_with_both_tokens() {
 /// its holder, owner, token, time left, TTL, lock-delay and waiters, from
 /// any node (a follower forwards it with the identity); none it may not
 /// read, not even counted; a prefix it may read nothing under is refused,
-/// as is a caller without credentials. The page itself needs none.
+/// as is a caller without credentials, and a request a browser sends for
+/// another site. The page itself needs none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_table_lists_only_the_keys_an_identity_may_read() {
     let o = ClusterOptions { security: Some(Security::rack_and_every_key()), ..Default::default() };
@@ -171,6 +172,32 @@ async fn the_lock_table_lists_only_the_keys_an_identity_may_read() {
         let (status, bad) = list(node, Some("all-token"), "?limit=0").await;
         assert_eq!((status, &bad["error"]), (400, &"bad_request".into()), "{bad}");
     }
+
+    // A browser's write, or a request another site made a browser send,
+    // is refused before anything is asked: a page elsewhere cannot take a
+    // lock with the operator's credentials (its client certificate).
+    for (method, path, header) in [
+        ("POST", "/v1/locks/rack/9", ("origin", "https://elsewhere.example")),
+        ("DELETE", "/v1/leases/00000000000000000000000000000000", ("origin", "null")),
+        ("GET", "/v1/locks", ("sec-fetch-site", "cross-site")),
+    ] {
+        let headers = [("authorization", "Bearer all-token"), header];
+        let mut req = request(method, &format!("{}{path}", c.url(leader)), None, &headers, "");
+        req.headers_mut().remove("x-fence-token");
+        let (status, v) = send(req, Duration::from_secs(5)).await;
+        assert_eq!((status, &v["error"]), (403, &"forbidden".into()), "{method} {path} with {header:?}: {v}");
+    }
+    let (status, table) = list(leader, Some("all-token"), "?prefix=rack%2F9").await;
+    assert_eq!((status, table["locks"].as_array().map(Vec::len)), (200, Some(0)), "nothing granted: {table}");
+    let mut same = request(
+        "GET",
+        &format!("{}/v1/locks", c.url(leader)),
+        None,
+        &[("authorization", "Bearer all-token"), ("sec-fetch-site", "same-origin")],
+        "",
+    );
+    same.headers_mut().remove("x-fence-token");
+    assert_eq!(send(same, Duration::from_secs(5)).await.0, 200, "the console's own requests");
 
     // The page and its scripts hold no data: served without credentials,
     // under the policy; nothing else is under /ui.

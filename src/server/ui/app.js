@@ -14,7 +14,7 @@ const EVERY_MS = 2000;
 let prefix = "";
 let focus = null; // the key whose timeline is shown; null: every key
 const events = []; // latest first
-const holders = new Map(); // token -> holder, from the grants seen
+const holders = new Map(); // token -> holder, of the leases live since the page opened
 let run = null; // the current search's AbortController
 
 class Refused extends Error {}
@@ -124,6 +124,7 @@ function watchLine(text, refreshTable) {
   if (l.event === "granted" || l.event === "released" || l.event === "expired") {
     if (l.event === "granted") holders.set(l.token, l.holder);
     const e = { seen: Date.now(), key: l.key, event: l.event, token: l.token, holder: holders.get(l.token) ?? null };
+    if (l.event !== "granted") holders.delete(l.token);
     events.unshift(e);
     if (events.length > KEPT) events.pop();
     if (focus === null || focus === l.key) prepend($("#timeline tbody"), eventRow(e, true), KEPT);
@@ -135,13 +136,39 @@ function watchLine(text, refreshTable) {
   }
 }
 
+// `read` again, one at a time and at most once a second, however often
+// asked (each watch event asks).
+function throttled(read) {
+  let reading = false;
+  let again = false;
+  const go = () => {
+    if (reading) {
+      again = true;
+      return;
+    }
+    reading = true;
+    read()
+      .catch(() => {})
+      .finally(() =>
+        setTimeout(() => {
+          reading = false;
+          if (again) {
+            again = false;
+            go();
+          }
+        }, 1000),
+      );
+  };
+  return go;
+}
+
 async function start() {
   if (run) run.abort();
   const mine = new AbortController();
   run = mine;
   const signal = mine.signal;
   const query = "prefix=" + encodeURIComponent(prefix);
-  const readTable = async () => showLocks(await (await api("/v1/locks?" + query + "&limit=500", signal)).json());
+  const readTable = async () => showLocks(await (await api("/v1/locks?" + query, signal)).json());
   const readCluster = async () => {
     const ready = await fetch("/readyz", { cache: "no-store", signal });
     const health = ready.ok ? "ready: a leader is known" : "NOT READY: " + (await ready.text()).trim();
@@ -149,31 +176,22 @@ async function start() {
   };
   let timer = null;
   try {
-    const watch = await api("/v1/watch?" + query, signal);
-    $("#login").hidden = true;
     await Promise.all([readCluster(), readTable()]);
+    $("#login").hidden = true;
+    const refresh = throttled(() => Promise.all([readCluster(), readTable()]));
+    timer = setInterval(refresh, EVERY_MS);
+    let watch;
+    try {
+      watch = await api("/v1/watch?" + query, signal);
+    } catch (e) {
+      if (!(e instanceof Refused)) throw e;
+      // It may read these keys but not watch them: the table, no timeline.
+      status("Live, without a timeline (" + e.message + ").", false);
+      await new Promise((_, fail) => signal.addEventListener("abort", () => fail(new Error("aborted"))));
+    }
     showTimeline();
     status("Live.", false);
-    timer = setInterval(() => Promise.all([readCluster(), readTable()]).catch(() => {}), EVERY_MS);
-    // One read of the table at a time, and one more if events came meanwhile.
-    let reading = null;
-    let again = false;
-    const refreshTable = () => {
-      if (reading) {
-        again = true;
-        return;
-      }
-      reading = readTable()
-        .catch(() => {})
-        .finally(() => {
-          reading = null;
-          if (again) {
-            again = false;
-            refreshTable();
-          }
-        });
-    };
-    await pieces(watch, "\n", (line) => watchLine(line, refreshTable));
+    await pieces(watch, "\n", (line) => watchLine(line, refresh));
   } catch (e) {
     if (signal.aborted) return;
     if (e instanceof Refused) {

@@ -37,19 +37,25 @@ function refusalRow(r, fresh) {
 
 // One event of a key's timeline, in the lane of who acted: the lock
 // service, the sidecar, the upstream. Each says what happened in words.
+const LANES = {
+  granted: (e) => ["grants token " + e.token, "", ""],
+  ended: (e) => ["the lease of token " + e.token + " is over" + (e.presumed ? " (presumed: no longer listed)" : ""), "", ""],
+  live: (e) => ["the lease of token " + e.token + " is live after all (a read)", "", ""],
+  new_history: (e) => ["ANOTHER HISTORY (a restore?): " + e.why, "drops what it knew, keeps its floors", ""],
+  // The floor rose to it as it was cleared; a last check before sending
+  // that refused it would show as a refusal right after.
+  forwarded: (e) => ["", "first write with token " + e.token + " forwarded", ""],
+  refused: (e) => [
+    "",
+    "write with token " + (e.presented ?? "none") + " REFUSED: " + e.reason + " (current " + e.current + ")",
+    "never sees it",
+  ],
+};
+
 function laneRow(e) {
   const row = document.createElement("tr");
   row.className = e.event;
-  const lanes = {
-    granted: ["grants token " + e.token, "", ""],
-    ended: ["the lease of token " + e.token + " is over", "", ""],
-    forwarded: ["", "first write with token " + e.token + " forwarded", "receives token " + e.token],
-    refused: [
-      "",
-      "write with token " + (e.presented ?? "none") + " REFUSED: " + e.reason + " (current " + e.current + ")",
-      "never sees it",
-    ],
-  }[e.event];
+  const lanes = LANES[e.event](e);
   cell(row, when(e.at_ms), "time");
   cell(row, lanes[0], "lock service");
   cell(row, lanes[1], "sidecar", "sidecar");
@@ -57,10 +63,13 @@ function laneRow(e) {
   return row;
 }
 
+// Whether `e` belongs on `key`'s timeline: its own, or of every key.
+const on = (e, key) => e.key === key || e.key === "";
+
 // The seed's sequence diagram for `key`, oldest first, from what the page has.
 function draw(key) {
   focus = key;
-  const mine = events.filter((e) => e.key === key).reverse();
+  const mine = events.filter((e) => on(e, key)).reverse();
   $("#timeline tbody").replaceChildren(...mine.map(laneRow));
   $("#timeline-of").textContent = key;
   $("#timeline").hidden = false;
@@ -119,7 +128,7 @@ function show(state, withTimeline) {
   }
   $("#open").hidden = state.idempotency_open.length === 0;
   if (withTimeline) {
-    events.splice(0, events.length, ...state.timeline);
+    events.splice(0, events.length, ...state.timeline.filter((e) => e.event in LANES));
     const refusals = events.filter((e) => e.event === "refused");
     $("#refusals tbody").replaceChildren(...refusals.map((r) => refusalRow(r, false)));
   }
@@ -127,14 +136,14 @@ function show(state, withTimeline) {
 }
 
 // One event from the feed: kept, listed if a refusal, drawn if of the key
-// whose timeline is shown.
+// whose timeline is shown. Kinds of a newer sidecar are skipped.
 function happened(e) {
-  if (seen.has(id(e))) return;
-  seen.add(id(e));
+  if (!(e.event in LANES) || seen.has(e.seq)) return;
+  seen.add(e.seq);
   events.unshift(e);
-  if (events.length > KEPT) seen.delete(id(events.pop()));
+  if (events.length > KEPT) seen.delete(events.pop().seq);
   if (e.event === "refused") prepend($("#refusals tbody"), refusalRow(e, true), KEPT);
-  if (e.key === focus) {
+  if (focus !== null && on(e, focus)) {
     const lanes = $("#timeline tbody");
     lanes.append(laneRow(e));
     while (lanes.rows.length > KEPT) lanes.deleteRow(0);
@@ -157,9 +166,9 @@ function follow(resp) {
   });
 }
 
-// The events shown, so that the feed and the state never show one twice.
+// The events shown (by `seq`), so that the feed and the state never show
+// one twice.
 const seen = new Set();
-const id = (e) => JSON.stringify(e);
 
 // Everything but the timeline, again every few seconds: the lock
 // service's state and age, and the floors, change.
@@ -182,7 +191,7 @@ async function start() {
     if (!feed.ok) throw new Error("events: " + feed.status);
     const state = await refresh();
     seen.clear();
-    state.timeline.forEach((e) => seen.add(id(e)));
+    state.timeline.forEach((e) => seen.add(e.seq));
     show(state, true);
     if (focus !== null) draw(focus);
     $("#login").hidden = true;

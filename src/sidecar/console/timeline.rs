@@ -5,10 +5,14 @@
 //!
 //! Each is recorded where it already happens off the forwarding path: a
 //! refusal where it is logged, a forward where the floor is raised (once
-//! per token, after an fsync), a grant or an end where the knowledge
-//! changes. A ring keeps the latest `KEPT`; each is also broadcast to the
-//! open feeds (at most `MAX_FEEDS`; a feed that falls `BACKLOG` behind is
-//! told so and skips ahead, never buffered without bound).
+//! per token, after an fsync; a refusal by the last check before sending
+//! would follow it), a grant or an end where the knowledge changes (an end
+//! may be presumed: a state dump that no longer lists the key). Two rings
+//! keep the latest `KEPT` refusals and the latest `KEPT` of the rest, so
+//! that refusals a client provokes cannot push the lock service's story
+//! out; each event is numbered (`seq`) and broadcast to the open feeds (at
+//! most `MAX_FEEDS`; a feed that falls `BACKLOG` behind is told so and
+//! skips ahead, never buffered without bound).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -25,10 +29,10 @@ use tokio::sync::broadcast;
 use crate::http::Body;
 use crate::lock::state::Token;
 
-/// Events kept for the page's first view.
-const KEPT: usize = 2000;
+/// Events kept for the page's first view, per ring.
+const KEPT: usize = 1000;
 /// Feeds open at once, at most.
-pub(super) const MAX_FEEDS: usize = 16;
+const MAX_FEEDS: usize = 16;
 /// Events a feed may fall behind before it skips ahead.
 const BACKLOG: usize = 256;
 /// A comment line on a quiet feed, so proxies and browsers keep it open.
@@ -37,6 +41,8 @@ const HEARTBEAT: Duration = Duration::from_secs(15);
 /// One thing that happened to a lock key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Entry {
+    /// Its place among all events since the sidecar started.
+    pub seq: u64,
     /// Unix time, milliseconds.
     pub at_ms: u64,
     pub key: String,
@@ -50,8 +56,14 @@ pub(crate) enum Happened {
     /// The lock service granted `token`, as the sidecar learnt it.
     Granted { token: Token },
     /// The lease of `token`, the key's latest grant, is over (released,
-    /// expired, or the key forgotten), as the sidecar learnt it.
-    Ended { token: Token },
+    /// expired, or the key forgotten), as the sidecar learnt it; or, where
+    /// `presumed`, as a state dump implied (a read may show it live).
+    Ended { token: Token, presumed: bool },
+    /// A read showed the lease of `token` live after all (an end presumed).
+    Live { token: Token },
+    /// The lock service's history changed (a restore): what was known of
+    /// every key dropped, the floors kept. Of no one key (`key` empty).
+    NewHistory { why: String },
     /// The first write with `token` was forwarded: the floor rose to it.
     Forwarded { token: Token },
     /// A write was refused.
@@ -70,6 +82,8 @@ impl Happened {
         match self {
             Happened::Granted { .. } => "granted",
             Happened::Ended { .. } => "ended",
+            Happened::Live { .. } => "live",
+            Happened::NewHistory { .. } => "new_history",
             Happened::Forwarded { .. } => "forwarded",
             Happened::Refused { .. } => "refused",
         }
@@ -78,56 +92,74 @@ impl Happened {
 
 /// The latest events, and the open feeds.
 pub(crate) struct Timeline {
-    kept: Mutex<VecDeque<Entry>>,
+    /// The refusals, and the rest; the next `seq`, taken under either.
+    kept: Mutex<Rings>,
     feeds: broadcast::Sender<Entry>,
     open: Arc<AtomicUsize>,
 }
 
+#[derive(Default)]
+struct Rings {
+    refusals: VecDeque<Entry>,
+    rest: VecDeque<Entry>,
+    next: u64,
+}
+
 impl Default for Timeline {
     fn default() -> Self {
-        Timeline {
-            kept: Mutex::new(VecDeque::with_capacity(KEPT)),
-            feeds: broadcast::channel(BACKLOG).0,
-            open: Arc::default(),
-        }
+        Timeline { kept: Mutex::default(), feeds: broadcast::channel(BACKLOG).0, open: Arc::default() }
     }
 }
 
 impl Timeline {
     pub(crate) fn record(&self, key: &str, what: Happened) {
         let at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let entry = Entry { at_ms, key: key.to_string(), what };
-        {
+        let entry = {
             let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-            if kept.len() == KEPT {
-                kept.pop_front();
+            let entry = Entry { seq: kept.next, at_ms, key: key.to_string(), what };
+            kept.next += 1;
+            let ring = match entry.what {
+                Happened::Refused { .. } => &mut kept.refusals,
+                _ => &mut kept.rest,
+            };
+            if ring.len() == KEPT {
+                ring.pop_front();
             }
-            kept.push_back(entry.clone());
-        }
+            ring.push_back(entry.clone());
+            entry
+        };
         // No feed open: nobody to tell.
         let _ = self.feeds.send(entry);
     }
 
     /// What the lock service's view of `key` became, told by the knowledge
     /// as it changes: its latest grant (`latest`, before and after) and
-    /// whether that grant's lease is live.
-    pub(crate) fn learnt(&self, key: &str, before: (Token, bool), after: (Token, bool)) {
+    /// whether that grant's lease is live; `presumed` when an end is only
+    /// implied.
+    pub(crate) fn learnt(&self, key: &str, before: (Token, bool), after: (Token, bool), presumed: bool) {
         let ((was, was_live), (now, live)) = (before, after);
         // One holder at a time: a later grant ended the live one before it.
         if now > was && was_live {
-            self.record(key, Happened::Ended { token: was });
+            self.record(key, Happened::Ended { token: was, presumed: false });
         }
         if now > was {
             self.record(key, Happened::Granted { token: now });
         }
         if !live && (now > was || was_live) {
-            self.record(key, Happened::Ended { token: now });
+            self.record(key, Happened::Ended { token: now, presumed });
+        }
+        if now == was && !was_live && live {
+            self.record(key, Happened::Live { token: now });
         }
     }
 
-    /// The latest first.
+    /// The latest first, both rings.
     pub(crate) fn latest(&self) -> Vec<Entry> {
-        self.kept.lock().unwrap_or_else(|p| p.into_inner()).iter().rev().cloned().collect()
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<Entry> = kept.refusals.iter().chain(&kept.rest).cloned().collect();
+        drop(kept);
+        all.sort_unstable_by(|a, b| b.seq.cmp(&a.seq));
+        all
     }
 
     /// A feed of the events from now on, as Server-Sent Events named by
@@ -169,15 +201,20 @@ mod tests {
         Happened::Refused { route: "racks".into(), presented: Some(t), current: t + 1, reason: "stale_token" }
     }
 
+    /// Each ring keeps its latest `KEPT`: refusals a client provokes do
+    /// not push the lock service's story out.
     #[test]
-    fn the_ring_keeps_the_latest_first_and_no_more() {
+    fn the_rings_keep_the_latest_first_and_no_more() {
         let r = Timeline::default();
+        r.record("rack/1", Happened::Granted { token: 1 });
         for t in 0..(KEPT as u64 + 5) {
             r.record("rack/1", refused(t));
         }
         let latest = r.latest();
-        assert_eq!(latest.len(), KEPT);
+        assert_eq!(latest.len(), KEPT + 1);
         assert_eq!((&latest[0].what, &latest[KEPT - 1].what), (&refused(KEPT as u64 + 4), &refused(5)));
+        assert_eq!((latest[KEPT].seq, &latest[KEPT].what), (0, &Happened::Granted { token: 1 }), "the grant stays");
+        assert!(latest.windows(2).all(|w| w[0].seq > w[1].seq), "latest first");
     }
 
     #[tokio::test]
@@ -191,21 +228,25 @@ mod tests {
 
     /// The seed's sequence as the knowledge tells it: A's grant, its end,
     /// B's grant; a grant learnt already ended is both; a grant learnt while
-    /// the one before was live ends it; what did not change the view is
-    /// nothing.
+    /// the one before was live ends it; an end only presumed says so, and
+    /// a read that finds the lease live after all says that; what did not
+    /// change the view is nothing.
     #[test]
     fn the_knowledge_tells_grants_and_ends_once() {
         let t = Timeline::default();
-        t.learnt("rack/42", (0, false), (33, true));
-        t.learnt("rack/42", (33, true), (33, true));
-        t.learnt("rack/42", (33, true), (33, false));
-        t.learnt("rack/42", (33, false), (33, false));
-        t.learnt("rack/42", (33, false), (34, true));
-        t.learnt("rack/7", (0, false), (5, false));
-        t.learnt("rack/7", (5, false), (6, true));
-        t.learnt("rack/7", (6, true), (8, true));
+        t.learnt("rack/42", (0, false), (33, true), false);
+        t.learnt("rack/42", (33, true), (33, true), false);
+        t.learnt("rack/42", (33, true), (33, false), false);
+        t.learnt("rack/42", (33, false), (33, false), false);
+        t.learnt("rack/42", (33, false), (34, true), false);
+        t.learnt("rack/7", (0, false), (5, false), false);
+        t.learnt("rack/7", (5, false), (6, true), false);
+        t.learnt("rack/7", (6, true), (8, true), false);
+        t.learnt("rack/7", (8, true), (8, false), true);
+        t.learnt("rack/7", (8, false), (8, true), false);
         let told: Vec<_> = t.latest().into_iter().rev().map(|e| (e.key, e.what)).collect();
-        let (g, e) = (|token| Happened::Granted { token }, |token| Happened::Ended { token });
+        let g = |token| Happened::Granted { token };
+        let e = |token| Happened::Ended { token, presumed: false };
         let key = |k: &str| k.to_string();
         assert_eq!(
             told,
@@ -218,6 +259,8 @@ mod tests {
                 (key("rack/7"), g(6)),
                 (key("rack/7"), e(6)),
                 (key("rack/7"), g(8)),
+                (key("rack/7"), Happened::Ended { token: 8, presumed: true }),
+                (key("rack/7"), Happened::Live { token: 8 }),
             ]
         );
     }

@@ -46,7 +46,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::metrics::SidecarMetrics;
-use crate::sidecar::console::Timeline;
+use crate::sidecar::console::{Happened, Timeline};
 use crate::sidecar::fencing::decision::Knowledge;
 use crate::sidecar::fencing::etcd::Etcd;
 use crate::sidecar::fencing::freshness::{self, Freshness};
@@ -380,6 +380,7 @@ impl LockView {
              from its state (floors kept)"
         );
         self.metrics.history_changes.inc();
+        self.timeline.record("", Happened::NewHistory { why: why.to_string() });
         self.keys.clear();
         self.compacted_below.store(0, Ordering::Relaxed);
         *self.freshness() = Freshness::default();
@@ -398,7 +399,7 @@ impl LockView {
             let before = k.view();
             k.merge_absent(through);
             k.watched = true;
-            self.timeline.learnt(key, before, k.view());
+            self.timeline.learnt(key, before, k.view(), false);
         }
     }
 
@@ -420,7 +421,7 @@ impl LockView {
         let before = k.view();
         k.merge(token, held);
         k.watched = true;
-        self.timeline.learnt(key, before, k.view());
+        self.timeline.learnt(key, before, k.view(), false);
     }
 
     /// What a linearizable read of `key`, sent at `sent`, said; `false` if
@@ -457,7 +458,7 @@ impl LockView {
                 let Some(mut k) = self.keys.get_mut(key) else { return };
                 let before = k.view();
                 k.merge_absent(below);
-                self.timeline.learnt(key, before, k.view());
+                self.timeline.learnt(key, before, k.view(), false);
                 k
             }
             _ if info.token == 0 => return,
@@ -468,7 +469,7 @@ impl LockView {
                 }
                 let before = k.view();
                 k.merge_read(info.token, info.held);
-                self.timeline.learnt(key, before, k.view());
+                self.timeline.learnt(key, before, k.view(), false);
                 k
             }
         };
@@ -484,7 +485,7 @@ impl LockView {
             if k.latest <= rev && k.live && !listed.contains(k.key()) {
                 let known = k.value_mut();
                 (known.live, known.presumed_ended) = (false, true);
-                self.timeline.learnt(k.key(), (k.latest, true), k.view());
+                self.timeline.learnt(k.key(), (k.latest, true), k.view(), true);
             }
         }
     }

@@ -55,10 +55,13 @@ impl Floors {
             return Ok(false);
         }
         self.store.write(Write::Floor(key.to_string(), token)).await?;
+        // Two requests with one token may both have written it: only the
+        // first to get here raised it.
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let floor = known.entry(key.to_string()).or_default();
+        let rose = *floor < token;
         *floor = (*floor).max(token);
-        Ok(true)
+        Ok(rose)
     }
 }
 
