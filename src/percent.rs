@@ -22,6 +22,18 @@ pub(crate) fn decode(s: &str) -> Vec<u8> {
     out
 }
 
+/// The `name=value` pairs of a URL query (empty pairs skipped), each value
+/// percent-decoded once, as every HTTP client encodes them (`prefix=rack%2F`);
+/// what they decode to is the caller's to check. `Err` names a pair that
+/// is not `name=value`, or whose value is not UTF-8 once decoded.
+pub(crate) fn query(query: Option<&str>) -> impl Iterator<Item = Result<(&str, String), String>> {
+    query.unwrap_or("").split('&').filter(|p| !p.is_empty()).map(|pair| {
+        let (name, value) = pair.split_once('=').ok_or_else(|| format!("{pair:?} is not name=value"))?;
+        let value = String::from_utf8(decode(value)).map_err(|_| format!("{pair:?} is not UTF-8 once decoded"))?;
+        Ok((name, value))
+    })
+}
+
 /// The byte two hex digits spell, if they are two hex digits.
 pub fn hex_byte(pair: Option<&[u8]>) -> Option<u8> {
     let &[hi, lo] = pair? else { return None };

@@ -26,21 +26,16 @@ const MAX_SCANNED: usize = 4 * MAX_LIMIT;
 /// Read `prefix=P[&limit=N]`, each value percent-decoded once and checked.
 pub(super) fn params(query: Option<&str>) -> Result<(String, usize), ApiError> {
     let (mut prefix, mut limit) = (String::new(), DEFAULT_LIMIT);
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let decoded = |v: &str| {
-            String::from_utf8(crate::percent::decode(v))
-                .map_err(|_| ApiError::BadRequest(format!("{pair:?} is not UTF-8 once decoded")))
-        };
-        match pair.split_once('=') {
-            Some(("prefix", p)) => prefix = decoded(p)?,
-            Some(("limit", n)) => {
-                let n = decoded(n)?;
+    for pair in crate::percent::query(query) {
+        match pair.map_err(ApiError::BadRequest)? {
+            ("prefix", p) => prefix = p,
+            ("limit", n) => {
                 limit = match n.parse::<usize>() {
                     Ok(l @ 1..=MAX_LIMIT) => l,
                     _ => return Err(ApiError::BadRequest(format!("limit={n:?} is not a number in 1..={MAX_LIMIT}"))),
                 }
             }
-            _ => return Err(ApiError::BadRequest(format!("unknown parameter {pair:?} (prefix, limit)"))),
+            (name, _) => return Err(ApiError::BadRequest(format!("unknown parameter {name:?} (prefix, limit)"))),
         }
     }
     crate::lock::validate::prefix(&prefix)?;

@@ -80,34 +80,26 @@ pub fn params(query: Option<&str>) -> Result<WatchParams, ApiError> {
     let mut after = None;
     let mut progress = false;
     let mut cluster = None;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        // Values are percent-decoded once, as every HTTP client encodes
-        // them (`prefix=rack%2F`); what they decode to is checked below.
-        let value = |v: &str| {
-            String::from_utf8(crate::percent::decode(v))
-                .map_err(|_| ApiError::BadRequest(format!("{pair:?} is not UTF-8 once decoded")))
-        };
-        match pair.split_once('=') {
-            Some(("prefix", p)) => prefix = value(p)?,
-            Some(("progress", v)) => {
-                progress = match value(v)?.as_str() {
+    for pair in crate::percent::query(query) {
+        match pair.map_err(ApiError::BadRequest)? {
+            ("prefix", p) => prefix = p,
+            ("progress", v) => {
+                progress = match v.as_str() {
                     "1" => true,
                     "0" => false,
                     other => return Err(ApiError::BadRequest(format!("progress={other:?} is not 0 or 1"))),
                 }
             }
-            Some(("cluster", c)) => {
-                let c = value(c)?;
+            ("cluster", c) => {
                 if !identity::valid(&c) {
                     return Err(ApiError::BadRequest(format!("cluster={c:?} is not a cluster id")));
                 }
                 cluster = Some(c)
             }
-            Some(("after", n)) => {
-                let n = value(n)?;
+            ("after", n) => {
                 after = Some(n.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("after={n:?} is not a u64")))?)
             }
-            _ => return Err(ApiError::BadRequest(format!("unknown watch parameter {pair:?}"))),
+            (name, _) => return Err(ApiError::BadRequest(format!("unknown watch parameter {name:?}"))),
         }
     }
     crate::lock::validate::prefix(&prefix)?;

@@ -890,6 +890,17 @@ pub(super) mod tests {
 
     use super::*;
 
+    /// A view of the stand-in node at `url`, proofs every 250 ms.
+    fn watching(url: &str, metrics: SidecarMetrics, followed: Vec<String>) -> Arc<LockView> {
+        LockView::start(
+            Client::new(vec![url.to_string()]).unwrap(),
+            metrics,
+            Duration::from_millis(250),
+            followed,
+            Arc::default(),
+        )
+    }
+
     fn known(view: &LockView, key: &str) -> Knowledge {
         view.look(key, Instant::now()).0
     }
@@ -985,13 +996,7 @@ pub(super) mod tests {
         let (with, without) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let url = a_node_without_progress(with.clone(), without.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view = LockView::start(
-            Client::new(vec![url]).unwrap(),
-            metrics,
-            Duration::from_millis(250),
-            vec!["rack/".into()],
-            Arc::default(),
-        );
+        let view = watching(&url, metrics, vec!["rack/".into()]);
         let deadline = Instant::now() + Duration::from_secs(5);
         while without.load(Ordering::SeqCst) < 2 {
             assert!(Instant::now() < deadline, "no watch without progress=1");
@@ -1007,13 +1012,7 @@ pub(super) mod tests {
         let count = Arc::new(AtomicUsize::new(0));
         let url = slow_reads(count.clone()).await;
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
-        let view = LockView::start(
-            Client::new(vec![url]).unwrap(),
-            metrics,
-            Duration::from_millis(250),
-            vec!["rack/".into()],
-            Arc::default(),
-        );
+        let view = watching(&url, metrics, vec!["rack/".into()]);
         let arrived = Instant::now();
         let readers: Vec<_> = (0..10)
             .map(|_| {
@@ -1040,13 +1039,7 @@ pub(super) mod tests {
     async fn a_state_dump_ends_the_keys_it_no_longer_lists() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(
-            Client::new(vec![url]).unwrap(),
-            metrics,
-            Duration::from_millis(250),
-            vec!["rack/".into()],
-            Arc::default(),
-        );
+        let view = watching(&url, metrics, vec!["rack/".into()]);
         for (key, token) in [("rack/gone", 30), ("rack/listed", 35), ("rack/later", 45)] {
             view.learn(key, token, true, 0);
         }
@@ -1085,13 +1078,7 @@ pub(super) mod tests {
     async fn a_key_only_reads_told_of_is_trusted_no_longer_than_its_read() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(
-            Client::new(vec![url]).unwrap(),
-            metrics,
-            Duration::from_millis(250),
-            vec![],
-            Arc::default(),
-        );
+        let view = watching(&url, metrics, vec![]);
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         view.freshness().answered(t0, 0);
@@ -1124,13 +1111,7 @@ pub(super) mod tests {
     async fn a_read_below_what_is_known_is_another_history() {
         let metrics = SidecarMetrics::new(&prometheus::Registry::new()).unwrap();
         let url = slow_reads(Arc::default()).await;
-        let view = LockView::start(
-            Client::new(vec![url]).unwrap(),
-            metrics,
-            Duration::from_millis(250),
-            vec![],
-            Arc::default(),
-        );
+        let view = watching(&url, metrics, vec![]);
         let info = |token, compacted_below| wire::LockInfo {
             key: "rack/1".into(),
             held: token != 0,
