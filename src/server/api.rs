@@ -109,10 +109,7 @@ async fn client(node: Arc<Node>, req: Request<Incoming>, conn: &Conn) -> Result<
         wire::OPENAPI_PATH => return only(req.method(), "GET").map(|_| text(openapi::DOCUMENT, openapi::CONTENT_TYPE)),
         // The console's page and scripts hold no data: they read the API
         // with the browser's credentials (`ui`).
-        path if ui::under(path) => {
-            only(req.method(), "GET")?;
-            return ui::asset(path).ok_or(ApiError::NotFound);
-        }
+        path if ui::under(path) => return Ok(ui::answer(req.method(), path)),
         _ => {}
     }
     if let Some(why) = from_another_site(&req) {

@@ -7,7 +7,9 @@
 //! ACL lets it read and watch. Without authentication configured it is as
 //! open as the API.
 
-use hyper::Response;
+use hyper::{Method, Response};
+
+use super::error::ApiError;
 
 use crate::http::page::{self, Page};
 use crate::http::Body;
@@ -22,7 +24,13 @@ pub(super) fn under(path: &str) -> bool {
     path.strip_prefix(BASE).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
-/// The console's asset at `path`, if it is one.
-pub(super) fn asset(path: &str) -> Option<Response<Body>> {
-    page::asset(BASE, &PAGE, path)
+/// The answer to `method path` under the console: an asset, or a refusal
+/// under the same policy.
+pub(super) fn answer(method: &Method, path: &str) -> Response<Body> {
+    let refused = match (method == Method::GET, page::asset(BASE, &PAGE, path)) {
+        (true, Some(asset)) => return asset,
+        (true, None) => ApiError::NotFound,
+        (false, _) => ApiError::MethodNotAllowed("GET"),
+    };
+    page::secured(refused.into_response())
 }

@@ -158,7 +158,7 @@ impl Timeline {
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let mut all: Vec<Entry> = kept.refusals.iter().chain(&kept.rest).cloned().collect();
         drop(kept);
-        all.sort_unstable_by(|a, b| b.seq.cmp(&a.seq));
+        all.sort_unstable_by_key(|e| std::cmp::Reverse(e.seq));
         all
     }
 
