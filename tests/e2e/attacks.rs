@@ -153,6 +153,11 @@ async fn out_of_descriptors_the_sidecar_backs_off_and_recovers() {
     out_of_descriptors(dir.path(), &format!("sidecar --config '{}'", config.display()), port, &health).await;
 }
 
+/// How many descriptors process `pid` has open.
+fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
 /// Run `fencegate <args>` with 64 descriptors, open far more connections to
 /// `port` than it can accept: it must neither spin nor flood its log, and
 /// must serve `health` again once they are gone.
@@ -182,7 +187,9 @@ async fn out_of_descriptors(dir: &std::path::Path, args: &str, port: u16, health
         if text.contains("Too many open files") {
             Ok(())
         } else {
-            Err("not yet")
+            // What it did instead, should it never run out.
+            let tail: Vec<&str> = text.lines().rev().take(8).collect();
+            Err(format!("not yet; {} descriptors open; the log ends {tail:#?}", open_descriptors(process.pid())))
         }
     })
     .await;
