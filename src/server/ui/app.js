@@ -116,6 +116,10 @@ function setFocus(key) {
   showTimeline();
 }
 
+function asOf(rev) {
+  $("#as-of").textContent = "Watching: complete up to revision " + rev + " (" + when(Date.now()) + ").";
+}
+
 // One line of the watch stream. State lines are the table's (read whole
 // from /v1/locks); events go on the timeline and have the table read again.
 function watchLine(text, refreshTable) {
@@ -129,8 +133,9 @@ function watchLine(text, refreshTable) {
     if (events.length > KEPT) events.pop();
     if (focus === null || focus === l.key) prepend($("#timeline tbody"), eventRow(e, true), KEPT);
     refreshTable();
+    asOf(l.rev);
   } else if (l.event === "heartbeat") {
-    $("#as-of").textContent = "Watching from revision " + l.rev + " (" + when(Date.now()) + ").";
+    asOf(l.rev);
   } else if (l.event === "resync") {
     status("Live (the node could not resume: the table was read again).", false);
   }
