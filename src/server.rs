@@ -55,7 +55,8 @@ use crate::http::LiveListener;
 use crate::lock::state::LockState;
 use crate::metrics::{LockMetrics, RaftMetrics};
 use crate::raft::identity::Identity;
-use crate::raft::log_store::{read_meta, write_meta, LogStore};
+use crate::raft::log_store::{LogStore, LOG_DIR};
+use crate::raft::meta::{read_meta, write_meta};
 use crate::raft::network::{Directory, Network, Peer};
 use crate::raft::snapshot_file::SnapshotFile;
 use crate::raft::state_machine::{Applied, StateMachineStore};
@@ -125,7 +126,9 @@ impl Node {
         let raft_metrics = RaftMetrics::new(&registry)?;
         let reloads = crate::metrics::config_reloads(&registry, "fencegate_config_reloads_total")?;
         crate::metrics::process(&registry)?;
-        let log_store = LogStore::new(db.clone(), raft_metrics.clone());
+        let log_dir = config.data_dir.join(LOG_DIR);
+        let log_store =
+            LogStore::open(&log_dir, raft_metrics.clone()).with_context(|| format!("opening {}", log_dir.display()))?;
         let snapshots = SnapshotFile::new(config.data_dir.clone(), db.clone());
         let protocols = Arc::new(Protocols::default());
         let identity = Identity::open(db.clone())?;
@@ -316,7 +319,7 @@ pub(crate) fn restore(config: &NodeConfig, locks: &LockState) -> anyhow::Result<
             config.id
         );
     }
-    let path = config.data_dir.join(LOG_FILE);
+    let path = config.data_dir.join(META_FILE);
     if path.exists() {
         anyhow::bail!("{} exists: a restore builds a new node's data; give it an empty data_dir", path.display());
     }
@@ -327,24 +330,27 @@ pub(crate) fn restore(config: &NodeConfig, locks: &LockState) -> anyhow::Result<
     Ok(path)
 }
 
-/// The log's database in `data_dir`.
-const LOG_FILE: &str = "raft.redb";
+/// The metadata's database in `data_dir` (before format 5, the log's too).
+const META_FILE: &str = "raft.redb";
 
-/// Open (or create) `config`'s data directory: the log's database, checked
-/// to be this node's and of a format this build reads.
+/// Open (or create) `config`'s data directory: the metadata's database,
+/// checked to be this node's and of a format this build reads, and the log
+/// moved to this format's place if it was older.
 fn open_data_dir(config: &NodeConfig) -> anyhow::Result<Arc<Database>> {
     crate::durable::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
     crate::private::tighten(&config.data_dir)
         .with_context(|| format!("tightening data_dir {}", config.data_dir.display()))?;
-    let path = config.data_dir.join(LOG_FILE);
+    let path = config.data_dir.join(META_FILE);
     let snapshot = SnapshotFile::path_in(&config.data_dir);
-    if !path.exists() && snapshot.exists() {
-        // Half a wiped directory: a snapshot without the vote and log that
-        // went with it would start a node that forgot whom it voted for.
+    let log = config.data_dir.join(LOG_DIR);
+    if let Some(orphan) = [&snapshot, &log].into_iter().find(|p| !path.exists() && p.exists()) {
+        // Half a wiped directory: a snapshot or log without the node id and
+        // format that went with them (or, before format 5, the vote) would
+        // start a node that may have forgotten whom it voted for.
         anyhow::bail!(
             "{} exists without {}: wipe the whole data_dir (or restore the database)",
-            snapshot.display(),
+            orphan.display(),
             path.display()
         );
     }
@@ -357,7 +363,7 @@ fn open_data_dir(config: &NodeConfig) -> anyhow::Result<Arc<Database>> {
     // after a node's first start takes its log and vote with it.
     crate::durable::sync_dir(&config.data_dir).with_context(|| format!("syncing {}", config.data_dir.display()))?;
     check_node_id(&db, config.id)?;
-    check_format(&db, &path)?;
+    check_format(&db, &config.data_dir)?;
     Ok(db)
 }
 
@@ -399,10 +405,10 @@ async fn should_bootstrap(id: NodeId, directory: &Directory) -> bool {
     true
 }
 
-/// The data directory's format (the log and metadata encodings in
-/// `raft.redb`, the `snapshot` file): what this build writes, and the newest
-/// it reads. Bumped when a change would make an older build misread the
-/// files; a directory from before formats were numbered is format 1.
+/// The data directory's format (the metadata in `raft.redb`, the log, the
+/// `snapshot` file): what this build writes, and the newest it reads.
+/// Bumped when a change would make an older build misread the files; a
+/// directory from before formats were numbered is format 1.
 /// Format 2 keeps snapshots in their own file (`raft::snapshot_file`): a
 /// build of format 1 would miss them and read a stale one. Format 3's
 /// table may be applied by rules 1 (`lock::state::RULES`): a build of
@@ -411,24 +417,41 @@ async fn should_bootstrap(id: NodeId, directory: &Directory) -> bool {
 /// Format 4 holds the cluster id (`raft::identity`, in the metadata and the
 /// snapshot's table): a build of format 3 would drop it and take another
 /// cluster's peers for its own.
-pub(crate) const DATA_FORMAT: u32 = 4;
+/// Format 5 keeps the log and the vote in an append-only WAL in `log/`
+/// (`raft::log_store`), no longer in `raft.redb`: a build of format 4 would
+/// find an empty log and no vote, and vote twice in a term.
+pub(crate) const DATA_FORMAT: u32 = 5;
 
 /// Refuse a data directory a newer build wrote, instead of misreading it;
-/// mark an older one as this format before anything is written in it (its
-/// files are read as they are: format 1's snapshot from the database).
-fn check_format(db: &Database, path: &std::path::Path) -> anyhow::Result<()> {
+/// bring an older one to this format before anything reads it (its log
+/// moved, `raft::log_upgrade`; its other files are read as they are:
+/// format 1's snapshot from the database).
+fn check_format(db: &Database, data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let path = data_dir.join(META_FILE);
     match read_meta::<u32>(db, "format")? {
         Some(v) if v > DATA_FORMAT => anyhow::bail!(
             "{} was written by a newer fencegate (data format {v}; this build reads formats up to {DATA_FORMAT}): \
              run a build that reads it (an upgrade is rolled forward, not back)",
             path.display()
         ),
-        Some(DATA_FORMAT) => Ok(()),
-        old => {
-            if let Some(v) = old {
-                tracing::info!(path = %path.display(), "data format {v} upgraded to {DATA_FORMAT}");
+        Some(DATA_FORMAT) => {
+            let log = data_dir.join(LOG_DIR);
+            if !log.is_dir() {
+                // The vote is in there: starting without it could vote twice in a term.
+                anyhow::bail!(
+                    "{} is missing (the log and the vote of format {DATA_FORMAT}): wipe the whole data_dir \
+                               (or restore the directory)",
+                    log.display()
+                );
             }
-            Ok(write_meta(db, "format", &DATA_FORMAT)?)
+            Ok(())
+        }
+        old => {
+            let moved = crate::raft::log_upgrade::move_log(db, data_dir, DATA_FORMAT)?;
+            if let Some(v) = old {
+                tracing::info!(path = %path.display(), entries = moved, "data format {v} upgraded to {DATA_FORMAT}");
+            }
+            Ok(())
         }
     }
 }

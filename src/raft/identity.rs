@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 use hyper::header::HeaderValue;
 use redb::Database;
 
-use super::log_store::{read_meta, write_meta};
+use super::meta::{read_meta, write_meta};
 use super::types::StorageError;
 
 /// On every peer RPC and its answer, and on every Lock API answer: the

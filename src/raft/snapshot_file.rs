@@ -20,7 +20,7 @@ use openraft::{AnyError, StorageIOError};
 use redb::Database;
 use serde::{Deserialize, Serialize};
 
-use super::log_store::read_meta;
+use super::meta::read_meta;
 use super::types::{SnapshotMeta, StorageError};
 
 /// Format 1's key in the database's metadata.
@@ -111,7 +111,7 @@ impl SnapshotFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::log_store::write_meta;
+    use crate::raft::meta::write_meta;
 
     fn meta(id: &str) -> SnapshotMeta {
         SnapshotMeta { snapshot_id: id.into(), ..Default::default() }

@@ -371,6 +371,20 @@ fn fixture(format: u32) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/data-format-{format}"))
 }
 
+/// Copy the directory `from` (files and directories) into `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    for file in std::fs::read_dir(from).unwrap() {
+        let file = file.unwrap().path();
+        let into = to.join(file.file_name().unwrap());
+        if file.is_dir() {
+            std::fs::create_dir(&into).unwrap();
+            copy_dir(&file, &into);
+        } else {
+            std::fs::copy(&file, into).unwrap();
+        }
+    }
+}
+
 /// The committed fixtures (a node's data directory written by the release
 /// that introduced each format) are still read: later releases keep this
 /// test and prove they read every one. Tokens go on above them.
@@ -378,10 +392,7 @@ fn fixture(format: u32) -> std::path::PathBuf {
 async fn the_data_dir_fixtures_are_read() {
     for format in 1..=DATA_FORMAT {
         let dir = tempfile::tempdir().unwrap();
-        for file in std::fs::read_dir(fixture(format)).unwrap() {
-            let file = file.unwrap().path();
-            std::fs::copy(&file, dir.path().join(file.file_name().unwrap())).unwrap();
-        }
+        copy_dir(&fixture(format), dir.path());
         let n = one_node(dir.path()).await;
         let client = Client::new(vec![n.url.clone()]).unwrap();
         assert_eq!(client.read("fixture/held").await.unwrap().token, 1, "format {format}");
@@ -408,6 +419,8 @@ async fn the_data_dir_fixtures_are_read() {
         assert_eq!(n.node.identity.get(), table, "format {format}");
         let _ = n.stop.send(());
         n.node.shutdown().await;
+        // Moved to this format's place (`raft::log_upgrade` has the rest).
+        assert!(dir.path().join(crate::raft::log_store::LOG_DIR).is_dir(), "format {format}");
     }
 }
 
