@@ -42,10 +42,12 @@ pub(crate) const LOG_DIR: &str = "log";
 /// A chunk file's size: the purge after a snapshot frees whole chunks, so
 /// this bounds what the log keeps on disk beyond `snapshot_every` entries.
 const CHUNK_BYTES: usize = 8 << 20;
-/// Entries read back from memory rather than disk (lagging followers, the
-/// apply of what was just appended); what is not durable yet is always kept.
-const CACHE_ENTRIES: usize = 16_384;
-const CACHE_BYTES: usize = 16 << 20;
+/// Entries read back from memory rather than disk (the apply of what was
+/// just appended, a follower a little behind); what is not durable yet is
+/// always kept. As small as redb's page cache was: a node's memory stays
+/// bounded by what it holds (tests/e2e/compaction.rs).
+const CACHE_ENTRIES: usize = 4096;
+const CACHE_BYTES: usize = 4 << 20;
 /// The buffer that replays a chunk at start (the WAL's default is 64 MiB).
 const REPLAY_BUFFER: usize = 1 << 20;
 

@@ -371,20 +371,6 @@ fn fixture(format: u32) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/data-format-{format}"))
 }
 
-/// Copy the directory `from` (files and directories) into `to`.
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    for file in std::fs::read_dir(from).unwrap() {
-        let file = file.unwrap().path();
-        let into = to.join(file.file_name().unwrap());
-        if file.is_dir() {
-            std::fs::create_dir(&into).unwrap();
-            copy_dir(&file, &into);
-        } else {
-            std::fs::copy(&file, into).unwrap();
-        }
-    }
-}
-
 /// The committed fixtures (a node's data directory written by the release
 /// that introduced each format) are still read: later releases keep this
 /// test and prove they read every one. Tokens go on above them.
@@ -392,7 +378,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 async fn the_data_dir_fixtures_are_read() {
     for format in 1..=DATA_FORMAT {
         let dir = tempfile::tempdir().unwrap();
-        copy_dir(&fixture(format), dir.path());
+        fencegate_testkit::files::copy_dir(&fixture(format), dir.path());
         let n = one_node(dir.path()).await;
         let client = Client::new(vec![n.url.clone()]).unwrap();
         assert_eq!(client.read("fixture/held").await.unwrap().token, 1, "format {format}");

@@ -143,7 +143,7 @@ async fn idle_keys_are_compacted_and_their_tokens_still_refused() {
     let after_second = rss();
     eprintln!("anonymous RSS MiB: baseline {baseline:?}, {KEYS} keys loaded in {loaded:?} {first:?}, compacted {after_first:?}, after {} more and compacted {after_second:?}", KEYS / 2);
     for (i, id) in c.ids().into_iter().enumerate() {
-        // Bounded, not per key: redb's 4 MiB page cache, connection
+        // Bounded, not per key: the Raft log's 4 MiB cache, connection
         // buffers, the allocator's slack (11–12 MiB seen; 34 before the
         // event ring and redb's cache were bounded).
         assert!(

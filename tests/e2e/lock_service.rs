@@ -435,3 +435,31 @@ async fn snapshots_bound_the_log_and_bring_a_wiped_node_back() {
     )
     .await;
 }
+
+/// A data directory of format 4 (the committed fixture, its log and vote in
+/// `raft.redb`) has its log moved at this build's first start, once, and
+/// the node reads the moved log, and what it appends after, across SIGKILLs:
+/// tokens go on above the fixture's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_4_data_dir_moves_its_log_at_the_first_start_and_keeps_its_tokens() {
+    let mut c = Cluster::start(&bin!(), 1, "raft: { snapshot_every: 100 }\n").await;
+    c.kill(1);
+    let data = c.data_dir(1);
+    std::fs::remove_dir_all(&data).unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data-format-4");
+    fencegate_testkit::files::copy_dir(&fixture, &data);
+    c.start_node(1);
+    let client = c.client();
+    let opts = || ttl(60_000).wait(Duration::from_secs(10));
+    let mut last = client.acquire("fixture/held", opts()).await.unwrap().token();
+    assert!(last > 3, "above every token the fixture granted: {last}");
+    assert!(data.join("log").is_dir() && !data.join("log.new").exists());
+    assert!(c.log_of(1).contains("data format 4 upgraded to 5"), "{}", c.log_of(1));
+    for round in 0..3 {
+        c.restart(1);
+        let lease = client.acquire(&format!("after/{round}"), opts()).await.unwrap();
+        assert!(lease.token() > last, "round {round}: {} after {last}", lease.token());
+        last = lease.token();
+        std::mem::forget(lease);
+    }
+}

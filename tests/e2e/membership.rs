@@ -287,11 +287,7 @@ async fn a_node_of_another_cluster_cannot_join() {
     a.kill(four);
     let (from, to) = (b.data_dir(4), a.data_dir(four));
     let _ = std::fs::remove_dir_all(&to);
-    std::fs::create_dir_all(&to).unwrap();
-    for f in std::fs::read_dir(&from).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
-    }
+    fencegate_testkit::files::copy_dir(&from, &to);
     a.start_node(four);
     let add = AddMember { id: four, peer_url: a.peer_url(four), client_url: Some(a.url(four)), force: false };
     let admin = a.client();

@@ -155,11 +155,7 @@ async fn a_full_disk_stops_nodes_with_70_and_restarted_they_keep_every_grant() {
     c.kill_all();
     for id in c.ids() {
         let (dir, moved) = (c.data_dir(id), disk.0.join(format!("data{id}")));
-        std::fs::create_dir(&moved).unwrap();
-        for file in std::fs::read_dir(&dir).unwrap() {
-            let file = file.unwrap();
-            std::fs::copy(file.path(), moved.join(file.file_name())).unwrap();
-        }
+        fencegate_testkit::files::copy_dir(&dir, &moved);
         std::fs::remove_dir_all(&dir).unwrap();
         std::os::unix::fs::symlink(&moved, &dir).unwrap();
     }

@@ -27,6 +27,7 @@
 //!   by `.ci/lockservices`).
 //! - [`browser`]: a headless chromium driven over WebDriver, for the
 //!   consoles' tests (installed by `.ci/browser`).
+//! - [`files`]: data directories copied whole.
 //! - [`ports`], [`process`], [`tls`]: free ports, child processes killed on
 //!   drop (and when the test process dies), a throw-away PKI.
 //!
@@ -37,6 +38,7 @@ pub mod binary;
 pub mod browser;
 pub mod cluster;
 pub mod etcd;
+pub mod files;
 pub mod http;
 pub mod lenient;
 #[cfg(feature = "faults")]

@@ -14,6 +14,7 @@ use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
+use crate::files::copy_dir;
 use crate::ports::{reserve, Reserved};
 use crate::process::tail;
 use crate::Proc;
@@ -254,19 +255,6 @@ fn write_server_files(dir: &Path, id: u64, client_port: u16, members: &str) {
         data.display()
     );
     std::fs::write(dir.join(format!("zk{id}.cfg")), config).unwrap();
-}
-
-/// `from`'s files, copied into a new directory `to` (subdirectories too).
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        match entry.file_type().unwrap().is_dir() {
-            true => copy_dir(&entry.path(), &target),
-            false => drop(std::fs::copy(entry.path(), target).unwrap()),
-        }
-    }
 }
 
 /// The answer to four-letter command `word` on 127.0.0.1:`port`, if one
