@@ -340,7 +340,7 @@ async fn state_files_and_backups_are_the_processs_alone() {
     let mut made = vec![file.clone()];
     walk(&data, &mut made);
     walk(&state, &mut made);
-    for name in ["raft.redb", "snapshot"] {
+    for name in ["raft.redb", "snapshot", "log"] {
         assert!(made.contains(&data.join(name)), "{name}: {made:?}");
     }
     for name in ["floors.redb", "idempotency.log", "admin-token"] {

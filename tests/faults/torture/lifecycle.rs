@@ -139,11 +139,7 @@ async fn foreign_node(bin: &Bin, c: &mut Cluster) -> Result<(), String> {
     c.kill(id);
     let to = c.data_dir(id);
     let _ = std::fs::remove_dir_all(&to);
-    std::fs::create_dir_all(&to).unwrap();
-    for f in std::fs::read_dir(&from).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
-    }
+    fencegate_testkit::files::copy_dir(&from, &to);
     drop(b);
     c.start_node(id);
     let add = AddMember { id, peer_url: c.peer_url(id), client_url: Some(c.url(id)), force: false };
