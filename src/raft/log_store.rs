@@ -362,3 +362,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.change_and_wait(|log| log.purge(key(&log_id)).map(drop)).await
     }
 }
+
+#[cfg(test)]
+mod tests;
