@@ -117,7 +117,7 @@ pub(crate) fn open_wal(dir: &Path) -> io::Result<RaftLog<Records>> {
     config.log_cache_capacity = Some(CACHE_BYTES);
     config.wal.chunk_max_size = Some(CHUNK_BYTES);
     config.wal.read_buffer_size = Some(REPLAY_BUFFER);
-    // Group commit is ours (`Wal::flush`): the worker syncs what it is handed at once.
+    // Group commit is ours (`flush`, below): the worker syncs what it is handed at once.
     config.wal.flush_batch_wait = Some(std::time::Duration::ZERO);
     // At most two flushes are queued at a time (one syncing, one next), so
     // no bound on queued bytes is needed; one would block the worker's own
