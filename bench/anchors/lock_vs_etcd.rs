@@ -18,10 +18,19 @@
 //! SIGKILL of the leader to the next grant (fencegate; etcd through the
 //! JSON client; and a fencegate cluster with the old Raft defaults).
 //!
+//! Before/after: with `BENCH_BEFORE_BIN` naming another `fencegate` binary
+//! (an earlier build), a second 3-node cluster of it is one more system,
+//! "fencegate before", in the same rotation and with the same phases (not
+//! the loaded phase, nor failover): a change's effect next to etcd's, from
+//! one run on one machine. The table then has a "fencegate ÷ fencegate
+//! before" column and a line with its p50 and 64-client pairs/s ratios.
+//!
 //! Run: `bench/run lock_vs_etcd` (it builds the `fencegate` binary this
 //! package starts, and installs etcd, Redis and protoc). Env: BENCH_REPS
 //! (default 3), BENCH_SECONDS per phase (default 5), BENCH_LIVE_LEASES
-//! (default 10000). Writes bench/results/lock_vs_etcd.md and .json.
+//! (default 10000), BENCH_BEFORE_BIN (unset: no "fencegate before"; a
+//! relative path is taken from the workspace root, where `bench/run` runs).
+//! Writes bench/results/lock_vs_etcd.md and .json.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -30,6 +39,7 @@ mod etcd_json;
 mod redis_lock;
 mod servers;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::etcd::start_etcd;
@@ -37,12 +47,12 @@ use common::holders::{Holders, KeepaliveStats};
 use common::locks::{p50_p99_ms, pairs, plural, Backend, FencegateApi, LOAD_TIMEOUT, TTL};
 use common::procs::Usage;
 use common::report::{self, mib, Spread, Table};
-use common::{fenced_sidecar, fencegate_cluster};
+use common::{cluster_options, fenced_sidecar, fencegate_cluster};
 use etcd_grpc::{EtcdGrpc, EtcdLive};
 use etcd_json::EtcdJson;
 use fencegate_client::http::HttpClient;
 use fencegate_testkit::upstream::{Recording, Upstream};
-use fencegate_testkit::Cluster;
+use fencegate_testkit::{Bin, Cluster};
 use redis_lock::{RedisApi, RedisServer};
 use serde_json::{json, Value};
 use servers::{failover, healthy, metric, Servers};
@@ -61,13 +71,23 @@ const HOLDERS: usize = 64;
 /// (100 ms, 300–600 ms: 900–1200 ms) shows what they cost (failover only).
 const OLD_RAFT: &str = "raft:\n  heartbeat: 100ms\n  election_timeout_min: 300ms\n  election_timeout_max: 600ms\n";
 
-/// The systems, in the tables' order: (column, JSON key).
-const SYSTEMS: [(&str, &str); 4] =
-    [("fencegate", "fencegate"), ("etcd gRPC", "etcd_grpc"), ("etcd JSON", "etcd_json"), ("Redis", "redis")];
+/// The systems, in the tables' order: (column, JSON key). "fencegate
+/// before" only with `BENCH_BEFORE_BIN`.
+const SYSTEMS: [(&str, &str); 5] = [
+    ("fencegate", "fencegate"),
+    ("fencegate before", "fencegate_before"),
+    ("etcd gRPC", "etcd_grpc"),
+    ("etcd JSON", "etcd_json"),
+    ("Redis", "redis"),
+];
 const FENCEGATE: usize = 0;
-const ETCD_GRPC: usize = 1;
-const ETCD_JSON: usize = 2;
-const REDIS: usize = 3;
+const BEFORE: usize = 1;
+const ETCD_GRPC: usize = 2;
+const ETCD_JSON: usize = 3;
+const REDIS: usize = 4;
+/// The before/after line's pairs/s: at the client count of the README's
+/// throughput target (≥ 2× etcd gRPC at 64 clients).
+const BEFORE_AFTER_CLIENTS: usize = 64;
 
 /// One repetition's numbers for one system; None where a number does not
 /// apply to it (see the table's notes).
@@ -224,6 +244,16 @@ async fn loaded_etcd(api: &EtcdGrpc, url: &str, live: usize, rep: usize, seconds
     loaded
 }
 
+/// The earlier build's binary, if `BENCH_BEFORE_BIN` names one (relative
+/// to the workspace root: Cargo runs this in `bench/anchors`).
+fn before_bin() -> Option<PathBuf> {
+    let var = std::env::var("BENCH_BEFORE_BIN").ok().filter(|v| !v.is_empty())?;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(&var);
+    let path = std::fs::canonicalize(path).unwrap_or_else(|e| panic!("BENCH_BEFORE_BIN={var}: {e}"));
+    assert!(path.is_file(), "BENCH_BEFORE_BIN={var} is not a file");
+    Some(path)
+}
+
 #[tokio::main]
 async fn main() {
     let reps: usize = common::env_or("BENCH_REPS", 3);
@@ -239,7 +269,15 @@ async fn main() {
     let redis_api = RedisApi::connect(&redis.url).await.unwrap();
     let upstream = Upstream::start_on_own_thread(Recording::CountOnly);
     let mut old = fencegate_cluster(OLD_RAFT).await;
-    let mut runs: [Vec<Rep>; 4] = Default::default();
+    let before_bin = before_bin();
+    let mut before = None;
+    if let Some(path) = &before_bin {
+        eprintln!("starting a 3-node fencegate cluster of {} (fencegate before)", path.display());
+        // The same options as this build's cluster: only the binary differs.
+        before = Some(Cluster::start_with(&Bin::new(path), cluster_options("")).await);
+    }
+    let systems: Vec<usize> = (0..SYSTEMS.len()).filter(|&s| s != BEFORE || before.is_some()).collect();
+    let mut runs: [Vec<Rep>; SYSTEMS.len()] = Default::default();
     let (mut old_failover, mut loaded_keepalives) = (vec![], [(0, 0); 2]);
     for rep in 1..=reps {
         let f_leader = healthy(&fencegate, &http).await;
@@ -247,21 +285,30 @@ async fn main() {
         let (f_url, e_url) = (Servers::urls(&fencegate)[&f_leader].clone(), etcd.urls()[&e_leader].clone());
         // A session on this repetition's leader: the leader may have moved.
         let etcd_grpc = EtcdGrpc::connect(&e_url, TTL, HOLDERS).await.unwrap();
+        let mut b_url = String::new();
+        if let Some(b) = &before {
+            b_url = Servers::urls(b)[&healthy(b, &http).await].clone();
+        }
         // Rotate who goes first, so that none always meets a warmer machine.
-        let mut order = [FENCEGATE, ETCD_GRPC, ETCD_JSON, REDIS];
-        order.rotate_left((rep - 1) % SYSTEMS.len());
+        let mut order = systems.clone();
+        order.rotate_left((rep - 1) % systems.len());
         for system in order {
             let name = SYSTEMS[system].0;
             let r = match system {
                 FENCEGATE => {
                     measure(&fencegate_api, &f_url, &Meter::of(&fencegate, &http, &f_url), name, rep, seconds).await
                 }
+                BEFORE => {
+                    let meter = Meter::of(before.as_ref().unwrap(), &http, &b_url);
+                    measure(&fencegate_api, &b_url, &meter, name, rep, seconds).await
+                }
                 ETCD_GRPC => measure(&etcd_grpc, &e_url, &Meter::of(&etcd, &http, &e_url), name, rep, seconds).await,
                 ETCD_JSON => measure(&etcd_json, &e_url, &Meter::of(&etcd, &http, &e_url), name, rep, seconds).await,
-                _ => {
+                REDIS => {
                     let meter = Meter { http: &http, pids: vec![redis.pid()], fsyncs: None };
                     measure(&redis_api, &redis.url, &meter, name, rep, seconds).await
                 }
+                _ => unreachable!("no system {system}"),
             };
             runs[system].push(r);
         }
@@ -293,40 +340,54 @@ async fn main() {
         let leader = healthy(&old, &http).await;
         old_failover.push(failover(&fencegate_api, &mut old, leader, &format!("{rep}/failover")).await);
     }
-    let (markdown, json) = results(&runs, &old_failover, loaded_keepalives, live, reps, seconds);
+    let run = Run { systems, before_bin, reps, seconds, live };
+    let (markdown, json) = results(&run, &runs, &old_failover, loaded_keepalives);
     report::write("lock_vs_etcd", "Lock service vs etcd and Redis", &markdown, json);
+}
+
+/// How a run was set up.
+struct Run {
+    /// Those of `SYSTEMS` measured, in the tables' order.
+    systems: Vec<usize>,
+    before_bin: Option<PathBuf>,
+    reps: usize,
+    seconds: f64,
+    live: usize,
 }
 
 /// The table (Markdown) and the JSON of a run.
 fn results(
-    runs: &[Vec<Rep>; 4],
+    run: &Run,
+    runs: &[Vec<Rep>; SYSTEMS.len()],
     old_failover: &[f64],
     loaded_keepalives: [(u64, u64); 2],
-    live: usize,
-    reps: usize,
-    seconds: f64,
 ) -> (String, Value) {
-    let mut headers = vec!["measurement"];
-    headers.extend(SYSTEMS.iter().map(|s| s.0));
-    headers.extend(["fencegate ÷ etcd gRPC", "fencegate ÷ etcd JSON", "fencegate ÷ Redis", "better"]);
-    let mut table = Table::new(&headers);
+    let Run { ref systems, reps, seconds, live, .. } = *run;
+    // A ratio column "fencegate ÷ X" for every other system measured.
+    let others = &systems[1..];
+    let mut headers = vec!["measurement".to_string()];
+    headers.extend(systems.iter().map(|&s| SYSTEMS[s].0.to_string()));
+    headers.extend(others.iter().map(|&s| format!("fencegate ÷ {}", SYSTEMS[s].0)));
+    headers.push("better".into());
+    let mut table = Table::new(&headers.iter().map(String::as_str).collect::<Vec<_>>());
     // One table row and its {"fencegate": Spread, "etcd_grpc": ..., "etcd_json": ..., "redis": ...}
-    // JSON (null where a system has no such number).
+    // JSON (null where a system has no such number; "fencegate_before" only if measured).
     let mut row = |label: &str, higher_is_better: bool, digits: usize, get: &dyn Fn(&Rep) -> Option<f64>| {
         let spreads: Vec<Option<Spread>> = runs
             .iter()
-            .map(|reps| reps.iter().map(get).collect::<Option<Vec<f64>>>().map(|v| Spread::of(&v)))
+            .map(|reps| reps.iter().map(get).collect::<Option<Vec<f64>>>().filter(|v| !v.is_empty()))
+            .map(|v| v.map(|v| Spread::of(&v)))
             .collect();
         let show = |s: &Option<Spread>, f: &dyn Fn(&Spread) -> String| s.as_ref().map_or("–".into(), f);
         let mut cells = vec![label.to_string()];
-        cells.extend(spreads.iter().map(|s| show(s, &|s| s.show(digits))));
-        for other in &spreads[1..] {
-            let ratio = spreads[FENCEGATE].zip(*other).map(|(f, o)| f.median / o.median);
+        cells.extend(systems.iter().map(|&s| show(&spreads[s], &|s| s.show(digits))));
+        for &other in others {
+            let ratio = spreads[FENCEGATE].zip(spreads[other]).map(|(f, o)| f.median / o.median);
             cells.push(ratio.map_or("–".into(), |r| format!("{r:.2}")));
         }
         cells.push(if higher_is_better { "higher" } else { "lower" }.into());
         table.row(&cells);
-        Value::Object(SYSTEMS.iter().zip(&spreads).map(|((_, key), s)| (key.to_string(), json!(s))).collect())
+        Value::Object(systems.iter().map(|&s| (SYSTEMS[s].1.to_string(), json!(spreads[s]))).collect())
     };
     let p50 = row("acquire+release p50, 1 client (ms)", false, 2, &|r| Some(r.p50_ms));
     let p99 = row("acquire+release p99, 1 client (ms)", false, 2, &|r| Some(r.p99_ms));
@@ -354,19 +415,29 @@ fn results(
     let label = "leader SIGKILL → next grant (ms), fencegate's old defaults: heartbeat 100 ms, elections 300–600 ms";
     let etcd_failover = Spread::of(&runs[ETCD_JSON].iter().filter_map(|r| r.failover_ms).collect::<Vec<_>>());
     let ratio = format!("{:.2}", old.median / etcd_failover.median);
-    table.row(&[label, &old.show(0), "–", &etcd_failover.show(0), "–", "–", &ratio, "–", "lower"].map(String::from));
+    let mut cells = vec![label.to_string()];
+    cells.extend(systems.iter().map(|&s| match s {
+        FENCEGATE => old.show(0),
+        ETCD_JSON => etcd_failover.show(0),
+        _ => "–".into(),
+    }));
+    cells.extend(others.iter().map(|&s| if s == ETCD_JSON { ratio.clone() } else { "–".into() }));
+    cells.push("lower".into());
+    table.row(&cells);
 
     // The JSON: {"reps": N, "seconds": S (per phase), "systems": [keys], "live_leases": L,
     //   "latency_ms": {"p50": M, "p99": M}, "throughput": [M + {"clients": C}, ...],
     //   "loaded_latency_ms": {"p50": M, "p99": M}, "keepalives_per_s": M, "grants_per_fsync": M,
     //   "cpu_s_per_1000": M, "peak_rss_mib": M, "failover_ms": M,
-    //   "failover_old_defaults_ms": {"fencegate": Spread}}
+    //   "failover_old_defaults_ms": {"fencegate": Spread}, "before_bin": path or null}
     // where every M is {"fencegate": Spread, "etcd_grpc": ..., "etcd_json": ..., "redis": ...}
-    // (null where not measured) and a Spread is {"median", "min", "max"} over the repetitions.
+    // (null where not measured; with BENCH_BEFORE_BIN "fencegate_before" too) and a Spread
+    // is {"median", "min", "max"} over the repetitions.
     let json = json!({
         "reps": reps,
         "seconds": seconds,
-        "systems": SYSTEMS.iter().map(|s| s.1).collect::<Vec<_>>(),
+        "systems": systems.iter().map(|&s| SYSTEMS[s].1).collect::<Vec<_>>(),
+        "before_bin": run.before_bin,
         "live_leases": live,
         "latency_ms": {"p50": p50, "p99": p99},
         "throughput": throughput,
@@ -392,14 +463,35 @@ fn results(
          (a keepalive every 20 s each; fencegate over HTTP in paced loops, etcd on keepalive streams of 1,000 \
          leases each) and a watch is open (fencegate: a sidecar's, on all keys; etcd: on the lock prefix); \
          keepalives sent / failed while probed: fencegate {f_sent} / {f_errors}, etcd {e_sent} / {e_errors}. \
-         Failover is the cluster's (etcd's with the JSON client); the last row is a second fencegate cluster \
+         Failover is the cluster's (etcd's with the JSON client); the last row is another fencegate cluster \
          with the old defaults (100 ms, 300–600 ms). BENCH_REPS={reps}, BENCH_SECONDS={seconds} (per phase); \
-         median (min–max) over the repetitions; the ratios are of the medians; – where a number does not apply.\n\n{}",
+         median (min–max) over the repetitions; the ratios are of the medians; – where a number does not apply.\n\n{}{}",
         version("etcd", "etcd Version: "),
         version("redis-server", "Redis server v="),
+        before_after(run, runs),
         table.markdown()
     );
     (markdown, json)
+}
+
+/// With "fencegate before": what it is, and the two before/after ratios
+/// the comparison is about; else nothing.
+fn before_after(run: &Run, runs: &[Vec<Rep>; SYSTEMS.len()]) -> String {
+    let Some(path) = &run.before_bin else { return String::new() };
+    let at = CLIENTS.iter().position(|&c| c == BEFORE_AFTER_CLIENTS).unwrap();
+    let ratio = |get: &dyn Fn(&Rep) -> f64| {
+        let median = |s: usize| Spread::of(&runs[s].iter().map(get).collect::<Vec<_>>()).median;
+        median(FENCEGATE) / median(BEFORE)
+    };
+    let (p50, pairs) = (ratio(&|r| r.p50_ms), ratio(&|r| r.pairs_per_s[at]));
+    format!(
+        "fencegate before: a second 3-node cluster, the same options, of another build \
+         (BENCH_BEFORE_BIN={}), measured with the same phases in the same rotation; not under load nor in \
+         failover (–). Peak RSS is a high-water mark: from the second repetition on, fencegate's also \
+         covers the loaded phase, which fencegate before skips. **fencegate ÷ fencegate before: p50, 1 client {p50:.2} (lower is better); pairs/s, \
+         {BEFORE_AFTER_CLIENTS} clients {pairs:.2} (higher is better).**\n\n",
+        path.display()
+    )
 }
 
 /// `program --version`'s version: the first word after `prefix`.
