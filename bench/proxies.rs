@@ -10,14 +10,26 @@
 //! requests (and the lock cluster's, for the sidecar) and its peak RSS.
 //! Paths are interleaved within each repetition so drift hits all alike.
 //!
-//! Run: `bench/run proxies` (installs nginx and HAProxy), or
-//! `cargo bench --bench proxies` with both on PATH. Env: BENCH_SECONDS per
+//! Then, per repetition, a second load generator on the same servers: wrk
+//! (`common/wrk.rs`; `-t2 -c<BENCH_CONNECTIONS> -d<BENCH_SECONDS>s
+//! --latency`), closed loop, sending the same request (the lease's valid
+//! token, the same body) through every path, the paths in an order that
+//! rotates every repetition. Lighter than ours, it leaves the proxies more
+//! of the cores. A wrk run with non-2xx answers or socket errors is a failed
+//! measurement, printed and left out; non-2xx through a sidecar stops the
+//! benchmark (it refused valid requests).
+//!
+//! Run: `bench/run proxies` (installs nginx, HAProxy and wrk), or
+//! `cargo bench --bench proxies` with them on PATH. Env: BENCH_SECONDS per
 //! phase (5), BENCH_REPS (3), BENCH_CONNECTIONS (32), BENCH_RATES
-//! ("2000,5000,10000"). Writes bench/results/proxies.{md,json}.
+//! ("2000,5000,10000"), BENCH_WRK (1; 0 skips wrk: our generator's phases
+//! alone, no wrk needed). Writes bench/results/proxies.{md,json}.
 
 mod common;
 #[path = "common/floor.rs"]
 mod floor;
+#[path = "common/wrk.rs"]
+mod wrk;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -52,6 +64,8 @@ const PATHS: [&str; 7] = [
 /// One path under test: where to send what, and whose CPU to charge.
 struct Target {
     port: u16,
+    /// The path of every request (`make`'s).
+    uri: &'static str,
     make: MakeRequest,
     proxy_pid: Option<u32>,
     /// The lock cluster's pids, charged separately (sidecar paths only).
@@ -78,7 +92,21 @@ struct Samples {
     fixed_cpu: BTreeMap<u64, Vec<f64>>,
     errors: u64,
     peak_rss: u64,
+    wrk: WrkSamples,
 }
+
+/// wrk's measurements of one path, one value per repetition that measured.
+#[derive(Default)]
+struct WrkSamples {
+    rps: Vec<f64>,
+    /// percent (`wrk::PERCENTS`) -> µs per repetition.
+    latency: BTreeMap<u32, Vec<f64>>,
+    /// Runs with non-2xx answers or socket errors, or no usable report.
+    failed: u64,
+}
+
+/// wrk's threads: two, for two cores.
+const WRK_THREADS: usize = 2;
 
 /// The index of path `name` in PATHS.
 fn at(name: &str) -> usize {
@@ -102,6 +130,11 @@ async fn measure() {
         .split(',')
         .map(|r| r.trim().parse().expect("BENCH_RATES: comma-separated requests/s"))
         .collect();
+    let with_wrk = env_or("BENCH_WRK", 1u8) != 0;
+    if with_wrk {
+        assert!(wrk::available(), "no wrk on PATH: install Debian's wrk (bench/run does), or BENCH_WRK=0");
+        wrk::check_parser();
+    }
 
     // The small upstream: reads each body and answers with a short JSON body,
     // counting only, on its own thread.
@@ -125,21 +158,22 @@ async fn measure() {
 
     let lease = cluster.client().acquire("rack/1", AcquireOptions::new(Duration::from_secs(600))).await.unwrap();
     let token = lease.token();
-    let put = |uri: &'static str| -> MakeRequest { Arc::new(move |_| fenced_put(uri, token)) };
+    let target = |port: u16, uri: &'static str, proxy_pid: Option<u32>, cluster_pids: Vec<u32>| Target {
+        port,
+        uri,
+        make: Arc::new(move |_| fenced_put(uri, token)),
+        proxy_pid,
+        cluster_pids,
+    };
     let paths: Vec<Target> = vec![
-        Target { port: up, make: put("/racks/1"), proxy_pid: None, cluster_pids: vec![] },
-        Target { port: nginx_port, make: put("/racks/1"), proxy_pid: Some(nginx.pid()), cluster_pids: vec![] },
-        Target { port: haproxy_port, make: put("/racks/1"), proxy_pid: Some(haproxy.pid()), cluster_pids: vec![] },
-        Target { port: floor_port, make: put("/racks/1"), proxy_pid: Some(floor.pid()), cluster_pids: vec![] },
+        target(up, "/racks/1", None, vec![]),
+        target(nginx_port, "/racks/1", Some(nginx.pid()), vec![]),
+        target(haproxy_port, "/racks/1", Some(haproxy.pid()), vec![]),
+        target(floor_port, "/racks/1", Some(floor.pid()), vec![]),
         // The route `rest` (fence: off) takes any path but /racks/{rack}.
-        Target { port: cached_port, make: put("/unfenced/1"), proxy_pid: Some(cached_pid), cluster_pids: vec![] },
-        Target {
-            port: cached_port,
-            make: put("/racks/1"),
-            proxy_pid: Some(cached_pid),
-            cluster_pids: cluster_pids.clone(),
-        },
-        Target { port: lin_port, make: put("/racks/1"), proxy_pid: Some(lin_pid), cluster_pids },
+        target(cached_port, "/unfenced/1", Some(cached_pid), vec![]),
+        target(cached_port, "/racks/1", Some(cached_pid), cluster_pids.clone()),
+        target(lin_port, "/racks/1", Some(lin_pid), cluster_pids),
     ];
     // Warm-up: connections, pools, and the sidecars learn the grant.
     for (name, p) in PATHS.iter().zip(&paths) {
@@ -150,6 +184,14 @@ async fn measure() {
             run.errors,
             dir.display()
         );
+    }
+
+    // wrk's scripts: the request each path's `make` builds (the lease's token).
+    let scripts: Vec<_> = PATHS.iter().enumerate().map(|(i, _)| dir.join(format!("wrk-{i}.lua"))).collect();
+    if with_wrk {
+        for (p, script) in paths.iter().zip(&scripts) {
+            wrk::write_script(script, (p.make)(0)).await;
+        }
     }
 
     let mut samples: Vec<Samples> = PATHS.iter().map(|_| Samples::default()).collect();
@@ -177,12 +219,59 @@ async fn measure() {
             }
             s.peak_rss = p.usage().0.peak_rss;
         }
+        if !with_wrk {
+            continue;
+        }
+        // wrk through every path, starting one further each repetition.
+        for k in 0..paths.len() {
+            let i = (k + rep - 1) % paths.len();
+            let (name, p) = (PATHS[i], &paths[i]);
+            eprintln!("rep {rep}/{reps}: {name} under wrk");
+            // The token in the script is the lease's: still valid (kept alive).
+            assert!(lease.is_valid(), "the lease on rack/1 was lost; logs in {}", dir.display());
+            let run = wrk::run(p.port, p.uri, &scripts[i], WRK_THREADS, connections, seconds.as_secs()).await;
+            let s = &mut samples[i].wrk;
+            match run {
+                Ok(run) => {
+                    eprintln!(
+                        "  {:.0} req/s, p50 {:.0} µs, p99 {:.0} µs",
+                        run.requests_per_second,
+                        run.us(50),
+                        run.us(99)
+                    );
+                    s.rps.push(run.requests_per_second);
+                    for percent in wrk::PERCENTS {
+                        s.latency.entry(percent).or_default().push(run.us(percent));
+                    }
+                }
+                Err(failed) => {
+                    eprintln!(
+                        "rep {rep}/{reps}: {name} under wrk: FAILED MEASUREMENT, left out: {}\n{}",
+                        failed.why, failed.output
+                    );
+                    assert!(
+                        !(name.starts_with("sidecar") && failed.non_2xx > 0),
+                        "{name} refused valid requests under wrk: {}; logs in {}",
+                        failed.why,
+                        dir.display()
+                    );
+                    s.failed += 1;
+                }
+            }
+        }
     }
     lease.release().await.unwrap();
-    write_results(&samples, &rates, reps, seconds, connections);
+    write_results(&samples, &rates, reps, seconds, connections, with_wrk);
 }
 
-fn write_results(samples: &[Samples], rates: &[u64], reps: usize, seconds: Duration, connections: usize) {
+fn write_results(
+    samples: &[Samples],
+    rates: &[u64],
+    reps: usize,
+    seconds: Duration,
+    connections: usize,
+    with_wrk: bool,
+) {
     let spread = |v: &[f64]| Spread::of(v);
     let mid = rates[rates.len() / 2];
 
@@ -260,6 +349,43 @@ fn write_results(samples: &[Samples], rates: &[u64], reps: usize, seconds: Durat
         "–".into(),
     ]);
 
+    // Under wrk: the spreads of the repetitions that measured (none: "–").
+    let some = |v: Option<&Vec<f64>>| v.filter(|v| !v.is_empty()).map(|v| Spread::of(v));
+    let wrk_title = format!("Under wrk (closed loop, {connections} connections, {WRK_THREADS} threads)");
+    let mut wrk_table = Table::new(&["path", "req/s", "p50 µs", "p99 µs", "failed runs"]);
+    for (name, s) in PATHS.iter().zip(samples) {
+        let show = |v: Option<&Vec<f64>>| some(v).map_or("–".into(), |s| s.show(0));
+        wrk_table.row(&[
+            name.to_string(),
+            show(Some(&s.wrk.rps)),
+            show(s.wrk.latency.get(&50)),
+            show(s.wrk.latency.get(&99)),
+            s.wrk.failed.to_string(),
+        ]);
+    }
+    let wrk_ratio = |pick: fn(&WrkSamples) -> Option<&Vec<f64>>| -> Option<f64> {
+        Some(some(pick(&samples[cached].wrk))?.median / some(pick(&samples[nginx].wrk))?.median)
+    };
+    let wrk_rps = wrk_ratio(|w| Some(&w.rps));
+    let wrk_p99 = wrk_ratio(|w| w.latency.get(&99));
+    let show_ratio = |r: Option<f64>| r.map_or("–".into(), |r| format!("{r:.2}×"));
+    let wrk_section = if with_wrk {
+        format!(
+            "## {wrk_title}\n\nThe same request through the same servers, by wrk (`-t{WRK_THREADS} -c{connections} \
+             -d{}s --latency`) instead of the bench's own generator; latency from when a request is written. A \
+             run with non-2xx answers or socket errors is left out (failed runs).\n\n{}\n\
+             sidecar (cached) ÷ nginx under wrk: throughput {}, p99 {} (own generator, closed loop: throughput \
+             {:.2}×).\n\n",
+            seconds.as_secs(),
+            wrk_table.markdown(),
+            show_ratio(wrk_rps),
+            show_ratio(wrk_p99),
+            med(cached, rps) / med(nginx, rps),
+        )
+    } else {
+        "wrk: skipped (BENCH_WRK=0).\n\n".into()
+    };
+
     let lock_cpu: Vec<String> = [at("sidecar (cached)"), at("sidecar (linearizable)")]
         .iter()
         .map(|&i| format!("{}: {}", PATHS[i], spread(&samples[i].cluster_cpu_per_1000).show(3)))
@@ -267,16 +393,33 @@ fn write_results(samples: &[Samples], rates: &[u64], reps: usize, seconds: Durat
     let markdown = format!(
         "`PUT /racks/1` with a valid `X-Fence-Token`, {connections} keep-alive connections, {} s per phase, \
          {reps} repetitions: median (min–max). Load generator, upstream, proxies and the 3-node lock cluster \
-         share the machine.\n\n## Summary\n\n{}\n## Latency at fixed rates (coordinated omission corrected)\n\n{}\n\
-         ## Targets\n\n{}\nLock cluster CPU s per 1,000 requests in the closed loop: {}.\n",
+         share the machine.\n\n## Summary\n\n{}\n{wrk_section}## Latency at fixed rates (coordinated omission \
+         corrected)\n\n{}\n## Targets\n\n{}\nLock cluster CPU s per 1,000 requests in the closed loop: {}.\n",
         seconds.as_secs(),
         t.markdown(),
         lat.markdown(),
         targets.markdown(),
         lock_cpu.join("; "),
     );
+    // wrk's, null with BENCH_WRK=0: {"threads", "connections", "paths": [{"name", "rps": Spread or null,
+    //   "p50"|"p75"|"p90"|"p99": Spread (µs) or null, "failed"}], "cached_over_nginx": {"rps", "p99"}}
+    let wrk_json = with_wrk.then(|| {
+        json!({
+            "threads": WRK_THREADS,
+            "connections": connections,
+            "paths": PATHS.iter().zip(samples).map(|(name, s)| {
+                let mut path = json!({ "name": name, "rps": some(Some(&s.wrk.rps)), "failed": s.wrk.failed });
+                for p in wrk::PERCENTS {
+                    path[format!("p{p}")] = json!(some(s.wrk.latency.get(&p)));
+                }
+                path
+            }).collect::<Vec<_>>(),
+            "cached_over_nginx": { "rps": wrk_rps, "p99": wrk_p99 },
+        })
+    });
     // JSON for bench/plot.py: {"paths": [{"name", "rps": Spread, "cpu_per_1000": Spread,
-    //   "peak_rss_mib", "fixed": [{"rate", "p50"|"p99"|"p99.9": Spread (µs), "cpu_per_1000": Spread}]}], ...}
+    //   "peak_rss_mib", "fixed": [{"rate", "p50"|"p99"|"p99.9": Spread (µs), "cpu_per_1000": Spread}]}],
+    //   "wrk": as above, ...}
     let json = json!({
         "reps": reps,
         "seconds": seconds.as_secs(),
@@ -295,6 +438,7 @@ fn write_results(samples: &[Samples], rates: &[u64], reps: usize, seconds: Durat
                 "cpu_per_1000": spread(&s.fixed_cpu[r]),
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
+        "wrk": wrk_json,
     });
     report::write("proxies", "Sidecar vs reverse proxies", &markdown, json);
 }
