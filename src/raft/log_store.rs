@@ -217,27 +217,28 @@ pub(crate) struct Flushed {
 impl Callback for Flushed {
     fn send(mut self, result: io::Result<()>) {
         let waiters = std::mem::take(&mut self.waiters);
-        let Some(shared) = self.shared.upgrade() else {
-            waiters.into_iter().for_each(|w| w.complete(&result));
-            return;
-        };
-        if result.is_ok() {
-            let entries = waiters.iter().map(|w| if let Waiter::Appended { entries, .. } = w { *entries } else { 0 });
-            shared.metrics.log_syncs.inc();
-            shared.metrics.log_entries.inc_by(entries.sum());
-        }
-        waiters.into_iter().for_each(|w| w.complete(&result));
-        {
-            let mut wal = shared.wal();
-            wal.syncing = false;
-            if !wal.next.is_empty() {
-                start_flush(Arc::downgrade(&shared), &mut wal);
+        if let Some(shared) = self.shared.upgrade() {
+            if result.is_ok() {
+                let entries =
+                    waiters.iter().map(|w| if let Waiter::Appended { entries, .. } = w { *entries } else { 0 });
+                shared.metrics.log_syncs.inc();
+                shared.metrics.log_entries.inc_by(entries.sum());
+            }
+            {
+                let mut wal = shared.wal();
+                wal.syncing = false;
+                if !wal.next.is_empty() {
+                    start_flush(Arc::downgrade(&shared), &mut wal);
+                }
+            }
+            // Dropped elsewhere if this was the last owner: its drop joins this thread.
+            if let Some(last) = Arc::into_inner(shared) {
+                std::thread::spawn(move || drop(last));
             }
         }
-        // Dropped elsewhere if this was the last owner: its drop joins this thread.
-        if let Some(last) = Arc::into_inner(shared) {
-            std::thread::spawn(move || drop(last));
-        }
+        // Told last, once this thread holds the store no more: a waiter
+        // that then drops the store closes the WAL itself, at once.
+        waiters.into_iter().for_each(|w| w.complete(&result));
     }
 }
 
