@@ -14,8 +14,8 @@
 //! purge returns only once durable.
 //!
 //! It replaced a redb table (data formats 1–4) whose every commit rewrote
-//! a B-tree's path, seven page writes and an fsync per append
-//! (bench/JOURNAL.md §10); `raft::log_upgrade` moves such a log here.
+//! a B-tree's path, seven page writes and an fsync per append (decision
+//! 0012, bench/README §11); `raft::log_upgrade` moves such a log here.
 //!
 //! `fencegate_raft_log_syncs_total` against `fencegate_raft_log_entries_total`
 //! shows the batching.

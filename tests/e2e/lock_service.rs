@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use fencegate_client::{AcquireOptions, ClientError, LostReason};
 use fencegate_testkit::http::{self, raw};
-use fencegate_testkit::{bin, wait, Cluster, Watch};
+use fencegate_testkit::routes::{rack_writes, table};
+use fencegate_testkit::{bin, wait, Cluster, Upstream, Watch};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -439,7 +440,8 @@ async fn snapshots_bound_the_log_and_bring_a_wiped_node_back() {
 /// A data directory of format 4 (the committed fixture, its log and vote in
 /// `raft.redb`) has its log moved at this build's first start, once, and
 /// the node reads the moved log, and what it appends after, across SIGKILLs:
-/// tokens go on above the fixture's.
+/// tokens go on above the fixture's, and a sidecar running through the
+/// restarts forwards the latest holder's writes and refuses the one before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_format_4_data_dir_moves_its_log_at_the_first_start_and_keeps_its_tokens() {
     let mut c = Cluster::start(&bin!(), 1, "raft: { snapshot_every: 100 }\n").await;
@@ -455,11 +457,16 @@ async fn a_format_4_data_dir_moves_its_log_at_the_first_start_and_keeps_its_toke
     assert!(last > 3, "above every token the fixture granted: {last}");
     assert!(data.join("log").is_dir() && !data.join("log.new").exists());
     assert!(c.log_of(1).contains("data format 4 upgraded to 5"), "{}", c.log_of(1));
+    let up = Upstream::start().await;
+    let routes = table(&[rack_writes("{ mode: strict, consistency: cached }").methods(&["PUT"])]);
+    let sc = c.sidecar("sidecar", &up.url(), &routes).await;
     for round in 0..3 {
         c.restart(1);
         let lease = client.acquire(&format!("after/{round}"), opts()).await.unwrap();
         assert!(lease.token() > last, "round {round}: {} after {last}", lease.token());
         last = lease.token();
         std::mem::forget(lease);
+        let (stale, latest) = c.stale_write(&sc, &format!("rack/{round}"), &format!("/racks/{round}")).await;
+        assert!(stale > 3 && latest > stale, "round {round}: tokens {stale}, {latest}");
     }
 }
