@@ -9,6 +9,7 @@
 
 mod deadline;
 mod listen;
+mod outlive;
 pub(crate) mod page;
 mod refusals;
 mod serve;
@@ -27,6 +28,7 @@ use serde::Serialize;
 pub(crate) use deadline::{BodyTimedOut, Deadline};
 pub(crate) use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
 pub(crate) use listen::{bind, CannotListen};
+pub(crate) use outlive::Outlive;
 pub(crate) use refusals::RefusalBody;
 pub(crate) use serve::{
     serve, serve_live, serve_on, Conn, Listener, LiveListener, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS,

@@ -435,15 +435,15 @@ pub(crate) async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown
     let (opts, kept) = (sidecar.listener.clone(), sidecar.clone());
     let workers = Some(&kept.workers);
     crate::http::serve_on(listener, opts, workers, shutdown, move |req, conn: crate::http::Conn| {
-        // Its own task: if the client goes away, hyper drops this future,
-        // but the request (and its ordering permit, S1) must live until the
-        // upstream has answered or timed out.
-        // Boxed: the task then moves a pointer, not the whole (large)
-        // future, each time tokio moves its stage (five times a request).
-        let task = tokio::spawn(Box::pin(sidecar.clone().handle(req, conn)));
+        // If the client goes away, hyper drops this future, but the request
+        // (and its ordering permit, S1) must live until the upstream has
+        // answered or timed out: dropped unfinished, it finishes alone.
+        let answer = std::panic::AssertUnwindSafe(crate::http::Outlive::new(sidecar.clone().handle(req, conn)));
         let sc = sidecar.clone();
         async move {
-            task.await.unwrap_or_else(|e| sc.answer("-", None, Answer::Internal(format!("request task failed: {e}"))))
+            futures_util::FutureExt::catch_unwind(answer)
+                .await
+                .unwrap_or_else(|_| sc.answer("-", None, Answer::Internal("the request's handler panicked".into())))
         }
     })
     .await;
