@@ -258,6 +258,15 @@ pub struct SidecarMetrics {
     pub config_reloads: IntCounterVec,
 }
 
+/// One route's series of the forwarding path (`SidecarMetrics::route_meters`).
+#[derive(Clone)]
+pub struct RouteMeters {
+    pub fence_wait: Histogram,
+    pub upstream_duration: Histogram,
+    /// `requests` with outcome `forwarded`.
+    pub forwarded: IntCounter,
+}
+
 impl SidecarMetrics {
     pub fn new(r: &Registry) -> prometheus::Result<Self> {
         let latency = vec![
@@ -361,6 +370,16 @@ impl SidecarMetrics {
             )?,
             config_reloads: config_reloads(r, "fencegate_sidecar_config_reloads_total")?,
         })
+    }
+
+    /// `route`'s series that every request it forwards touches, looked up
+    /// once: a lookup by label values hashes them, three times a request.
+    pub fn route_meters(&self, route: &str) -> RouteMeters {
+        RouteMeters {
+            fence_wait: self.fence_wait.with_label_values(&[route]),
+            upstream_duration: self.upstream_duration.with_label_values(&[route]),
+            forwarded: self.requests.with_label_values(&[route, Outcome::Forwarded.as_str()]),
+        }
     }
 
     /// One request of `route` answered with `outcome`.

@@ -62,7 +62,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::sidecar::LockServiceKind;
 use crate::http::{Body, BoxError, Listener, LiveListener, Workers};
-use crate::metrics::{Outcome, SidecarMetrics};
+use crate::metrics::{Outcome, RouteMeters, SidecarMetrics};
 use crate::tls::SidecarTls;
 use answer::{Answer, Phase};
 use fencing::knowledge::LockView;
@@ -160,7 +160,7 @@ impl Sidecar {
         let workers = Workers::start("sidecar", settings.workers)?;
         let upstream = Upstream::new(tls.upstream, settings.workers);
         let sidecar = Sidecar {
-            live: ArcSwap::from_pointee(Live { settings, upstream }),
+            live: ArcSwap::from_pointee(Live::new(settings, upstream, &metrics)),
             workers,
             listener,
             longest_timeout: Mutex::default(),
@@ -205,7 +205,8 @@ impl Sidecar {
             Err(a) => return self.answer("-", None, a),
         };
         let (name, key) = (routed.matched.route.name.as_str(), routed.matched.key.as_deref());
-        let cleared = match self.check(&routed, req.headers()).await {
+        let meters = &live.meters[routed.matched.index];
+        let cleared = match self.check(&routed, meters, req.headers()).await {
             Ok(cleared) => cleared,
             Err(a) => return self.answer(name, key, a),
         };
@@ -215,14 +216,17 @@ impl Sidecar {
             Ok(Taken::Replayed(resp)) => return resp,
             Err(a) => return self.answer(name, key, a),
         };
-        let result = self.send(&live, routed.matched.route, cleared, Request::from_parts(parts, body), &conn.ip).await;
+        let req = Request::from_parts(parts, body);
+        let result = self.send(&live, routed.matched.route, meters, cleared, req, &conn.ip).await;
         let result = match keyed {
-            Some(k) => idempotency::exchange::finish(&self.metrics, name, k, result).await,
+            // Boxed, as `begin` is: the keyed path's futures are large, and
+            // every request's future would otherwise carry their room.
+            Some(k) => Box::pin(idempotency::exchange::finish(&self.metrics, name, k, result)).await,
             None => result,
         };
         match result {
             Ok(resp) => {
-                self.metrics.request(name, Outcome::Forwarded);
+                meters.forwarded.inc();
                 resp
             }
             Err(a) => self.answer(name, key, a),
@@ -232,13 +236,15 @@ impl Sidecar {
     /// The check phase: a fenced request's token against what is known
     /// (S2–S7), then its place in the order (an S1 permit); `None` for a
     /// request forwarded unfenced. How long it took is observed either way.
-    async fn check<'m>(&self, routed: &'m Routed<'_>, headers: &HeaderMap) -> Result<Option<Cleared<'m>>, Answer> {
+    async fn check<'m>(
+        &self,
+        routed: &'m Routed<'_>,
+        meters: &RouteMeters,
+        headers: &HeaderMap,
+    ) -> Result<Option<Cleared<'m>>, Answer> {
         let (route, Some(key)) = (routed.matched.route, &routed.matched.key) else { return Ok(None) };
         let checked = self.fencer.check(route, key, headers, routed.arrived).await;
-        self.metrics
-            .fence_wait
-            .with_label_values(&[route.name.as_str()])
-            .observe(routed.arrived.elapsed().as_secs_f64());
+        meters.fence_wait.observe(routed.arrived.elapsed().as_secs_f64());
         checked
     }
 
@@ -289,7 +295,7 @@ impl Sidecar {
                     .leaf()
                     .and_then(|cert| conn.named.get_or_init(|| crate::tls::identity::client_name(cert)).as_deref()),
             };
-            match idempotency::exchange::begin(&self.records, &self.metrics, *policy, request).await? {
+            match Box::pin(idempotency::exchange::begin(&self.records, &self.metrics, *policy, request)).await? {
                 idempotency::exchange::Begun::Forward(k) => begun = Some(k),
                 idempotency::exchange::Begun::Answered(resp) => {
                     self.metrics.request(&route.name, Outcome::Replayed);
@@ -310,6 +316,7 @@ impl Sidecar {
         &self,
         live: &Live,
         route: &routing::Route,
+        meters: &RouteMeters,
         mut cleared: Option<Cleared<'_>>,
         req: Request<Body>,
         client_ip: &str,
@@ -321,10 +328,7 @@ impl Sidecar {
         let tls = live.settings.tls.is_some();
         let send_timeout = live.settings.limits.send_timeout;
         let result = live.upstream.forward(&route.upstream, req, client_ip, tls, route.timeout, send_timeout).await;
-        self.metrics
-            .upstream_duration
-            .with_label_values(&[route.name.as_str()])
-            .observe(started.elapsed().as_secs_f64());
+        meters.upstream_duration.observe(started.elapsed().as_secs_f64());
         match (&result, cleared.map(|c| c.permit)) {
             // The exchange broke after the request may have reached the
             // upstream, which may still apply it: keep higher tokens waiting

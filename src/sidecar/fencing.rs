@@ -248,7 +248,10 @@ impl Fencer {
 
     async fn read(&self, key: &str, arrived: Instant) -> Result<Token, String> {
         match &self.view {
-            Some(view) => view.read(key, arrived).await,
+            // Boxed: a read is an HTTP exchange, a large future, and rare on
+            // a cached route; inline, every request's future would carry
+            // (and move) its room.
+            Some(view) => Box::pin(view.read(key, arrived)).await,
             None => Err("no lock service configured".into()),
         }
     }

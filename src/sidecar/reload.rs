@@ -21,6 +21,7 @@ use tokio_rustls::TlsAcceptor;
 use super::Sidecar;
 use crate::config::sidecar::SidecarConfig;
 use crate::config::{ConfigError, ConfigFile};
+use crate::metrics::{RouteMeters, SidecarMetrics};
 use crate::sidecar::settings::SidecarSettings;
 use crate::sidecar::upstream::Upstream;
 
@@ -29,6 +30,15 @@ pub(crate) struct Live {
     pub settings: SidecarSettings,
     /// The pooled client to the upstreams, with `upstream_tls`.
     pub upstream: Upstream,
+    /// Each route's meters, in the routes' order (`Matched::index`).
+    pub meters: Vec<RouteMeters>,
+}
+
+impl Live {
+    pub(crate) fn new(settings: SidecarSettings, upstream: Upstream, metrics: &SidecarMetrics) -> Self {
+        let meters = settings.routes.iter().map(|r| metrics.route_meters(&r.name)).collect();
+        Live { settings, upstream, meters }
+    }
 }
 
 impl Sidecar {
@@ -54,7 +64,7 @@ impl Sidecar {
             view.set_followed(super::fencing::followed(&settings.routes));
         }
         let upstream = Upstream::new(tls.upstream, settings.workers);
-        self.live.store(Arc::new(Live { settings, upstream }));
+        self.live.store(Arc::new(Live::new(settings, upstream, &self.metrics)));
         Ok(())
     }
 }

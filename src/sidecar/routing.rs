@@ -62,6 +62,8 @@ pub struct Route {
 #[derive(Debug, Clone)]
 pub struct Matched<'a> {
     pub route: &'a Route,
+    /// The route's place in the table.
+    pub index: usize,
     pub key: Option<String>,
 }
 
@@ -124,7 +126,7 @@ impl Routes {
     /// received, still percent-encoded, without the query), with its lock key.
     pub fn find(&self, method: &Method, path: &str) -> Result<Matched<'_>, MatchError> {
         let body = canonical(path)?;
-        for route in &self.routes {
+        for (index, route) in self.routes.iter().enumerate() {
             if route.methods.as_ref().is_some_and(|m| !m.contains(method)) {
                 continue;
             }
@@ -143,7 +145,7 @@ impl Routes {
                         });
                     }
                 }
-                return Ok(Matched { route, key: None });
+                return Ok(Matched { route, index, key: None });
             };
             let key = template.render(&values);
             // The request is this route's, whatever its key looks like: trying
@@ -153,7 +155,7 @@ impl Routes {
                 let key = key.chars().take(validate::MAX_KEY_LEN).collect();
                 return Err(MatchError::InvalidKey { route: route.name.clone(), key });
             }
-            return Ok(Matched { route, key: Some(key) });
+            return Ok(Matched { route, index, key: Some(key) });
         }
         Err(MatchError::NoRoute)
     }

@@ -19,6 +19,7 @@
 
 pub(crate) mod pool;
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
@@ -46,6 +47,17 @@ static HOP_BY_HOP: [HeaderName; 8] = [
     UPGRADE,
     PROXY_AUTHORIZATION,
 ];
+
+/// A bit for each length of a name in `HOP_BY_HOP` (all under 64): most
+/// names have none of them, and a length is cheaper to test than eight
+/// names.
+static HOP_BY_HOP_LENGTHS: LazyLock<u64> =
+    LazyLock::new(|| HOP_BY_HOP.iter().fold(0, |bits, n| bits | 1 << n.as_str().len()));
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    let len = name.as_str().len();
+    len < 64 && *HOP_BY_HOP_LENGTHS & (1 << len) != 0 && HOP_BY_HOP.contains(name)
+}
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -75,7 +87,7 @@ pub(in crate::sidecar) fn connector(tls: rustls::ClientConfig) -> HttpsConnector
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none: one pass over their few names, instead of
     // a lookup for each of the eight.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+    if !headers.keys().any(is_hop_by_hop) {
         return;
     }
     let named: Vec<HeaderName> = headers
@@ -226,11 +238,11 @@ mod tests {
         assert_eq!(left, vec!["x-fence-token", "content-type"]);
     }
 
-    /// Without a `Connection` header, the scan that skips the removals must
-    /// still see the hop-by-hop names that are not standard ones.
+    /// The scan that skips the removals (by the names' lengths first) must
+    /// see every hop-by-hop name, each on its own.
     #[test]
     fn hop_by_hop_headers_go_without_a_connection_header() {
-        for name in ["keep-alive", "proxy-connection", "te", "upgrade", "proxy-authorization"] {
+        for name in HOP_BY_HOP.iter().map(HeaderName::as_str) {
             let mut h = HeaderMap::new();
             h.insert(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_static("x"));
             h.insert("x-fence-token", HeaderValue::from_static("34"));
