@@ -8,6 +8,7 @@
 //! internal) saying who caused it.
 
 mod deadline;
+mod forwarded;
 mod listen;
 mod outlive;
 pub(crate) mod page;
@@ -27,6 +28,7 @@ use serde::Serialize;
 
 pub(crate) use deadline::{BodyTimedOut, Deadline};
 pub(crate) use fencegate_client::http::{error_chain, read_body, BodyError, BoxError};
+pub(crate) use forwarded::ClientNames;
 pub(crate) use listen::{bind, CannotListen};
 pub(crate) use outlive::Outlive;
 pub(crate) use refusals::RefusalBody;

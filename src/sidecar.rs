@@ -217,7 +217,7 @@ impl Sidecar {
             Err(a) => return self.answer(name, key, a),
         };
         let req = Request::from_parts(parts, body);
-        let result = self.send(&live, routed.matched.route, meters, cleared, req, &conn.ip).await;
+        let result = self.send(&live, routed.matched.route, meters, cleared, req, &conn.client).await;
         let result = match keyed {
             // Boxed, as `begin` is: the keyed path's futures are large, and
             // every request's future would otherwise carry their room.
@@ -319,7 +319,7 @@ impl Sidecar {
         meters: &RouteMeters,
         mut cleared: Option<Cleared<'_>>,
         req: Request<Body>,
-        client_ip: &str,
+        client: &crate::http::ClientNames,
     ) -> Result<Response<Body>, Answer> {
         if let Some(c) = &mut cleared {
             self.fencer.dispatch(c).await?;
@@ -327,7 +327,7 @@ impl Sidecar {
         let started = Instant::now();
         let tls = live.settings.tls.is_some();
         let send_timeout = live.settings.limits.send_timeout;
-        let result = live.upstream.forward(&route.upstream, req, client_ip, tls, route.timeout, send_timeout).await;
+        let result = live.upstream.forward(&route.upstream, req, client, tls, route.timeout, send_timeout).await;
         meters.upstream_duration.observe(started.elapsed().as_secs_f64());
         match (&result, cleared.map(|c| c.permit)) {
             // The exchange broke after the request may have reached the

@@ -47,6 +47,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
 
+use super::forwarded::ClientNames;
 use super::workers::Workers;
 use super::Body;
 
@@ -111,9 +112,9 @@ impl Listener {
 #[derive(Debug, Clone)]
 pub(crate) struct Conn {
     pub addr: SocketAddr,
-    /// `addr`'s IP, spelt once per connection: a proxy names it in headers
-    /// of every request, and formatting it costs ~1,300 instructions.
-    pub ip: Arc<str>,
+    /// How a proxy names this client (`addr`'s IP) to the server behind:
+    /// worked out once per connection, as formatting costs.
+    pub client: Arc<ClientNames>,
     /// Leaf first; `None` over plain TCP or when the client sent none.
     pub certs: Option<Arc<[CertificateDer<'static>]>>,
     /// What the handler made of `certs`, kept for the connection's later
@@ -123,7 +124,7 @@ pub(crate) struct Conn {
 
 impl Conn {
     fn new(addr: SocketAddr, certs: Option<Arc<[CertificateDer<'static>]>>) -> Self {
-        Conn { addr, ip: addr.ip().to_string().into(), certs, named: Arc::default() }
+        Conn { addr, client: Arc::new(ClientNames::new(addr.ip())), certs, named: Arc::default() }
     }
 
     /// The client's certificate, if it presented one.

@@ -5,7 +5,8 @@
 //!   over TLS for `https://` upstreams: a pooled connection is driven by the
 //!   loop that opened it, so a request never borrows another loop's;
 //! - hop-by-hop headers (RFC 9110 §7.6.1, plus any named in `Connection`) are
-//!   dropped both ways; `X-Forwarded-For` and `Forwarded` are appended; `Host`
+//!   dropped both ways; `X-Forwarded-For` and `Forwarded` are appended
+//!   (`http::ClientNames`); `Host`
 //!   is passed on as the client sent it (the upstream's own if it sent none);
 //!   `X-Fence-Token` is passed on;
 //! - the route's timeout bounds the wait for the upstream's response head
@@ -24,7 +25,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper::header::{
-    HeaderName, HeaderValue, CONNECTION, FORWARDED, HOST, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+    HeaderName, HeaderValue, CONNECTION, HOST, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
 use hyper::http::uri::{PathAndQuery, Scheme};
 use hyper::{HeaderMap, Request, Response, Uri};
@@ -33,7 +34,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use fencegate_client::wire::Problem;
 
-use crate::http::{error_chain, Body};
+use crate::http::{error_chain, Body, ClientNames};
 use crate::sidecar::answer::Answer;
 use crate::sidecar::upstream::pool::{Failure, Pool};
 
@@ -58,8 +59,6 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     let len = name.as_str().len();
     len < 64 && *HOP_BY_HOP_LENGTHS & (1 << len) != 0 && HOP_BY_HOP.contains(name)
 }
-
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 pub(crate) struct Upstream {
     pool: Pool,
@@ -111,7 +110,7 @@ impl Upstream {
         &self,
         base: &Uri,
         req: Request<Body>,
-        client_ip: &str,
+        client: &ClientNames,
         tls: bool,
         timeout: Duration,
         stall: Duration,
@@ -128,7 +127,7 @@ impl Upstream {
         if let Some(h) = host.clone().or_else(|| upstream_host(base)) {
             parts.headers.insert(HOST, h);
         }
-        name_the_client(&mut parts.headers, host.as_ref(), client_ip, tls);
+        client.name(&mut parts.headers, host.as_ref(), tls);
         // Origin form, the path as the client sent it (shared, not copied
         // or parsed again).
         let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
@@ -163,39 +162,6 @@ fn upstream_host(base: &Uri) -> Option<HeaderValue> {
         _ => authority.host(),
     };
     HeaderValue::from_str(name).ok()
-}
-
-/// Append the client to `X-Forwarded-For` and `Forwarded` (RFC 7239: an
-/// IPv6 address quoted and bracketed), keeping what proxies before us wrote.
-fn name_the_client(headers: &mut HeaderMap, host: Option<&HeaderValue>, client_ip: &str, tls: bool) {
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => HeaderValue::try_from([prev, ", ", client_ip].concat()),
-        None => HeaderValue::from_str(client_ip),
-    };
-    let (open, close) = if client_ip.contains(':') { ("\"[", "]\"") } else { ("", "") };
-    let proto = if tls { "https" } else { "http" };
-    let mut fwd = String::with_capacity(64);
-    if let Some(prev) = headers.get(FORWARDED).and_then(|v| v.to_str().ok()) {
-        fwd.extend([prev, ", "]);
-    }
-    fwd.extend(["for=", open, client_ip, close, ";proto=", proto]);
-    if let Some(h) = host.and_then(|h| h.to_str().ok()) {
-        // A quoted-string (RFC 7239 §4): a `"` of the client's must not
-        // end it and let the client write the rest of our element.
-        fwd.push_str(";host=\"");
-        for c in h.chars() {
-            if c == '"' || c == '\\' {
-                fwd.push('\\');
-            }
-            fwd.push(c);
-        }
-        fwd.push('"');
-    }
-    for (name, value) in [(X_FORWARDED_FOR.clone(), xff), (FORWARDED, HeaderValue::try_from(fwd))] {
-        if let Ok(v) = value {
-            headers.insert(name, v);
-        }
-    }
 }
 
 /// The client's own body broke the exchange (it came too slowly or grew
@@ -250,28 +216,6 @@ mod tests {
             let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
             assert_eq!(left, vec!["x-fence-token"], "{name}");
         }
-    }
-
-    #[test]
-    fn the_client_is_named_after_the_proxies_before_us() {
-        let mut h = HeaderMap::new();
-        let host = HeaderValue::from_static("inventory.example");
-        name_the_client(&mut h, Some(&host), "127.0.0.1", false);
-        assert_eq!(h[&X_FORWARDED_FOR], "127.0.0.1");
-        assert_eq!(h[FORWARDED], "for=127.0.0.1;proto=http;host=\"inventory.example\"");
-
-        let mut h = HeaderMap::new();
-        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.7"));
-        h.insert(FORWARDED, HeaderValue::from_static("for=203.0.113.7"));
-        name_the_client(&mut h, None, "::1", true);
-        assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.7, ::1");
-        assert_eq!(h[FORWARDED], "for=203.0.113.7, for=\"[::1]\";proto=https");
-
-        // A client's `"` in Host cannot close our quoted host and forge `for=`.
-        let mut h = HeaderMap::new();
-        let host = HeaderValue::from_static("x\", for=6.6.6.6, a=\"\\");
-        name_the_client(&mut h, Some(&host), "127.0.0.1", false);
-        assert_eq!(h[FORWARDED], r#"for=127.0.0.1;proto=http;host="x\", for=6.6.6.6, a=\"\\""#);
     }
 
     #[test]
