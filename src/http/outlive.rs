@@ -68,7 +68,7 @@ mod tests {
         let d = done.clone();
         let (started, mut wait) = tokio::sync::oneshot::channel::<()>();
         let mut fut = Box::pin(Outlive::new(async move {
-            drop(started.send(()));
+            let _ = started.send(());
             tokio::time::sleep(Duration::from_millis(50)).await;
             d.store(true, Ordering::SeqCst);
         }));
