@@ -26,10 +26,15 @@ use fencegate_testkit::routes::{everything_else, rack_writes, table};
 use fencegate_testkit::sidecar::SidecarOptions;
 use fencegate_testkit::{Bin, Cluster, Sidecar};
 
-/// The `fencegate` binary: the one Cargo built with the benchmark if it is
-/// the root package's; else (`bench/anchors`, another package) the release
-/// build in the same target directory, which `bench/run` builds first.
+/// The `fencegate` binary: `FENCEGATE_TEST_BIN` if set (`bench/run` sets
+/// it to the release build as shipped); else the one Cargo built with the
+/// benchmark if it is the root package's (with the dev-dependencies'
+/// features, tokio's test-util clock among them); else (`bench/anchors`,
+/// another package) the release build in the same target directory.
 pub fn fencegate_bin() -> Bin {
+    if let Ok(path) = std::env::var("FENCEGATE_TEST_BIN") {
+        return Bin::new(path);
+    }
     if let Some(path) = option_env!("CARGO_BIN_EXE_fencegate") {
         return Bin::new(path);
     }

@@ -4,14 +4,16 @@
 //!  token header ──parse (S6)──▶ decide from knowledge ──AskService──▶ linearizable read (S3)
 //!                                   │  (linearizable route: read first, S5)      │
 //!                                   ▼                                           ▼
-//!                               Forward ──▶ ordering barrier (S1) ──▶ vouch ──▶ raise floor (fsync, S2)
+//!                               Forward ──▶ ordering barrier (S1) ──▶ vouch if it waited ──▶ raise floor (fsync, S2)
 //!   (sidecar.rs: buffered body, idempotency record's fsync) ──▶ dispatch: vouch ──▶ upstream
 //! ```
 //!
-//! The decision is re-taken after the barrier, and again immediately before
-//! the request is sent upstream, because a newer grant may have been learnt
-//! meanwhile, or the proof the decision stood on may have lapsed: what
-//! counts is what is known when it is dispatched.
+//! The decision is re-taken after the barrier if the request waited there,
+//! and again immediately before the request is sent upstream, because a
+//! newer grant may have been learnt meanwhile, or the proof the decision
+//! stood on may have lapsed: what counts is what is known when it is
+//! dispatched. (Let through the barrier at once, it awaited nothing since
+//! its decision: deciding again there would only repeat it.)
 //!
 //! `vouch`: every route of the lock service (`cached` or `linearizable`)
 //! decides from knowledge proven current less than `max_staleness` ago —
@@ -151,16 +153,20 @@ impl Fencer {
         // The barrier is per floor: an observed route's unverified tokens
         // must not hold back or refuse a strict route on the same lock key.
         let floor = floor_key(mode, key);
-        let permit = self
+        let entered = self
             .order
             .enter(&floor, token)
             .await
             .map_err(|higher| reject(Reason::StaleToken, Some(token), Some(higher)))?;
-        let mut cleared = Cleared { permit, mode, token, key, route: &route.name, read_at, ended };
-        // The wait may have outlasted the proof (or the read) the first
+        let mut cleared = Cleared { permit: entered.permit, mode, token, key, route: &route.name, read_at, ended };
+        // A wait may have outlasted the proof (or the read) the first
         // decision stood on: re-decide, reading again if it lapsed, before
-        // the floor records the token as forwarded.
-        self.vouch(&mut cleared).await?;
+        // the floor records the token as forwarded. Let through at once,
+        // nothing was awaited since that decision (`dispatch` decides once
+        // more before the request leaves).
+        if entered.waited {
+            self.vouch(&mut cleared).await?;
+        }
         let rose = self.floors.raise(&floor, token).await.map_err(|e| Answer::Internal(e.to_string()))?;
         // An observed route's floor is of tokens nobody vouched for.
         if rose && mode != FenceMode::Observed {
@@ -322,7 +328,7 @@ mod tests {
     /// `vouch` for token 34 of `rack/1`, after a read sent at `read_at` that
     /// showed every grant up to `ended` ended.
     async fn vouched_after(f: &Fencer, read_at: Option<Instant>, ended: Token) -> Result<(), Answer> {
-        let permit = f.order.enter("rack/1", 34).await.unwrap();
+        let permit = f.order.enter("rack/1", 34).await.unwrap().permit;
         let mut c = Cleared { permit, mode: FenceMode::Strict, token: 34, key: "rack/1", route: "r", read_at, ended };
         f.vouch(&mut c).await
     }

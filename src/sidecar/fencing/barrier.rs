@@ -5,13 +5,14 @@
 //! residual window of docs/DESIGN.md, "Residual windows").
 //!
 //! A permit lives until the upstream answered, the route's timeout passed,
-//! or the request provably never left (connection refused). Each request
-//! runs in its own task, so a client hanging up does not drop its permit.
+//! or the request provably never left (connection refused). A request that
+//! hyper drops when its client hangs up finishes on a task of its own
+//! (`http::Outlive`), so it does not drop its permit.
 //! Observed-mode routes order under their own namespace (`@observed/<key>`),
 //! so an unverified token never holds back a strict route's requests.
 //! `idle()` is what shutdown waits for. Knows no HTTP.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -19,9 +20,13 @@ use tokio::sync::Notify;
 
 use crate::lock::state::Token;
 
+/// Gates with nothing in flight kept for their keys' next requests (which
+/// then allocate nothing) before they are swept.
+const IDLE_GATES: usize = 1024;
+
 #[derive(Default)]
 pub(crate) struct Order {
-    keys: Mutex<HashMap<String, Gate>>,
+    gates: Mutex<Gates>,
     /// Told when the last permit of all is dropped.
     emptied: Notify,
     /// Requests waiting for a lower token in flight on their key.
@@ -29,10 +34,28 @@ pub(crate) struct Order {
 }
 
 #[derive(Default)]
+struct Gates {
+    by_key: HashMap<Arc<str>, Gate>,
+    /// Gates with a request in flight.
+    busy: usize,
+}
+
+/// A key's requests in flight. They all carry one token: a request enters
+/// only when none with a lower token is in flight, and is refused when one
+/// with a higher token is.
 struct Gate {
-    /// In-flight requests per token.
-    inflight: BTreeMap<Token, usize>,
+    key: Arc<str>,
+    token: Token,
+    /// How many; 0: none (the gate is idle).
+    inflight: usize,
     changed: Arc<Notify>,
+}
+
+/// A request let through the barrier.
+pub(crate) struct Entered {
+    pub permit: Permit,
+    /// It waited for a lower token in flight: time passed since it came.
+    pub waited: bool,
 }
 
 /// A request in flight; dropping it lets higher tokens go. It owns a handle
@@ -40,7 +63,7 @@ struct Gate {
 /// `Sidecar::handle`: an upstream that failed mid-exchange may still apply).
 pub(crate) struct Permit {
     order: Arc<Order>,
-    key: String,
+    key: Arc<str>,
     token: Token,
 }
 
@@ -48,19 +71,35 @@ impl Order {
     /// Wait until no lower token is in flight for `key`, then register
     /// `token`. `Err(higher)` if a higher token is already in flight: this
     /// request is stale and must not be dispatched after it.
-    pub(crate) async fn enter(self: &Arc<Self>, key: &str, token: Token) -> Result<Permit, Token> {
+    pub(crate) async fn enter(self: &Arc<Self>, key: &str, token: Token) -> Result<Entered, Token> {
+        let mut waited = false;
         loop {
             let notified = {
-                let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-                let gate = keys.entry(key.to_string()).or_default();
-                if let Some((&highest, _)) = gate.inflight.last_key_value() {
-                    if highest > token {
-                        return Err(highest);
+                let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+                let Gates { by_key, busy } = &mut *gates;
+                let gate = match by_key.get_mut(key) {
+                    Some(gate) => gate,
+                    None => {
+                        let key: Arc<str> = key.into();
+                        let gate = Gate { key: key.clone(), token, inflight: 0, changed: Arc::default() };
+                        by_key.entry(key).or_insert(gate)
                     }
-                }
-                if gate.inflight.range(..token).next().is_none() {
-                    *gate.inflight.entry(token).or_default() += 1;
-                    return Ok(Permit { order: self.clone(), key: key.to_string(), token });
+                };
+                match gate.inflight {
+                    0 => {
+                        (gate.token, gate.inflight) = (token, 1);
+                        *busy += 1;
+                        let permit = Permit { order: self.clone(), key: gate.key.clone(), token };
+                        return Ok(Entered { permit, waited });
+                    }
+                    _ if gate.token == token => {
+                        gate.inflight += 1;
+                        let permit = Permit { order: self.clone(), key: gate.key.clone(), token };
+                        return Ok(Entered { permit, waited });
+                    }
+                    _ if gate.token > token => return Err(gate.token),
+                    // A lower token is in flight: wait for it.
+                    _ => {}
                 }
                 let mut notified = Box::pin(gate.changed.clone().notified_owned());
                 notified.as_mut().enable();
@@ -69,6 +108,7 @@ impl Order {
             self.waiting.fetch_add(1, Ordering::Relaxed);
             let _waited = Waited(&self.waiting);
             notified.await;
+            waited = true;
         }
     }
 
@@ -80,7 +120,7 @@ impl Order {
 
     /// Keys with requests in flight.
     pub(crate) fn busy_keys(&self) -> usize {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.gates.lock().unwrap_or_else(|p| p.into_inner()).busy
     }
 
     /// Resolves once no permit is held: every fenced request dispatched has
@@ -112,20 +152,27 @@ impl Drop for Waited<'_> {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let mut keys = self.order.keys.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(gate) = keys.get_mut(&self.key) else { return };
-        if let Some(n) = gate.inflight.get_mut(&self.token) {
-            *n -= 1;
-            if *n == 0 {
-                gate.inflight.remove(&self.token);
-            }
+        let mut gates = self.order.gates.lock().unwrap_or_else(|p| p.into_inner());
+        let Gates { by_key, busy } = &mut *gates;
+        let Some(gate) = by_key.get_mut(&*self.key) else { return };
+        if gate.inflight == 0 || gate.token != self.token {
+            return;
         }
+        gate.inflight -= 1;
+        if gate.inflight > 0 {
+            return;
+        }
+        // Higher tokens waiting on the key may go.
         gate.changed.notify_waiters();
-        if gate.inflight.is_empty() {
-            keys.remove(&self.key);
-            if keys.is_empty() {
-                self.order.emptied.notify_waiters();
-            }
+        *busy -= 1;
+        if *busy == 0 {
+            self.order.emptied.notify_waiters();
+        }
+        // Idle gates are kept for their keys' next requests, up to a bound.
+        // One swept here has no waiter left to tell: they were told above,
+        // when it emptied, and look their key up again.
+        if by_key.len() - *busy > IDLE_GATES {
+            by_key.retain(|_, g| g.inflight > 0);
         }
     }
 }
@@ -139,10 +186,10 @@ mod tests {
     #[tokio::test]
     async fn a_higher_token_waits_for_lower_ones_in_flight() {
         let order = Arc::new(Order::default());
-        let low = order.enter("k", 33).await.unwrap();
-        let same = order.enter("k", 33).await.unwrap(); // same token: concurrent is fine
+        let low = order.enter("k", 33).await.unwrap().permit;
+        let same = order.enter("k", 33).await.unwrap().permit; // same token: concurrent is fine
         let o = order.clone();
-        let high = tokio::spawn(async move { o.enter("k", 34).await.map(|_| ()) });
+        let high = tokio::spawn(async move { o.enter("k", 34).await.map(|e| e.waited) });
         for _ in 0..1000 {
             if order.waiting() == 1 {
                 break;
@@ -155,22 +202,41 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!high.is_finished(), "one 33 is still in flight");
         drop(same);
-        high.await.unwrap().unwrap();
-        assert_eq!((order.busy_keys(), order.waiting()), (0, 0), "gates are removed when idle");
+        assert!(high.await.unwrap().unwrap(), "34 waited");
+        assert_eq!((order.busy_keys(), order.waiting()), (0, 0), "no key is busy once idle");
     }
 
     #[tokio::test]
     async fn a_lower_token_after_a_higher_one_is_refused() {
         let order = Arc::new(Order::default());
-        let _high = order.enter("k", 34).await.unwrap();
+        let _high = order.enter("k", 34).await.unwrap().permit;
         assert_eq!(order.enter("k", 33).await.err(), Some(34));
         assert!(order.enter("other", 1).await.is_ok(), "keys are independent");
+    }
+
+    /// Idle gates are kept for their keys' next requests, but no more than
+    /// `IDLE_GATES` of them: a stream of new keys does not grow the map
+    /// without bound, and a key whose gate was swept still orders.
+    #[tokio::test]
+    async fn idle_gates_are_kept_up_to_a_bound() {
+        let order = Arc::new(Order::default());
+        let held = order.enter("held", 7).await.unwrap().permit;
+        for i in 0..3 * IDLE_GATES {
+            drop(order.enter(&format!("k{i}"), 1).await.unwrap().permit);
+            let gates = order.gates.lock().unwrap().by_key.len();
+            assert!(gates <= IDLE_GATES + 2, "{gates} gates after {i} keys");
+        }
+        assert_eq!(order.busy_keys(), 1, "the held key's gate survives every sweep");
+        assert_eq!(order.enter("held", 6).await.err(), Some(7), "and still orders its key");
+        let _again = order.enter("k0", 2).await.unwrap().permit;
+        drop(held);
+        assert_eq!(order.busy_keys(), 1);
     }
 
     #[tokio::test]
     async fn idle_waits_for_every_permit_of_every_key() {
         let order = Arc::new(Order::default());
-        let (a, b) = (order.enter("a", 1).await.unwrap(), order.enter("b", 2).await.unwrap());
+        let (a, b) = (order.enter("a", 1).await.unwrap().permit, order.enter("b", 2).await.unwrap().permit);
         let o = order.clone();
         let idle = tokio::spawn(async move { o.idle().await });
         drop(a);
