@@ -445,9 +445,14 @@ pub(crate) async fn serve(listener: TcpListener, sidecar: Arc<Sidecar>, shutdown
         let answer = std::panic::AssertUnwindSafe(crate::http::Outlive::new(sidecar.clone().handle(req, conn)));
         let sc = sidecar.clone();
         async move {
-            futures_util::FutureExt::catch_unwind(answer)
-                .await
-                .unwrap_or_else(|_| sc.answer("-", None, Answer::Internal("the request's handler panicked".into())))
+            futures_util::FutureExt::catch_unwind(answer).await.unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                sc.answer("-", None, Answer::Internal(format!("the request's handler panicked: {what}")))
+            })
         }
     })
     .await;

@@ -43,8 +43,9 @@ impl<F: Future + Send + 'static> Future for Outlive<F> {
 impl<F: Future + Send + 'static> Drop for Outlive<F> {
     fn drop(&mut self) {
         let Some(rest) = self.rest.take() else { return };
-        // Outside a runtime (its shutdown dropping the connection's task)
-        // there is nothing left to finish it on.
+        // A runtime shutting down drops what is spawned on it at once, as
+        // it drops its other tasks; outside any runtime there is nothing
+        // to finish it on.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             drop(runtime.spawn(async move {
                 rest.await;

@@ -4,16 +4,18 @@
 //!  token header ──parse (S6)──▶ decide from knowledge ──AskService──▶ linearizable read (S3)
 //!                                   │  (linearizable route: read first, S5)      │
 //!                                   ▼                                           ▼
-//!                               Forward ──▶ ordering barrier (S1) ──▶ vouch if it waited ──▶ raise floor (fsync, S2)
+//!                               Forward ──▶ ordering barrier (S1) ──▶ vouch if it waited or read ──▶ raise floor (fsync, S2)
 //!   (sidecar.rs: buffered body, idempotency record's fsync) ──▶ dispatch: vouch ──▶ upstream
 //! ```
 //!
-//! The decision is re-taken after the barrier if the request waited there,
-//! and again immediately before the request is sent upstream, because a
-//! newer grant may have been learnt meanwhile, or the proof the decision
-//! stood on may have lapsed: what counts is what is known when it is
-//! dispatched. (Let through the barrier at once, it awaited nothing since
-//! its decision: deciding again there would only repeat it.)
+//! The decision is re-taken after the barrier if the request waited there
+//! or read the key, and again immediately before the request is sent
+//! upstream, because a newer grant may have been learnt meanwhile, or the
+//! proof the decision stood on may have lapsed (a read answered late
+//! vouches for nothing): what counts is what is known when it is
+//! dispatched. (Decided from the watch and let through the barrier at once,
+//! it awaited nothing since its decision: deciding again there would only
+//! repeat it.)
 //!
 //! `vouch`: every route of the lock service (`cached` or `linearizable`)
 //! decides from knowledge proven current less than `max_staleness` ago —
@@ -160,11 +162,12 @@ impl Fencer {
             .map_err(|higher| reject(Reason::StaleToken, Some(token), Some(higher)))?;
         let mut cleared = Cleared { permit: entered.permit, mode, token, key, route: &route.name, read_at, ended };
         // A wait may have outlasted the proof (or the read) the first
-        // decision stood on: re-decide, reading again if it lapsed, before
-        // the floor records the token as forwarded. Let through at once,
-        // nothing was awaited since that decision (`dispatch` decides once
-        // more before the request leaves).
-        if entered.waited {
+        // decision stood on, and a read answered late vouches for nothing:
+        // re-decide, reading again if it lapsed, before the floor records
+        // the token as forwarded. Decided from the watch and let through at
+        // once, nothing was awaited since that decision (`dispatch` decides
+        // once more before the request leaves).
+        if entered.waited || read_at.is_some() {
             self.vouch(&mut cleared).await?;
         }
         let rose = self.floors.raise(&floor, token).await.map_err(|e| Answer::Internal(e.to_string()))?;
@@ -360,5 +363,32 @@ mod tests {
         }
         let ok = fencer(&dir.path().join("b"), Duration::from_secs(1)).await;
         assert!(vouched(&ok).await.is_ok(), "the same read within a 1 s bound vouches");
+    }
+
+    /// A linearizable check whose read on arrival came back after
+    /// `max_staleness` is refused at the check, before the floor records its
+    /// token as forwarded: also when nothing held it at the barrier.
+    #[tokio::test]
+    async fn a_check_on_a_late_read_is_refused_before_the_floor_rises() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = crate::sidecar::routing::tests::routes(
+            "[{ name: r, path: '/racks/{rack}', lock_key: 'rack/{rack}', fence: { consistency: linearizable } }]",
+        );
+        let route = table.iter().next().unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-fence-token", "34".parse().unwrap());
+        let headers = &headers;
+        let check = |f: Fencer| async move {
+            let refused = match f.check(route, "rack/1", headers, Instant::now()).await {
+                Err(Answer::Rejected(r)) => Some(r.reason),
+                Err(other) => panic!("{other}"),
+                Ok(_) => None,
+            };
+            (refused, f.floors.get("rack/1"))
+        };
+        let slow = fencer(&dir.path().join("a"), Duration::from_millis(100)).await;
+        assert_eq!(check(slow).await, (Some(Reason::LockServiceUnavailable), 0), "a 150 ms read, a 100 ms bound");
+        let ok = fencer(&dir.path().join("b"), Duration::from_secs(1)).await;
+        assert_eq!(check(ok).await, (None, 34), "the control: the same read within a 1 s bound");
     }
 }
