@@ -212,6 +212,28 @@ async fn a_client_that_disconnects_does_not_let_a_higher_token_overtake() {
     assert_eq!(up.tokens("/racks/d"), vec![Some(a), Some(a), Some(b)], "B overtook A's abandoned write: {}", sc.log());
 }
 
+/// SIGTERM while a write whose client hung up is still at the upstream:
+/// the sidecar exits only once the upstream has applied it (the request,
+/// finishing on its own, holds its S1 permit, and shutdown waits for every
+/// permit), so a restarted sidecar cannot dispatch a higher token while the
+/// older write may still be applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_a_write_whose_client_hung_up() {
+    let (c, up, mut sc) = fenced("strict").await;
+    let (a, _) = take(&c, "rack/h", 30_000, 0).await;
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", sc.port)).await.unwrap();
+        let req = format!("PUT /racks/h HTTP/1.1\r\nHost: x\r\nX-Fence-Token: {a}\r\nX-Test-Delay-Ms: 1500\r\nContent-Length: 2\r\n\r\nhi");
+        s.write_all(req.as_bytes()).await.unwrap();
+        up.wait_for_arrivals(1, AT_UPSTREAM).await;
+    } // the client hangs up here
+    sc.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(sc.wait_exit(Duration::from_secs(10)).await, Some(0), "the sidecar exits 0");
+    // The upstream applies the write 1.5 s after it came, whoever waits.
+    assert_eq!(up.tokens("/racks/h"), vec![Some(a)], "the sidecar exited before the abandoned write was applied");
+}
+
 /// `PUT /racks/{rack}` strict and `PUT /observed/{rack}` observed, on the
 /// same lock key `rack/{rack}`.
 fn strict_and_observed() -> [Route; 2] {

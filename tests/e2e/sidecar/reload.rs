@@ -89,6 +89,13 @@ async fn sighup_applies_new_routes_under_load_and_refuses_a_bad_file() {
     assert_eq!(sent, up.tokens("/racks/load").len(), "every write sent was answered 200 and applied");
     let m = sc.metrics().await;
     assert!(m.contains(&format!("{APPLIED} 1")) && m.contains(&format!("{REFUSED} 2")), "{m}");
+    // Each forward is counted under its own route, before and after the
+    // reload changed the table (the meters are the config's, by route).
+    let forwarded = |route: &str| {
+        http::metric(&m, &format!(r#"fencegate_sidecar_requests_total{{outcome="forwarded",route="{route}"}}"#))
+    };
+    assert_eq!(forwarded("rack-writes"), Some(sent as f64), "{m}");
+    assert_eq!(forwarded("everything-else"), Some(2.0), "the two GETs after the reload: {m}");
     let log = sc.log();
     let path = sc.config_path().display().to_string();
     let refusals: Vec<&str> = log.lines().filter(|l| l.contains("config not reloaded")).collect();
