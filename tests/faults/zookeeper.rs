@@ -188,6 +188,14 @@ async fn a_restored_zookeeper_whose_zxids_went_back_forwards_neither_holder() {
         // down.
         a.release();
         contenders(&zk, "/rack/5", 0).await;
+        if fence == CACHED {
+            // The watch's read of the release may come well after kazoo
+            // saw it (on a loaded machine, queued behind the follower's
+            // other reads, a proof's logged barrier among them), and a
+            // write meanwhile is forwarded, as the cached window allows.
+            // A proof sent after the release knows of it.
+            sc.wait_for_proof_after(std::time::Instant::now(), Duration::from_secs(15)).await;
+        }
         refused(&sc, "/racks/5", ta, "lease_expired", Duration::from_secs(2)).await;
         zk.restore(&backup);
         zk.ready().await;
@@ -198,10 +206,14 @@ async fn a_restored_zookeeper_whose_zxids_went_back_forwards_neither_holder() {
         // servers refuse it (it saw zxids they have not), and it takes a new
         // one once it expires (6 s), refusing everything meanwhile.
         sc.wait_for_metric("fencegate_sidecar_lock_service_up", 1.0, Duration::from_secs(30)).await;
-        // Below the floor, or ended: refused on what is known, unread.
+        // Below the floor, or ended: refused on what is known, unread. A
+        // cached route may already have read the restored lock (its
+        // session's return has every lock read again): then it refuses it
+        // as behind the floor.
         for token in [ta, tb] {
             let (status, v) = sc.send("PUT", "/racks/5", Some(token), &[]).await;
-            assert_eq!(status, 409, "{fence}: {v}");
+            let behind = (status, error_of(&v)) == (503, "lock_service_behind_floor");
+            assert!(status == 409 || (fence == CACHED && behind), "{fence}: {status} {v}");
         }
         if fence == CACHED {
             // The next proof reads the lock: another history, and neither

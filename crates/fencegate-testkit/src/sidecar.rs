@@ -196,6 +196,20 @@ impl Sidecar {
         crate::wait::until(&what, within, || async { http::metric(&self.metrics().await, series) == Some(value) }).await
     }
 
+    /// Until the sidecar's knowledge of its lock service was last proven
+    /// current by a proof sent after `since`: its `cached` routes then know
+    /// every change acknowledged before `since`.
+    pub async fn wait_for_proof_after(&self, since: std::time::Instant, within: Duration) {
+        crate::wait::until("the sidecar's knowledge proven after a point", within, || async {
+            // Measured before the scrape, which is later: knowledge younger
+            // than this was proven by a proof sent after `since`.
+            let elapsed = since.elapsed().as_secs_f64();
+            let age = http::metric(&self.metrics().await, "fencegate_sidecar_knowledge_age_seconds");
+            age.is_some_and(|age| age < elapsed)
+        })
+        .await
+    }
+
     /// Send `method path` with an optional token, extra headers and the
     /// usual small JSON body; (status, JSON body or Null).
     pub async fn send(&self, method: &str, path: &str, token: Option<u64>, extra: &[(&str, &str)]) -> (u16, Value) {
