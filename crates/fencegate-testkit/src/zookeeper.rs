@@ -204,7 +204,7 @@ impl ZooKeeper {
     /// started again, once per call, as its operator would: it then syncs
     /// from the others. ZooKeeper 3.8.0 killed at the wrong moment (a
     /// backup's SIGKILL) was seen to leave a data directory it could not
-    /// start from: once in CI, once in about 50 runs of the restore test on
+    /// start from: once in CI, once in about 90 runs of the restore test on
     /// a loaded machine. The tests are about the sidecar, not that.
     pub async fn ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
