@@ -107,7 +107,7 @@ impl ZooKeeper {
     /// (Re)start server `id` on its data directory.
     pub fn start_server(&mut self, id: u64) {
         let proc = self.spawn(id);
-        self.servers.lock().unwrap().insert(id, proc);
+        self.servers.get_mut().unwrap().insert(id, proc);
     }
 
     fn spawn(&self, id: u64) -> Proc {
@@ -131,8 +131,7 @@ impl ZooKeeper {
 
     /// SIGKILL server `id`.
     pub fn kill_server(&mut self, id: u64) {
-        let killed = self.servers.lock().unwrap().remove(&id);
-        drop(killed);
+        self.servers.get_mut().unwrap().remove(&id);
     }
 
     /// What an operator backs up: every server stopped (SIGKILL), its data
